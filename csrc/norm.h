@@ -1,0 +1,37 @@
+#pragma once
+// layer_norm and rms_norm: one kernel family, `center` selects LayerNorm (subtract the mean) or RMSNorm.
+// Rows are the flattened leading dims of x [*, N]; statistics are saved per row in the accumulation type
+// (float32, or float64 for float64 input) for the backward.
+#include "common.h"
+
+#include <ATen/ops/empty.h>
+
+namespace pytransformer {
+
+// Checks the arguments and returns x as contiguous [rows, N].
+inline at::Tensor check_norm_args(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                  const std::optional<at::Tensor>& bias, double eps) {
+  check_float_dtype(x, "x");
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) > 0, "x: expected shape [..., N] with N >= 1, got ", x.sizes());
+  check_feature_vector(weight, "weight", x);
+  check_feature_vector(bias, "bias", x);
+  TORCH_CHECK_VALUE(eps >= 0, "eps: expected a non-negative value, got ", eps);
+  return x.contiguous().view({-1, x.size(-1)});
+}
+
+inline at::ScalarType stats_dtype(const at::Tensor& x) {
+  return x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// Saved statistics have x's leading shape.
+inline at::Tensor empty_stats(const at::Tensor& x) {
+  return at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(stats_dtype(x)));
+}
+
+inline void check_norm_backward_args(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& rstd) {
+  check_like(grad_out, "grad_out", x, "x");
+  TORCH_CHECK_VALUE(grad_out.sizes() == x.sizes(), "grad_out: expected shape ", x.sizes(), ", got ", grad_out.sizes());
+  TORCH_CHECK_VALUE(rstd.numel() * x.size(-1) == x.numel(), "rstd: expected one value per row of x");
+}
+
+}  // namespace pytransformer

@@ -1,0 +1,31 @@
+// The one TORCH_LIBRARY(pytransformer, m): every op's schema, forward and backward. Kernels are registered per
+// device next to them (csrc/cpu/*.cpp, csrc/cuda/*.cu); fake kernels and autograd live in pytransformer/ops.
+// Also the pybind11 module `pytransformer._C`, which loads this library and reports how it was built.
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include "cpu/isa.h"
+
+TORCH_LIBRARY(pytransformer, m) {
+  // Norms: out, then per-row statistics (float32, float64 for float64 x) of shape x.shape[:-1].
+  m.def("layer_norm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor out, Tensor mean, Tensor rstd)");
+  m.def("layer_norm_backward(Tensor grad_out, Tensor x, Tensor mean, Tensor rstd, Tensor? weight, bool has_bias)"
+        " -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
+  m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> (Tensor out, Tensor rstd)");
+  m.def("rms_norm_backward(Tensor grad_out, Tensor x, Tensor rstd, Tensor? weight) -> (Tensor grad_x, Tensor grad_weight)");
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "pytransformer kernels; ops are registered under torch.ops.pytransformer";
+  m.def("with_cuda", [] {
+#ifdef PT_WITH_CUDA
+    return true;
+#else
+    return false;
+#endif
+  }, "Whether the CUDA kernels were compiled in.");
+  m.def("cpu_isa", [] {
+    static const char* names[] = {"default", "avx2", "avx512"};
+    return std::string(names[pytransformer::cpu::best_isa()]);
+  }, "The CPU instruction set level the CPU kernels run with.");
+}

@@ -1,0 +1,10 @@
+"""pytransformer: Transformer building blocks on hand-written CPU and CUDA kernels, exposed as custom ops."""
+from . import _C  # noqa: F401  loads the kernels and registers torch.ops.pytransformer.* (before the fake kernels)
+from . import ops, nn
+
+__all__ = ["ops", "nn", "with_cuda"]
+
+
+def with_cuda() -> bool:
+    """Whether this build has the CUDA kernels compiled in."""
+    return _C.with_cuda()

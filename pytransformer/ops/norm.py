@@ -1,0 +1,70 @@
+"""layer_norm and rms_norm: wrappers, fake kernels and autograd over the pytransformer norm kernels."""
+import torch
+from torch import Tensor
+
+_ops = torch.ops.pytransformer
+
+
+def _stats_like(x: Tensor) -> Tensor:
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return x.new_empty(x.shape[:-1], dtype=dtype)
+
+
+@torch.library.register_fake("pytransformer::layer_norm")
+def _(x, weight, bias, eps):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), _stats_like(x), _stats_like(x)
+
+
+@torch.library.register_fake("pytransformer::layer_norm_backward")
+def _(grad_out, x, mean, rstd, weight, has_bias):
+    n = x.shape[-1]
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            x.new_empty(n if weight is not None else 0), x.new_empty(n if has_bias else 0))
+
+
+@torch.library.register_fake("pytransformer::rms_norm")
+def _(x, weight, eps):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), _stats_like(x)
+
+
+@torch.library.register_fake("pytransformer::rms_norm_backward")
+def _(grad_out, x, rstd, weight):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[-1] if weight is not None else 0)
+
+
+def _layer_norm_setup(ctx, inputs, output):
+    x, weight, bias, _ = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.has_bias = bias is not None
+
+
+def _layer_norm_backward(ctx, grad_out, _grad_mean, _grad_rstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    dx, dw, db = _ops.layer_norm_backward(grad_out, x, mean, rstd, weight, ctx.has_bias)
+    return dx, (dw if weight is not None else None), (db if ctx.has_bias else None), None
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, weight, _ = inputs
+    ctx.save_for_backward(x, weight, output[1])
+
+
+def _rms_norm_backward(ctx, grad_out, _grad_rstd):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = _ops.rms_norm_backward(grad_out, x, rstd, weight)
+    return dx, (dw if weight is not None else None), None
+
+
+torch.library.register_autograd("pytransformer::layer_norm", _layer_norm_backward, setup_context=_layer_norm_setup)
+torch.library.register_autograd("pytransformer::rms_norm", _rms_norm_backward, setup_context=_rms_norm_setup)
+
+
+def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """LayerNorm over the last dim of x [..., N]: (x - mean) / sqrt(var + eps) * weight + bias."""
+    return _ops.layer_norm(x, weight, bias, eps)[0]
+
+
+def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+    """RMSNorm over the last dim of x [..., N]: x / sqrt(mean(x^2) + eps) * weight."""
+    return _ops.rms_norm(x, weight, eps)[0]

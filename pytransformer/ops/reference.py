@@ -1,0 +1,75 @@
+"""Pure-PyTorch references of every op, materialising everything in the input's dtype (use float64 for ground
+truth). For tests only: the library never falls back to these."""
+import math
+
+import torch
+from torch import Tensor
+
+
+def layer_norm(x: Tensor, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    y = (x - mean) / torch.sqrt(var + eps)
+    y = y * weight if weight is not None else y
+    return y + bias if bias is not None else y
+
+
+def rms_norm(x: Tensor, weight=None, eps: float = 1e-6) -> Tensor:
+    y = x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+    return y * weight if weight is not None else y
+
+
+def causal_mask(lq: int, lk: int, window: int | None = None, device=None) -> Tensor:
+    """Bool [Lq, Lk], True = may attend; bottom-right aligned (query i sits at position i + Lk - Lq)."""
+    pos = torch.arange(lq, device=device)[:, None] + (lk - lq)
+    j = torch.arange(lk, device=device)[None, :]
+    keep = j <= pos
+    return keep & (j > pos - window) if window is not None else keep
+
+
+def _apply_mask(s: Tensor, mask) -> Tensor:
+    if mask is None:
+        return s
+    if mask.dtype == torch.bool:
+        return s.masked_fill(~mask, float("-inf"))
+    return s + mask
+
+
+def softmax_rows(s: Tensor) -> Tensor:
+    """softmax over the last dim where rows with no finite entry give zeros."""
+    empty = torch.isneginf(s).all(-1, keepdim=True)
+    p = torch.softmax(s.masked_fill(empty, 0.0), -1)
+    return p.masked_fill(empty, 0.0)
+
+
+def masked_softmax(scores: Tensor, mask=None, *, scale: float = 1.0, causal: bool = False) -> Tensor:
+    s = _apply_mask(scores * scale, mask)
+    if causal:
+        s = s.masked_fill(~causal_mask(s.shape[-2], s.shape[-1], device=s.device), float("-inf"))
+    return softmax_rows(s)
+
+
+def attention(q, k, v, *, mask=None, causal=False, window=None, key_lengths=None, scale=None) -> Tensor:
+    """Materialised attention: q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] -> [B, Hq, Lq, Dv]."""
+    hq, hkv = q.shape[1], k.shape[1]
+    k = k.repeat_interleave(hq // hkv, dim=1)
+    v = v.repeat_interleave(hq // hkv, dim=1)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = _apply_mask(torch.matmul(q, k.transpose(-1, -2)) * scale, mask)
+    lq, lk = q.shape[-2], k.shape[-2]
+    if causal or window is not None:
+        s = s.masked_fill(~causal_mask(lq, lk, window, device=s.device), float("-inf"))
+    if key_lengths is not None:
+        pad = torch.arange(lk, device=s.device)[None, :] >= key_lengths.to(s.device)[:, None]  # [B, Lk]
+        s = s.masked_fill(pad[:, None, None, :], float("-inf"))
+    return torch.matmul(softmax_rows(s), v)
+
+
+def decode_attention(q, k_cache, v_cache, cache_lengths, *, scale=None, window=None) -> Tensor:
+    """q [B, Hq, T, D] over the first cache_lengths[b] cache rows, bottom-right causal per row."""
+    outs = []
+    for b in range(q.shape[0]):
+        n = int(cache_lengths[b])
+        outs.append(attention(q[b:b + 1], k_cache[b:b + 1, :, :n], v_cache[b:b + 1, :, :n], causal=True,
+                              window=window, scale=scale))
+    return torch.cat(outs)
