@@ -13,6 +13,9 @@ TORCH_LIBRARY(pytransformer, m) {
         " -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
   m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> (Tensor out, Tensor rstd)");
   m.def("rms_norm_backward(Tensor grad_out, Tensor x, Tensor rstd, Tensor? weight) -> (Tensor grad_x, Tensor grad_weight)");
+  // masked_softmax: softmax(scale * scores + mask) over the last dim; backward: grad_scores from out alone.
+  m.def("masked_softmax(Tensor scores, Tensor? mask, float scale, bool causal) -> Tensor");
+  m.def("masked_softmax_backward(Tensor grad_out, Tensor out, float scale) -> Tensor");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
