@@ -160,6 +160,13 @@ def test_gradcheck(kind, causal):
     assert torch.autograd.gradcheck(lambda t: pt.ops.masked_softmax(t, mask, scale=0.7, causal=causal), (x,))
 
 
+def test_float_mask_gradient():
+    """A float mask that requires grad (a learned bias) gets its gradient, summed over its broadcast dims."""
+    x = _scores((2, 3, 4, 6), torch.float64, "cpu").requires_grad_(True)
+    bias = torch.randn(3, 1, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t, b: pt.ops.masked_softmax(t, b, scale=0.7, causal=True), (x, bias))
+
+
 def test_opcheck(device):
     x = torch.randn(2, 3, 5, 7, device=device, requires_grad=True)
     for mask in [None, torch.rand(5, 7, device=device) > 0.3, torch.randn(2, 1, 1, 7, device=device)]:

@@ -1,4 +1,7 @@
-"""masked_softmax: wrapper, fake kernels and autograd over the pytransformer masked_softmax kernels."""
+"""masked_softmax: wrapper, fake kernels and autograd over the pytransformer masked_softmax kernels.
+
+Gradients flow to scores, and to a float mask that requires grad (a learned bias).
+"""
 import torch
 from torch import Tensor
 
@@ -16,13 +19,18 @@ def _(grad_out, out, scale):
 
 
 def _setup_context(ctx, inputs, output):
-    ctx.scale = inputs[2]
+    _, mask, ctx.scale, _ = inputs
+    ctx.mask_shape = None if mask is None else mask.shape
     ctx.save_for_backward(output)
 
 
 def _backward(ctx, grad_out):
     (out,) = ctx.saved_tensors
-    return _ops.masked_softmax_backward(grad_out, out, ctx.scale), None, None, None
+    if not ctx.needs_input_grad[1]:
+        return _ops.masked_softmax_backward(grad_out, out, ctx.scale), None, None, None
+    # A float mask that needs a gradient (a learned bias): d/d(scale * scores + mask), summed over broadcast dims.
+    grad = _ops.masked_softmax_backward(grad_out, out, 1.0)
+    return grad * ctx.scale, grad.sum_to_size(ctx.mask_shape), None, None
 
 
 torch.library.register_autograd("pytransformer::masked_softmax", _backward, setup_context=_setup_context)
