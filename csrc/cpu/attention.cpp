@@ -190,7 +190,9 @@ void attention_fwd_typed(const AttentionParams& p) {
     std::vector<T> qt(D * kBlockQ), s(kBlockK * kBlockQ), o(kBlockQ * Dvp);
     alignas(64) T m[kBlockQ], l[kBlockQ], alpha[kBlockQ];
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / (p.heads_q * nqb), h = task / nqb % p.heads_q, i0 = task % nqb * kBlockQ;
+      // Query blocks of a head in the order 0, n-1, 1, n-2, ...: any run of tasks has balanced causal work.
+      const int64_t b = task / (p.heads_q * nqb), h = task / nqb % p.heads_q, r = task % nqb;
+      const int64_t i0 = (r % 2 == 0 ? r / 2 : nqb - 1 - r / 2) * kBlockQ;
       const int64_t nq = std::min(kBlockQ, p.len_q - i0), hk = h / group;
       const KeyRange keys = visible_keys(p, b, i0, i0 + nq);
       const T* k = row_ptr<T>(p.k, p.k_stride, b, hk, 0);
