@@ -12,6 +12,7 @@
 #include <ATen/ops/empty.h>
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #ifdef __CUDACC__
 #define PT_HOST_DEVICE __host__ __device__
@@ -159,9 +160,10 @@ inline void check_attention_backward_args(const at::Tensor& grad_out, const at::
                     q.sizes().slice(0, 3), ", got ", lse.scalar_type(), " of shape ", lse.sizes());
 }
 
-// Fills the pointers and strides of `t` ([B, H, L, *] with a contiguous last dim) into ptr/stride.
-inline void set_operand(const at::Tensor& t, const void*& ptr, int64_t (&stride)[3]) {
-  ptr = t.data_ptr();
+// Sets ptr and the [B, H, L] strides of `t` ([B, H, L, *] with a contiguous last dim).
+template <class Ptr>
+void set_operand(const at::Tensor& t, Ptr& ptr, int64_t (&stride)[3]) {
+  ptr = static_cast<Ptr>(t.data_ptr());
   for (int d = 0; d < 3; ++d) stride[d] = t.stride(d);
 }
 
@@ -179,9 +181,7 @@ inline AttentionParams make_attention_params(const at::Tensor& q, const at::Tens
   set_operand(q, p.q, p.q_stride);
   set_operand(k, p.k, p.k_stride);
   set_operand(v, p.v, p.v_stride);
-  const void* out_ptr;
-  set_operand(out, out_ptr, p.o_stride);
-  p.out = const_cast<void*>(out_ptr);
+  set_operand(out, p.out, p.o_stride);
   p.lse = lse.data_ptr();
   p.mask_kind = !mask.defined() ? MaskKind::kNone : mask.scalar_type() == at::kBool ? MaskKind::kBool : MaskKind::kFloat;
   if (mask.defined()) {

@@ -198,6 +198,13 @@ def test_compile_fullgraph_forward_backward():
         torch.testing.assert_close(g, ge)
 
 
+def test_compile_fullgraph_dropout_path():
+    q, k, v = _inputs((2, 4, 2, 10, 12, 8, 8), torch.float32, "cpu")
+    f = lambda q, k, v: attention(q, k, v, causal=True, dropout_p=0.2).sum()  # noqa: E731
+    loss = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v)
+    assert all(torch.isfinite(g).all() for g in torch.autograd.grad(loss, (q, k, v)))
+
+
 def test_dropout_unfused_path():
     q, k, v = _inputs((2, 4, 2, 12, 16, 8, 8), torch.float64, "cpu")
     lengths = torch.tensor([16, 5])
@@ -226,6 +233,8 @@ def test_bad_inputs_raise():
     q, k, v = _inputs((2, 4, 2, 5, 6, 8, 8), torch.float32, "cpu", requires_grad=False)
     cases = [
         ("q", lambda: attention(q[0], k, v)),
+        ("q", lambda: attention(torch.tensor(1.0), k, v)),
+        ("q", lambda: attention(q[0, 0, 0], k, v, dropout_p=0.5)),
         ("k", lambda: attention(q, k[0], v)),
         ("v", lambda: attention(q, k, v[0])),
         ("k", lambda: attention(q, k[:1], v)),  # batch mismatch

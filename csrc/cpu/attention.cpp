@@ -409,11 +409,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
     AttentionBackwardParams bp{};
     bp.fwd = make_attention_params(q_, k_, v_, out_, lse_, mask_, causal, window, lengths, D, Dv, scale);
     set_operand(go_, bp.grad_out, bp.go_stride);
-    const void* ptr;
-    set_operand(gq, ptr, bp.gq_stride);
-    set_operand(gk, ptr, bp.gk_stride);
-    set_operand(gv, ptr, bp.gv_stride);
-    bp.grad_q = gq.data_ptr(), bp.grad_k = gk.data_ptr(), bp.grad_v = gv.data_ptr();
+    set_operand(gq, bp.grad_q, bp.gq_stride);
+    set_operand(gk, bp.grad_k, bp.gk_stride);
+    set_operand(gv, bp.grad_v, bp.gv_stride);
     attention_bwd_kernel.get()(bp, acc == at::kDouble);
   }
   auto finish = [&](at::Tensor g, int64_t n, int64_t heads) {

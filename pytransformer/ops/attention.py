@@ -68,22 +68,22 @@ def _attention_unfused(q, k, v, mask, causal, window, key_lengths, scale, dropou
 def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, causal: bool = False,
               window: int | None = None, key_lengths: Tensor | None = None, scale: float | None = None,
               dropout_p: float = 0.0) -> Tensor:
-    """Fused attention softmax(q k^T * scale + masks) v: q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] -> [B, Hq, Lq, Dv].
+    """Fused attention softmax(q k^T * scale + masks) v: q [B, Hq, Lq, D], k/v [B, Hkv, Lk, D/Dv] -> [B, Hq, Lq, Dv].
 
-    mask: bool (True = may attend) or float (added to the scores), broadcast to [B, Hq, Lq, Lk]; no gradient flows
-    to a float mask. causal is aligned bottom-right; window=W keeps keys p - W < j <= p (implies causal);
-    key_lengths int [B] hides keys j >= key_lengths[b]. Rows that see no key give zeros. Hq must be a multiple of Hkv
-    (GQA/MQA). dropout_p > 0 drops attention probabilities like F.scaled_dot_product_attention (whenever it is
-    given: pass 0 in eval); it runs an unfused path that materialises the [Lq, Lk] scores, dropout_p = 0 always
-    runs the fused kernel.
+    Masks combine: mask (bool True = may attend, or float added to the scores; broadcast to [B, Hq, Lq, Lk]; a float
+    mask gets no gradient), causal (bottom-right), window=W (keys p - W < j <= p, implies causal) and key_lengths
+    (int [B]; keys j >= key_lengths[b] are padding). Rows with no visible key give zeros. GQA/MQA: Hq % Hkv == 0.
+    dropout_p > 0 drops probabilities whenever given (pass 0 in eval), on an unfused path that materialises the
+    scores; dropout_p == 0 always runs the fused kernel.
     """
     if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1])
+        scale = 1.0 / math.sqrt(q.shape[-1]) if q.dim() and q.shape[-1] else 1.0  # (bad shapes raise in the op)
     if not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p: expected a probability in [0, 1], got {dropout_p}")
     if dropout_p > 0.0:
         # The fused op's own argument checks, run on zero queries so that nothing is computed.
-        _ops.attention(q[:, :, :0], k, v, mask[..., :0, :] if mask is not None and mask.dim() >= 2 else mask,
-                       causal, window, key_lengths, scale)
+        _ops.attention(q[..., :0, :] if q.dim() >= 2 else q, k, v,
+                       mask[..., :0, :] if mask is not None and mask.dim() >= 2 else mask, causal, window, key_lengths,
+                       scale)
         return _attention_unfused(q, k, v, mask, causal, window, key_lengths, scale, dropout_p)
     return _ops.attention(q, k, v, mask, causal, window, key_lengths, scale)[0]
