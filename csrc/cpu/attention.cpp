@@ -33,6 +33,8 @@ extern KernelTable<AttentionBwdFn> attention_bwd_kernel;
 // Padded head dims are multiples of this many bytes (the widest vector of any ISA level).
 constexpr int64_t kPadBytes = 64;
 
+constexpr int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
 inline namespace CPU_CAPABILITY {
 using at::vec::Vectorized;
 
@@ -125,7 +127,7 @@ void mask_tile(const AttentionParams& p, int64_t b, int64_t h, int64_t i0, int64
       for (int64_t j = 0; j < nk; ++j)
         if (si == 0) {
           const Vec add(mask[j * sj]);
-          for (int64_t i = 0; i < kBlockQ; i += kV) (Vec::loadu(S + j * kBlockQ + i) + add).store(S + j * kBlockQ + i);
+          for (int64_t i = 0; i < nq; i += kV) (Vec::loadu(S + j * kBlockQ + i) + add).store(S + j * kBlockQ + i);
         } else {
           for (int64_t i = 0; i < nq; ++i) S[j * kBlockQ + i] += mask[i * si + j * sj];
         }
@@ -146,8 +148,7 @@ void mask_tile(const AttentionParams& p, int64_t b, int64_t h, int64_t i0, int64
 // n rounded up to a multiple of kPadBytes worth of T: the row length of padded operands and buffers.
 template <typename T>
 int64_t padded(int64_t n) {
-  constexpr int64_t multiple = kPadBytes / sizeof(T);
-  return (n + multiple - 1) / multiple * multiple;
+  return round_up(n, kPadBytes / sizeof(T));
 }
 
 template <typename T>
@@ -193,7 +194,8 @@ void attention_fwd_typed(const AttentionParams& p) {
       // Query blocks of a head in the order 0, n-1, 1, n-2, ...: any run of tasks has balanced causal work.
       const int64_t b = task / (p.heads_q * nqb), h = task / nqb % p.heads_q, r = task % nqb;
       const int64_t i0 = (r % 2 == 0 ? r / 2 : nqb - 1 - r / 2) * kBlockQ;
-      const int64_t nq = std::min(kBlockQ, p.len_q - i0), hk = h / group;
+      // nq queries, computed as nqv columns (whole vectors) of the score tiles
+      const int64_t nq = std::min(kBlockQ, p.len_q - i0), nqv = round_up(nq, kV), hk = h / group;
       const KeyRange keys = visible_keys(p, b, i0, i0 + nq);
       const T* k = row_ptr<T>(p.k, p.k_stride, b, hk, 0);
       const T* v = row_ptr<T>(p.v, p.v_stride, b, hk, 0);
@@ -203,10 +205,10 @@ void attention_fwd_typed(const AttentionParams& p) {
       std::fill(o.begin(), o.end(), T(0));
       for (int64_t j0 = keys.lo; j0 < keys.hi; j0 += kBlockK) {
         const int64_t nk = std::min(kBlockK, keys.hi - j0);
-        gemm<T, false>(nk, kBlockQ, D, k + j0 * p.k_stride[2], p.k_stride[2], 1, qt.data(), kBlockQ, s.data(), kBlockQ);
+        gemm<T, false>(nk, nqv, D, k + j0 * p.k_stride[2], p.k_stride[2], 1, qt.data(), kBlockQ, s.data(), kBlockQ);
         mask_tile(p, b, h, i0, nq, j0, nk, s.data());
         // Online softmax, kV queries at a time: new max, rescale factor, exponentials and their sum.
-        for (int64_t c = 0; c < kBlockQ; c += kV) {
+        for (int64_t c = 0; c < nqv; c += kV) {
           const Vec m_old = Vec::loadu(m + c);
           Vec mx = m_old;
           for (int64_t j = 0; j < nk; ++j) mx = at::vec::maximum(mx, Vec::loadu(s.data() + j * kBlockQ + c));
@@ -268,7 +270,7 @@ void attention_bwd_typed(const AttentionBackwardParams& bp) {
       T* gk = row_ptr<T>(bp.grad_k, bp.gk_stride, b, h, 0);
       T* gv = row_ptr<T>(bp.grad_v, bp.gv_stride, b, h, 0);
       for (int64_t i0 = 0; i0 < p.len_q; i0 += kBlockQ) {
-        const int64_t nq = std::min(kBlockQ, p.len_q - i0);
+        const int64_t nq = std::min(kBlockQ, p.len_q - i0), nqv = round_up(nq, kV);
         const KeyRange keys = visible_keys(p, b, i0, i0 + nq);
         const T* q = row_ptr<T>(p.q, p.q_stride, b, h, i0);
         const T* go = row_ptr<T>(bp.grad_out, bp.go_stride, b, h, i0);
@@ -286,20 +288,20 @@ void attention_bwd_typed(const AttentionBackwardParams& bp) {
         for (int64_t j0 = keys.lo; j0 < keys.hi; j0 += kBlockK) {
           const int64_t nk = std::min(kBlockK, keys.hi - j0);
           const T* kj = k + j0 * p.k_stride[2];
-          gemm<T, false>(nk, kBlockQ, D, kj, p.k_stride[2], 1, qt.data(), kBlockQ, s.data(), kBlockQ);
+          gemm<T, false>(nk, nqv, D, kj, p.k_stride[2], 1, qt.data(), kBlockQ, s.data(), kBlockQ);
           mask_tile(p, b, h, i0, nq, j0, nk, s.data());
           for (int64_t j = 0; j < nk; ++j)
-            for (int64_t c = 0; c < kBlockQ; c += kV) {
+            for (int64_t c = 0; c < nqv; c += kV) {
               T* sj = s.data() + j * kBlockQ + c;
               (Vec::loadu(sj) - Vec::loadu(lse + c)).exp_u20().store(sj);
             }
           // dV += P^T dO;  dP^T = V dO^T;  dS = P * (dP - delta);  dK += dS^T Q;  dQ += dS K
           gemm<T, true>(nk, Dvp, nq, s.data(), kBlockQ, 1, go, bp.go_stride[2], gv + j0 * bp.gv_stride[2],
                         bp.gv_stride[2]);
-          gemm<T, false>(nk, kBlockQ, Dv, v + j0 * p.v_stride[2], p.v_stride[2], 1, dot_t.data(), kBlockQ, dp.data(),
+          gemm<T, false>(nk, nqv, Dv, v + j0 * p.v_stride[2], p.v_stride[2], 1, dot_t.data(), kBlockQ, dp.data(),
                          kBlockQ);
           for (int64_t j = 0; j < nk; ++j)
-            for (int64_t c = 0; c < kBlockQ; c += kV) {
+            for (int64_t c = 0; c < nqv; c += kV) {
               T* dpj = dp.data() + j * kBlockQ + c;
               (Vec::loadu(s.data() + j * kBlockQ + c) * (Vec::loadu(dpj) - Vec::loadu(delta + c))).store(dpj);
             }
@@ -353,8 +355,7 @@ namespace {
 at::Tensor prepare(const at::Tensor& t, at::ScalarType acc, bool pad) {
   at::Tensor r = t.to(acc);
   if (r.stride(-1) != 1) r = r.contiguous();
-  const int64_t n = r.size(-1), multiple = kPadBytes / static_cast<int64_t>(c10::elementSize(acc));
-  const int64_t width = (n + multiple - 1) / multiple * multiple;
+  const int64_t n = r.size(-1), width = round_up(n, kPadBytes / static_cast<int64_t>(c10::elementSize(acc)));
   return pad && width != n ? at::constant_pad_nd(r, {0, width - n}) : r;
 }
 
