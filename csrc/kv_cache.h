@@ -52,6 +52,12 @@ inline void check_index_vector(const at::Tensor& t, const char* name, const at::
   check_sizes(t, name, "[B]", {batch});
 }
 
+// Whether a and b share memory (as far as ATen can tell: strided views of one storage may go undetected).
+inline bool overlaps(const at::Tensor& a, const at::Tensor& b) {
+  const auto status = at::get_overlap_status(a, b);
+  return status == at::MemOverlapStatus::Full || status == at::MemOverlapStatus::Partial;
+}
+
 template <size_t N>
 void copy_strides(const at::Tensor& t, int64_t (&out)[N]) {
   for (size_t i = 0; i < N; ++i) out[i] = t.stride(i);
@@ -75,12 +81,10 @@ inline KvCacheAppendParams check_kv_cache_append_args(const at::Tensor& k_cache,
                     "k_cache: expected a tensor whose elements do not overlap (not an expanded view)");
   TORCH_CHECK_VALUE(at::has_internal_overlap(v_cache) != at::MemOverlap::Yes,
                     "v_cache: expected a tensor whose elements do not overlap (not an expanded view)");
-  TORCH_CHECK_VALUE(at::get_overlap_status(k_cache, v_cache) == at::MemOverlapStatus::No,
-                    "v_cache: expected memory separate from k_cache");
+  TORCH_CHECK_VALUE(!overlaps(k_cache, v_cache), "v_cache: expected memory separate from k_cache");
   for (const auto& [t, name] : {std::pair{&k_new, "k_new"}, std::pair{&v_new, "v_new"}})
-    TORCH_CHECK_VALUE(at::get_overlap_status(k_cache, *t) == at::MemOverlapStatus::No &&
-                          at::get_overlap_status(v_cache, *t) == at::MemOverlapStatus::No,
-                      name, ": expected memory separate from the caches");
+    TORCH_CHECK_VALUE(!overlaps(k_cache, *t) && !overlaps(v_cache, *t), name,
+                      ": expected memory separate from the caches");
   KvCacheAppendParams p{B, H, k_new.size(2), D, v_cache.size(3), cap, {}, {}, {}, {}};
   copy_strides(k_cache, p.k_cache_stride);
   copy_strides(v_cache, p.v_cache_stride);
