@@ -16,6 +16,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -179,6 +180,18 @@ void scale_row(const T* src, int64_t n, T s, T* dst) {
   if (d < n) (Vec::loadu(src + d, n - d) * Vec(s)).store(dst + d, n - d);
 }
 
+// Runs worker(next_task) once on each intra-op thread; next_task() hands out 0..n-1, one at a time, then -1. Dynamic
+// scheduling keeps the threads balanced when tasks differ in cost or another process slows one thread down.
+template <class Worker>
+void parallel_tasks(int64_t n, const Worker& worker) {
+  std::atomic<int64_t> counter{0};
+  const auto next_task = [&] {
+    const int64_t task = counter.fetch_add(1, std::memory_order_relaxed);
+    return task < n ? task : int64_t(-1);
+  };
+  at::parallel_for(0, std::min<int64_t>(n, at::get_num_threads()), 1, [&](int64_t, int64_t) { worker(next_task); });
+}
+
 template <typename T>
 void attention_fwd_typed(const AttentionParams& p) {
   using Vec = Vectorized<T>;
@@ -187,13 +200,13 @@ void attention_fwd_typed(const AttentionParams& p) {
   const int64_t D = p.dim, Dv = p.dim_v, group = p.heads_q / p.heads_kv;
   const int64_t Dvp = padded<T>(Dv);
   const int64_t nqb = (p.len_q + kBlockQ - 1) / kBlockQ;
-  at::parallel_for(0, p.batch * p.heads_q * nqb, 1, [&](int64_t begin, int64_t end) {
+  parallel_tasks(p.batch * p.heads_q * nqb, [&](const auto& next_task) {
     std::vector<T> qt(D * kBlockQ), s(kBlockK * kBlockQ), o(kBlockQ * Dvp);
     alignas(64) T m[kBlockQ], l[kBlockQ], alpha[kBlockQ];
-    for (int64_t task = begin; task < end; ++task) {
-      // Query blocks of a head in the order 0, n-1, 1, n-2, ...: any run of tasks has balanced causal work.
-      const int64_t b = task / (p.heads_q * nqb), h = task / nqb % p.heads_q, r = task % nqb;
-      const int64_t i0 = (r % 2 == 0 ? r / 2 : nqb - 1 - r / 2) * kBlockQ;
+    for (int64_t task; (task = next_task()) >= 0;) {
+      // A head's query blocks from the last: the costliest under causal masking go first.
+      const int64_t b = task / (p.heads_q * nqb), h = task / nqb % p.heads_q;
+      const int64_t i0 = (nqb - 1 - task % nqb) * kBlockQ;
       // nq queries, computed as nqv columns (whole vectors) of the score tiles
       const int64_t nq = std::min(kBlockQ, p.len_q - i0), nqv = round_up(nq, kV), hk = h / group;
       const KeyRange keys = visible_keys(p, b, i0, i0 + nq);
@@ -260,10 +273,10 @@ void attention_bwd_typed(const AttentionBackwardParams& bp) {
   const int64_t D = p.dim, Dv = p.dim_v, group = p.heads_q / p.heads_kv;
   const T scale = T(p.scale);
   const int64_t Dp = padded<T>(D), Dvp = padded<T>(Dv);
-  at::parallel_for(0, p.batch * p.heads_q, 1, [&](int64_t begin, int64_t end) {
+  parallel_tasks(p.batch * p.heads_q, [&](const auto& next_task) {
     std::vector<T> qt(D * kBlockQ), dot_t(Dv * kBlockQ), s(kBlockK * kBlockQ), dp(kBlockK * kBlockQ), dq(kBlockQ * Dp);
     alignas(64) T lse[kBlockQ], delta[kBlockQ];
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t task; (task = next_task()) >= 0;) {
       const int64_t b = task / p.heads_q, h = task % p.heads_q, hk = h / group;
       const T* k = row_ptr<T>(p.k, p.k_stride, b, hk, 0);
       const T* v = row_ptr<T>(p.v, p.v_stride, b, hk, 0);

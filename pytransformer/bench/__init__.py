@@ -41,6 +41,18 @@ def median_time(fn, device="cpu", runs: int = 20, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
+def interleaved_median_times(fns, device="cpu", runs: int = 20, warmup: int = 3) -> list[float]:
+    """Median wall time of each fn() in seconds, timed in turns so that changes in machine load hit all of them alike."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    times = [[] for _ in fns]
+    for _ in range(runs):
+        for t, fn in zip(times, fns):
+            t.append(median_time(fn, device, runs=1, warmup=0))
+    return [statistics.median(t) for t in times]
+
+
 def copy_bandwidth(device="cpu", nbytes: int = 1 << 30) -> float:
     """The device's copy ceiling in bytes/s: a large tensor copy, counting bytes read plus bytes written."""
     if torch.device(device).type == "cpu":

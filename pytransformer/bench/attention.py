@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
-from . import Row, matmul_ceiling, median_time, new_report, record
+from . import Row, interleaved_median_times, matmul_ceiling, new_report, record
 
 LENGTHS = (256, 1024, 4096)
 MEMORY_LENGTHS = (1024, 2048, 4096, 8192)
@@ -34,13 +34,13 @@ def bench_attention(report, device, dtype=torch.float32, lengths=LENGTHS, runs=2
             case = f"B={B} H={H} L={length} D={D} {str(dtype)[6:]}{' causal' if causal else ''}"
             flops = _flops(length, length, causal)
             with torch.no_grad():
-                report.add(Row("attention", case + " fwd", median_time(ours, device, runs),
-                               median_time(theirs, device, runs), flops=flops))
+                report.add(Row("attention", case + " fwd", *interleaved_median_times([ours, theirs], device, runs),
+                               flops=flops))
             g = torch.randn_like(q)
             step = lambda fn: lambda: torch.autograd.grad(fn(), (q, k, v), g)  # noqa: E731
             # the backward recomputes the scores: 5 products against the forward's 2
-            report.add(Row("attention", case + " fwd+bwd", median_time(step(ours), device, runs),
-                           median_time(step(theirs), device, runs), flops=3.5 * flops))
+            report.add(Row("attention", case + " fwd+bwd",
+                           *interleaved_median_times([step(ours), step(theirs)], device, runs), flops=3.5 * flops))
 
 
 def _peak_rss_child(impl: str, length: int, causal: bool) -> None:
