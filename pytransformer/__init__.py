@@ -1,8 +1,9 @@
 """pytransformer: Transformer building blocks on hand-written CPU and CUDA kernels, exposed as custom ops."""
+import torch  # noqa: F401  before _C: the extension links against libtorch
 from . import _C  # noqa: F401  loads the kernels and registers torch.ops.pytransformer.* (before the fake kernels)
-from . import ops, nn
+from . import ops, nn, models
 
-__all__ = ["ops", "nn", "with_cuda"]
+__all__ = ["ops", "nn", "models", "with_cuda"]
 
 
 def with_cuda() -> bool:
