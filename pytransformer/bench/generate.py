@@ -12,16 +12,13 @@ from ..models import DecoderLM, gpt2_small
 from . import device_name, sync
 
 
-def tokens_per_s(fn, device, n_tokens: int, runs: int) -> float:
-    """Median tokens/s of fn() over `runs` calls (after one warm-up call elsewhere)."""
-    times = []
-    for _ in range(runs):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t0)
-    return n_tokens / statistics.median(times)
+def timed(fn, device) -> float:
+    """Wall time of one fn() call in seconds."""
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
 
 
 def bench(device, batch_sizes, prompt_len, new_tokens, uncached_new_tokens, runs, with_hf=True):
@@ -45,10 +42,15 @@ def bench(device, batch_sizes, prompt_len, new_tokens, uncached_new_tokens, runs
             mask = torch.ones_like(ids)
             variants.append(("Hugging Face GPT-2", new_tokens, lambda n: hf.generate(
                 ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False)))
-        for name, n, fn in variants:
-            with torch.no_grad():
+        times = {name: [] for name, _, _ in variants}
+        with torch.no_grad():
+            for _, _, fn in variants:
                 fn(4)  # warm-up
-                rate = tokens_per_s(lambda: fn(n), device, batch * n, runs)
+            for _ in range(runs):  # round-robin, so that load changes on a shared machine hit every variant alike
+                for name, n, fn in variants:
+                    times[name].append(timed(lambda: fn(n), device))
+        for name, n, _ in variants:
+            rate = batch * n / statistics.median(times[name])
             rows.append((batch, name, n, rate))
             print(f"| {batch} | {name} | {n} | {rate:.1f} |", flush=True)
     return rows
@@ -73,7 +75,7 @@ def main(argv=None):
     p.add_argument("--uncached-new-tokens", type=int, default=None,
                    help="fewer new tokens for the uncached run (its cost per token grows with length, so a shorter "
                         "run overstates its tokens/s)")
-    p.add_argument("--runs", type=int, default=3, help="timed generate calls per variant (median)")
+    p.add_argument("--runs", type=int, default=3, help="timed generate calls per variant, round-robin (median)")
     p.add_argument("--no-hf", action="store_true")
     p.add_argument("--record", help="write the table as markdown to this file")
     args = p.parse_args(argv)
