@@ -41,28 +41,30 @@ class MultiHeadAttention(nn.Module):
         w, b = self.qkv_proj.weight[:self.q_dim], None if self.qkv_proj.bias is None else self.qkv_proj.bias[:self.q_dim]
         return self._heads(F.linear(x, w, b), self.n_heads)
 
+    def _qkv(self, x: Tensor, context: Tensor | None, positions: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        if context is not None:  # cross-attention
+            return (self._project_q(x), *self.project_kv(context))
+        q, k, v = self.qkv_proj(x).split([self.q_dim, self.kv_dim, self.kv_dim], -1)
+        q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
+        if self.rotary is not None:
+            q, k = self.rotary(q, positions), self.rotary(k, positions)
+        return q, k, v  # [B, Hq, L, D], [B, Hkv, Lk, D], [B, Hkv, Lk, D]
+
     def forward(self, x: Tensor, context: Tensor | None = None, *, mask: Tensor | None = None, causal: bool = False,
                 key_lengths: Tensor | None = None, cache: AttentionCache | None = None) -> Tensor:
         """x [B, L, d_model] (context [B, Lk, d_model]) -> [B, L, d_model]. With a self-attention `cache`, x holds
         the next L tokens of every row: their K/V are appended and they attend causally to the cached rows."""
         if cache is not None and mask is not None:
             raise ValueError("mask: not supported with a cache (cached attention is causal over the cached rows)")
-        if cache is not None and cache.static:  # cross-attention over K/V computed once
-            q = self._project_q(x)  # [B, Hq, L, D]
-            y = ops.attention(q, cache.k, cache.v, key_lengths=cache.lengths)
+        if cache is not None and cache.static:  # cross-attention over the K/V computed once
+            y = ops.attention(self._project_q(x), cache.k, cache.v, key_lengths=cache.lengths)
+        elif cache is not None:  # self-attention over the cached rows plus the L new ones
+            positions = cache.lengths[:, None] + torch.arange(x.shape[1], device=x.device)  # [B, L]
+            q, k, v = self._qkv(x, context, positions)
+            ops.kv_cache_append(cache.k, cache.v, k, v, cache.lengths)
+            y = ops.decode_attention(q, cache.k, cache.v, cache.lengths + x.shape[1], window=self.window)
         else:
-            if context is None:
-                q, k, v = self.qkv_proj(x).split([self.q_dim, self.kv_dim, self.kv_dim], -1)
-                q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
-                if self.rotary is not None:
-                    positions = None if cache is None else cache.lengths[:, None] + torch.arange(x.shape[1], device=x.device)
-                    q, k = self.rotary(q, positions), self.rotary(k, positions)
-            else:
-                q, (k, v) = self._project_q(x), self.project_kv(context)
-            if cache is None:
-                y = ops.attention(q, k, v, mask=mask, causal=causal, window=self.window, key_lengths=key_lengths,
-                                  dropout_p=self.dropout if self.training else 0.0)
-            else:
-                ops.kv_cache_append(cache.k, cache.v, k, v, cache.lengths)
-                y = ops.decode_attention(q, cache.k, cache.v, cache.lengths + x.shape[1], window=self.window)
+            q, k, v = self._qkv(x, context, None)
+            y = ops.attention(q, k, v, mask=mask, causal=causal, window=self.window, key_lengths=key_lengths,
+                              dropout_p=self.dropout if self.training else 0.0)
         return self.out_proj(y.transpose(1, 2).flatten(2))  # [B, Hq, L, D] -> [B, L, d_model]
