@@ -13,7 +13,23 @@ TORCH_LIBRARY(pytransformer, m) {
         " -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
   m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> (Tensor out, Tensor rstd)");
   m.def("rms_norm_backward(Tensor grad_out, Tensor x, Tensor rstd, Tensor? weight) -> (Tensor grad_x, Tensor grad_weight)");
+  // masked_softmax: softmax(scale * scores + mask) over the last dim; backward: grad_scores from out alone.
+  m.def("masked_softmax(Tensor scores, Tensor? mask, float scale, bool causal) -> Tensor");
+  m.def("masked_softmax_backward(Tensor grad_out, Tensor out, float scale) -> Tensor");
+  // Attention: out [B, Hq, Lq, Dv] and the row log-sum-exp lse [B, Hq, Lq] (float32, float64 for float64 q).
+  m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, bool causal, int? window, Tensor? key_lengths,"
+        " float scale) -> (Tensor out, Tensor lse)");
+  m.def("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? mask,"
+        " bool causal, int? window, Tensor? key_lengths, float scale) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v)");
+  // KV cache (inference): append writes the caches in place; decode_attention reads them in place -> [B, Hq, T, Dv].
+  m.def("kv_cache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor positions) -> ()");
+  m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lengths, float scale, int? window)"
+        " -> Tensor");
 }
+
+// A cache stores values, not autograd history: appending new keys that require grad neither records a graph nor
+// makes the cache require grad (decode_attention's autograd, which refuses a backward, is in pytransformer/ops).
+TORCH_LIBRARY_IMPL(pytransformer, Autograd, m) { m.impl("kv_cache_append", torch::CppFunction::makeFallthrough()); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "pytransformer kernels; ops are registered under torch.ops.pytransformer";

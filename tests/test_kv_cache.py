@@ -1,0 +1,301 @@
+"""kv_cache_append / decode_attention: against float64 references, decode loops, opcheck, torch.compile, errors."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import pytransformer as pt
+from pytransformer.ops import reference as ref
+from conftest import tolerance
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+ops = torch.ops.pytransformer
+
+
+def _skip_unsupported(dtype, device):
+    if dtype == torch.float64 and device == "cuda":
+        pytest.skip("float64 is CPU-only")
+
+
+def _randn(*shape, dtype=torch.float32, device="cpu"):
+    return torch.randn(shape, dtype=torch.float64).to(device, dtype)
+
+
+def _caches(b, hkv, cap, d, dv, dtype, device):
+    return _randn(b, hkv, cap, d, dtype=dtype, device=device), _randn(b, hkv, cap, dv, dtype=dtype, device=device)
+
+
+def _check_decode(q, k, v, lengths, window=None, scale=None):
+    out = pt.ops.decode_attention(q, k, v, lengths, window=window, scale=scale)
+    expected = ref.decode_attention(q.double(), k.double(), v.double(), lengths.cpu(), window=window, scale=scale)
+    atol, rtol = tolerance(q.dtype)
+    assert out.shape == expected.shape and out.dtype == q.dtype
+    torch.testing.assert_close(out.double(), expected, atol=atol * 10, rtol=rtol)
+
+
+# (B, Hq, Hkv, T, D, Dv, capacity, window): MHA/GQA/MQA, T = 1 and T > 1, Dv != D, windows, long caches that are
+# split into several chunks.
+CASES = [
+    (3, 4, 4, 1, 64, 64, 300, None),
+    (2, 8, 2, 1, 128, 128, 700, None),
+    (2, 6, 1, 3, 40, 24, 200, None),
+    (3, 4, 2, 2, 16, 48, 90, 7),
+    (1, 4, 1, 1, 128, 128, 3000, None),
+    (2, 8, 4, 4, 64, 32, 2500, 300),
+    (1, 2, 2, 5, 40, 40, 9, 1),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}-Hq{}-Hkv{}-T{}-D{}-Dv{}-cap{}-w{}".format(*c))
+def test_decode_attention_matches_reference(device, dtype, case):
+    _skip_unsupported(dtype, device)
+    b, hq, hkv, t, d, dv, cap, window = case
+    q = _randn(b, hq, t, d, dtype=dtype, device=device)
+    k, v = _caches(b, hkv, cap, d, dv, dtype, device)
+    lengths = torch.randint(t, cap + 1, (b,), device=device)
+    lengths[0] = cap  # a full row
+    _check_decode(q, k, v, lengths, window)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_decode_attention_equals_attention_over_each_prefix(device, dtype):
+    _skip_unsupported(dtype, device)
+    q = _randn(3, 6, 2, 32, dtype=dtype, device=device)
+    k, v = _caches(3, 3, 50, 32, 20, dtype, device)
+    lengths = torch.tensor([50, 2, 31], device=device)
+    out = pt.ops.decode_attention(q, k, v, lengths, scale=0.3)
+    for b, n in enumerate(lengths.tolist()):
+        expected = ref.attention(q[b:b + 1].double(), k[b:b + 1, :, :n].double(), v[b:b + 1, :, :n].double(),
+                                 causal=True, scale=0.3)
+        atol, rtol = tolerance(dtype)
+        torch.testing.assert_close(out[b:b + 1].double(), expected, atol=atol * 10, rtol=rtol)
+
+
+def test_zero_length_rows_give_zeros(device):
+    q = _randn(3, 4, 2, 16, device=device)
+    k, v = _caches(3, 2, 10, 16, 16, torch.float32, device)
+    v[1] = float("nan")  # an unused row is never read
+    lengths = torch.tensor([5, 0, 10], device=device)
+    out = pt.ops.decode_attention(q, k, v, lengths)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    _check_decode(q[[0, 2]], k[[0, 2]], v[[0, 2]], lengths[[0, 2]])
+    assert torch.equal(pt.ops.decode_attention(q, k, v, torch.zeros(3, dtype=torch.long, device=device)),
+                       torch.zeros_like(out))
+
+
+def test_keys_past_the_length_are_never_read(device):
+    q = _randn(2, 4, 1, 32, device=device)
+    k, v = _caches(2, 2, 64, 32, 32, torch.float32, device)
+    lengths = torch.tensor([40, 1], device=device)
+    expected = pt.ops.decode_attention(q, k, v, lengths)
+    k[0, :, 40:], v[0, :, 40:], k[1, :, 1:], v[1, :, 1:] = float("nan"), float("nan"), float("inf"), float("nan")
+    torch.testing.assert_close(pt.ops.decode_attention(q, k, v, lengths), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("window", [None, 16])
+def test_append_and_decode_loop_equals_causal_attention(device, dtype, window):
+    """A 4-token ragged prefill then 100 decode steps reproduce one causal attention over the whole sequences."""
+    _skip_unsupported(dtype, device)
+    b, hq, hkv, d, dv, cap, steps = 2, 4, 2, 16, 24, 128, 100
+    n = 4 + steps
+    q, k, v = (_randn(b, h, n, e, dtype=dtype, device=device) for h, e in ((hq, d), (hkv, d), (hkv, dv)))
+    expected = torch.cat([ref.attention(q[i:i + 1].double(), k[i:i + 1].double(), v[i:i + 1].double(), causal=True,
+                                        window=window) for i in range(b)])  # [B, Hq, N, Dv]
+    atol, rtol = tolerance(dtype)
+    k_cache, v_cache = torch.zeros(b, hkv, cap, d, dtype=dtype, device=device), torch.zeros(b, hkv, cap, dv,
+                                                                                              dtype=dtype, device=device)
+    # Prompts of lengths 2 and 4 in one T=4 prefill: row 0's last two tokens are padding, overwritten later.
+    prompt_k, prompt_v = k[:, :, :4].clone(), v[:, :, :4].clone()
+    prompt_k[0, :, 2:], prompt_v[0, :, 2:] = _randn(hkv, 2, d, dtype=dtype), _randn(hkv, 2, dv, dtype=dtype)
+    pt.ops.kv_cache_append(k_cache, v_cache, prompt_k, prompt_v, torch.zeros(b, dtype=torch.int32, device=device))
+    out = pt.ops.decode_attention(q[1:, :, :4], k_cache[1:], v_cache[1:], torch.tensor([4], device=device),
+                                  window=window)
+    torch.testing.assert_close(out.double(), expected[1:, :, :4], atol=atol * 10, rtol=rtol)
+    lengths = torch.tensor([2, 4], device=device)
+    rows = torch.arange(b, device=device)
+    for _ in range(steps):
+        take = lambda t: t[rows, :, lengths].unsqueeze(2)  # noqa: E731  token lengths[b] of each row b: [B, H, 1, E]
+        pt.ops.kv_cache_append(k_cache, v_cache, take(k), take(v), lengths)
+        out = pt.ops.decode_attention(take(q), k_cache, v_cache, lengths + 1, window=window)
+        torch.testing.assert_close(out.double(), take(expected), atol=atol * 10, rtol=rtol)
+        lengths = lengths + 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kv_cache_append_writes_rows(device, dtype):
+    _skip_unsupported(dtype, device)
+    k_cache, v_cache = _caches(3, 2, 20, 8, 5, dtype, device)
+    k_new, v_new = _randn(3, 2, 4, 8, dtype=dtype, device=device), _randn(3, 2, 4, 5, dtype=dtype, device=device)
+    positions = torch.tensor([0, 16, 7], device=device)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    for b, p in enumerate(positions.tolist()):
+        expected_k[b, :, p:p + 4], expected_v[b, :, p:p + 4] = k_new[b], v_new[b]
+    assert pt.ops.kv_cache_append(k_cache, v_cache, k_new, v_new, positions) is None
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+    pt.ops.kv_cache_append(k_cache, v_cache, k_new[:, :, :0], v_new[:, :, :0], torch.full((3,), 20, device=device))
+    assert torch.equal(k_cache, expected_k)  # T = 0 writes nothing, even at the end of the cache
+
+
+@pytest.mark.parametrize("positions", [[0, 17], [-1, 0], [30, 0]])
+def test_append_overflow_raises_and_leaves_cache_unchanged(device, positions):
+    k_cache, v_cache = _caches(2, 2, 20, 8, 8, torch.float32, device)
+    before = k_cache.clone(), v_cache.clone()
+    k_new, v_new = _randn(2, 2, 4, 8, device=device), _randn(2, 2, 4, 8, device=device)
+    with pytest.raises(ValueError, match="positions"):
+        pt.ops.kv_cache_append(k_cache, v_cache, k_new, v_new, torch.tensor(positions, device=device))
+    assert torch.equal(k_cache.view(torch.int32), before[0].view(torch.int32))
+    assert torch.equal(v_cache.view(torch.int32), before[1].view(torch.int32))
+
+
+def test_non_contiguous_inputs(device):
+    b, hq, hkv, cap, d = 2, 4, 2, 40, 16
+    # Caches laid out [B, capacity, Hkv, D] and viewed as [B, Hkv, capacity, D]; values with a strided last dim.
+    k_cache = _randn(b, cap, hkv, d, device=device).transpose(1, 2)
+    v_cache = _randn(b, hkv, cap, 2 * d, device=device)[..., ::2]
+    k_new = _randn(b, 3, hkv, d, device=device).transpose(1, 2)  # [B, Hkv, 3, D], strided
+    v_new = _randn(b, hkv, d, 3, device=device).transpose(2, 3)  # last dim strided
+    positions = torch.tensor([[5, 0], [30, 0]], device=device)[:, 0]  # strided index vector
+    k_ref, v_ref = k_cache.contiguous(), v_cache.contiguous()
+    pt.ops.kv_cache_append(k_cache, v_cache, k_new, v_new, positions)
+    pt.ops.kv_cache_append(k_ref, v_ref, k_new.contiguous(), v_new.contiguous(), positions.contiguous())
+    assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+    q = _randn(b, 3, hq, d, device=device).transpose(1, 2)  # [B, Hq, 3, D]
+    lengths = torch.tensor([8, 33], device=device)
+    torch.testing.assert_close(pt.ops.decode_attention(q, k_cache, v_cache, lengths),
+                               pt.ops.decode_attention(q.contiguous(), k_ref, v_ref, lengths))
+    q1 = _randn(1, hq, 1, d, device=device).expand(b, hq, 1, d)  # expanded
+    torch.testing.assert_close(pt.ops.decode_attention(q1, k_cache, v_cache, lengths),
+                               pt.ops.decode_attention(q1.contiguous(), k_ref, v_ref, lengths))
+
+
+@pytest.mark.parametrize("isa", ["default", "avx2"])
+def test_each_cpu_isa_level_agrees(isa):
+    """The decode kernel is compiled per ISA level; the lower levels must agree with the reference too."""
+    code = ("import torch, pytransformer as pt; from pytransformer.ops import reference as ref;"
+            "q=torch.randn(2,4,2,40); k=torch.randn(2,2,600,40); v=torch.randn(2,2,600,24); n=torch.tensor([600,77]);"
+            "torch.testing.assert_close(pt.ops.decode_attention(q,k,v,n,window=300).double(),"
+            " ref.decode_attention(q.double(),k.double(),v.double(),n,window=300), atol=2e-5, rtol=2e-5);"
+            "qb,kb,vb=q.bfloat16(),k.bfloat16(),v.bfloat16(); torch.testing.assert_close("
+            "pt.ops.decode_attention(qb,kb,vb,n).double(), ref.decode_attention(qb.double(),kb.double(),vb.double(),n),"
+            " atol=2e-2, rtol=2e-2); print(pt._C.cpu_isa())")
+    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, ATEN_CPU_CAPABILITY=isa),
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() in (isa, "default")
+
+
+def test_opcheck(device):
+    q = _randn(2, 4, 2, 16, device=device)
+    k, v = _caches(2, 2, 12, 16, 8, torch.float32, device)
+    lengths = torch.tensor([12, 3], device=device)
+    torch.library.opcheck(ops.decode_attention, (q, k, v, lengths, 0.25, None))
+    torch.library.opcheck(ops.decode_attention, (q, k, v, lengths, 0.25, 2))
+    k_new, v_new = _randn(2, 2, 3, 16, device=device), _randn(2, 2, 3, 8, device=device)
+    torch.library.opcheck(ops.kv_cache_append, (k, v, k_new, v_new, torch.tensor([0, 9], device=device)))
+
+
+def test_schema_declares_the_cache_mutation():
+    args = ops.kv_cache_append.default._schema.arguments
+    assert [a.name for a in args if a.alias_info is not None and a.alias_info.is_write] == ["k_cache", "v_cache"]
+    assert not any(a.alias_info is not None and a.alias_info.is_write for a in ops.decode_attention.default._schema.arguments)
+
+
+def test_compiled_decode_step_on_a_static_cache(device):
+    """append + decode_attention compile into one graph (no breaks, no recompiles as positions advance) that
+    updates the caches in place like the eager ops."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def step(q, k_new, v_new, k_cache, v_cache, lengths):
+        pt.ops.kv_cache_append(k_cache, v_cache, k_new, v_new, lengths)
+        lengths = lengths + k_new.shape[2]
+        return pt.ops.decode_attention(q, k_cache, v_cache, lengths, window=24), lengths
+
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(step, fullgraph=True, backend=counter)
+    k_cache, v_cache = torch.zeros(2, 2, 64, 16, device=device), torch.zeros(2, 2, 64, 16, device=device)
+    k_eager, v_eager = k_cache.clone(), v_cache.clone()
+    lengths = lengths_eager = torch.tensor([0, 5], device=device)
+    data_ptr = k_cache.data_ptr()
+    for _ in range(4):
+        q, k_new, v_new = (_randn(2, h, 1, 16, device=device) for h in (4, 2, 2))
+        out, lengths = compiled(q, k_new, v_new, k_cache, v_cache, lengths)
+        out_eager, lengths_eager = step(q, k_new, v_new, k_eager, v_eager, lengths_eager)
+        torch.testing.assert_close(out, out_eager)
+    assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager) and lengths.tolist() == [4, 9]
+    assert k_cache.data_ptr() == data_ptr  # the same storage: no reallocation
+    assert counter.frame_count == 1
+
+
+def test_requires_grad_inputs():
+    """Inference ops: they run on inputs that require grad, the cache records no graph, and a backward through
+    decode_attention raises a clear error."""
+    q = _randn(1, 2, 1, 8).requires_grad_(True)
+    k_cache, v_cache = _caches(1, 2, 10, 8, 8, torch.float32, "cpu")
+    k_new, v_new = _randn(1, 2, 1, 8).requires_grad_(True), _randn(1, 2, 1, 8).requires_grad_(True)
+    pt.ops.kv_cache_append(k_cache, v_cache, k_new, v_new, torch.tensor([3]))
+    assert not k_cache.requires_grad and k_cache.grad_fn is None
+    out = pt.ops.decode_attention(q, k_cache, v_cache, torch.tensor([4]))
+    with torch.no_grad():
+        torch.testing.assert_close(out, pt.ops.decode_attention(q, k_cache, v_cache, torch.tensor([4])))
+    with pytest.raises(RuntimeError, match="decode_attention is an inference op"):
+        out.sum().backward()
+
+
+def _bad_decode_cases():
+    q, k, v, n = _randn(2, 4, 1, 16), _randn(2, 2, 10, 16), _randn(2, 2, 10, 8), torch.tensor([5, 10])
+    return [
+        ("q: expected a 4-d", (q[0], k, v, n), {}),
+        ("q: expected a float", (q.int(), k, v, n), {}),
+        (r"q: expected \[B, Hq, T, D\] with T >= 1", (q[:, :, :0], k, v, n), {}),
+        (r"k_cache: expected \[B, Hkv, capacity, D\] = \[2, \*, \*, 16\]", (q, k[..., :8], v, n), {}),
+        (r"k_cache: expected \[B, Hkv, capacity, D\] = \[2, \*, \*, 16\]", (q, k[:1], v, n), {}),
+        ("k_cache: expected a 4-d", (q, k[0], v, n), {}),
+        ("k_cache: expected dtype", (q, k.double(), v, n), {}),
+        (r"v_cache: expected \[B, Hkv, capacity, Dv\] = \[2, 2, 10, \*\]", (q, k, v[:, :, :9], n), {}),
+        ("v_cache: expected dtype", (q, k, v.half(), n), {}),
+        ("Hq = 4 must be a multiple of the number of cache heads Hkv = 3", (q, _randn(2, 3, 10, 16),
+                                                                            _randn(2, 3, 10, 8), n), {}),
+        ("cache_lengths: expected an integer", (q, k, v, n.float()), {}),
+        (r"cache_lengths: expected \[B\] = \[2\]", (q, k, v, n[:1]), {}),
+        ("cache_lengths: row 1 has length 11", (q, k, v, torch.tensor([5, 11])), {}),
+        ("cache_lengths: row 0 has length -1", (q, k, v, torch.tensor([-1, 3])), {}),
+        ("cache_lengths: row 0 has length 1", (_randn(2, 4, 2, 16), k, v, torch.tensor([1, 3])), {}),
+        ("window: expected None or a positive int", (q, k, v, n), {"window": 0}),
+        ("scale: expected a finite", (q, k, v, n), {"scale": float("nan")}),
+    ]
+
+
+@pytest.mark.parametrize("match,args,kwargs", _bad_decode_cases())
+def test_decode_attention_bad_inputs_raise(match, args, kwargs):
+    with pytest.raises(ValueError, match=match):
+        pt.ops.decode_attention(*args, **kwargs)
+
+
+def _bad_append_cases():
+    k, v, kn, vn, p = _randn(2, 4, 10, 64), _randn(2, 4, 10, 32), _randn(2, 4, 3, 64), _randn(2, 4, 3, 32), torch.tensor([0, 7])
+    return [
+        ("k_cache: expected a float", (k.int(), v, kn, vn, p)),
+        (r"k_cache: expected a 4-d tensor \[B, Hkv, capacity, D\]", (k[0], v, kn, vn, p)),
+        (r"v_cache: expected \[B, Hkv, capacity, Dv\] = \[2, 4, 10, \*\]", (k, v[:, :2], kn, vn, p)),
+        ("v_cache: expected dtype", (k, v.double(), kn, vn, p)),
+        (r"k_new: expected \[B, Hkv, T, D\] = \[2, 4, \*, 64\]", (k, v, kn[..., :32], vn, p)),
+        ("k_new: expected dtype", (k, v, kn.half(), vn, p)),
+        (r"v_new: expected \[B, Hkv, T, Dv\] = \[2, 4, 3, 32\]", (k, v, kn, vn[:, :, :2], p)),
+        ("positions: expected an integer", (k, v, kn, vn, p.float())),
+        (r"positions: expected a 1-d tensor \[B\]", (k, v, kn, vn, p[None])),
+        (r"positions: expected \[B\] = \[2\]", (k, v, kn, vn, p[:1])),
+        ("positions: row 1 would write cache positions 8..10", (k, v, kn, vn, torch.tensor([0, 8]))),
+        ("k_cache: expected a tensor whose elements do not overlap", (k[:1].expand(2, 4, 10, 64), v, kn, vn, p)),
+        ("v_cache: expected memory separate from k_cache", (k, k, kn, kn, p)),
+        ("k_new: expected memory separate from the caches", (k[:1, :1], v[:1, :1], k[:1, :1, :3], vn[:1, :1], p[:1])),
+    ]
+
+
+@pytest.mark.parametrize("match,args", _bad_append_cases())
+def test_kv_cache_append_bad_inputs_raise(match, args):
+    with pytest.raises(ValueError, match=match):
+        pt.ops.kv_cache_append(*args)
