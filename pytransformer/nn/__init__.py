@@ -1,4 +1,13 @@
 """Modules built on pytransformer.ops."""
+from .attention import MultiHeadAttention
+from .feedforward import FeedForward
+from .kv_cache import AttentionCache, KVCache, LayerCache
+from .layers import (Residual, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
+                     TransformerEncoderLayer)
 from .norm import LayerNorm, RMSNorm
+from .positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding, token_positions
 
-__all__ = ["LayerNorm", "RMSNorm"]
+__all__ = ["LayerNorm", "RMSNorm", "MultiHeadAttention", "FeedForward", "SinusoidalPositionalEncoding",
+           "LearnedPositionalEmbedding", "RotaryEmbedding", "token_positions", "Residual", "TransformerEncoderLayer",
+           "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "KVCache", "AttentionCache",
+           "LayerCache"]

@@ -1,0 +1,94 @@
+"""Model configs (dataclasses), the published configurations, and count_parameters."""
+from dataclasses import dataclass
+
+from torch import nn
+
+POSITIONALS = ("sinusoidal", "learned", "rotary")
+
+
+@dataclass
+class _Config:
+    vocab_size: int
+    d_model: int = 512
+    n_heads: int = 8
+    n_kv_heads: int | None = None
+    d_ff: int = 2048
+    max_len: int = 1024
+    dropout: float = 0.1
+    activation: str = "relu"  # relu | gelu | gelu_tanh | swiglu
+    norm: str = "post"  # post | pre | sandwich
+    positional: str = "sinusoidal"  # sinusoidal | learned | rotary
+    tie_embeddings: bool = True
+    eps: float = 1e-5
+    bias: bool = True
+
+    def __post_init__(self):
+        if self.positional not in POSITIONALS:
+            raise ValueError(f"positional: expected one of {POSITIONALS}, got {self.positional!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def layer_kwargs(self) -> dict:
+        """Keyword arguments shared by every encoder/decoder layer of the model."""
+        return {"d_model": self.d_model, "n_heads": self.n_heads, "d_ff": self.d_ff, "dropout": self.dropout,
+                "activation": self.activation, "norm": self.norm, "eps": self.eps, "bias": self.bias,
+                "n_kv_heads": self.n_kv_heads}
+
+
+@dataclass
+class DecoderConfig(_Config):
+    """DecoderLM: GPT-like decoder-only LM; `window` makes self-attention sliding-window."""
+    n_layers: int = 12
+    window: int | None = None
+
+
+@dataclass
+class EncoderConfig(_Config):
+    """EncoderModel: BERT-like encoder with token types and an optional pooler."""
+    n_layers: int = 12
+    type_vocab_size: int = 2
+    pooler: bool = True
+
+
+@dataclass
+class Seq2SeqConfig(_Config):
+    """Seq2SeqTransformer: encoder-decoder; one vocabulary shared by source and target."""
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6
+
+
+def transformer_base(vocab_size: int = 37000, **overrides) -> Seq2SeqConfig:
+    """Vaswani et al. 2017 base: 6+6 layers, d_model 512, 8 heads, d_ff 2048, dropout 0.1, tied embeddings."""
+    return Seq2SeqConfig(vocab_size=vocab_size, **overrides)
+
+
+def transformer_big(vocab_size: int = 37000, **overrides) -> Seq2SeqConfig:
+    """Vaswani et al. 2017 big: 6+6 layers, d_model 1024, 16 heads, d_ff 4096, dropout 0.3, tied embeddings."""
+    return Seq2SeqConfig(**{"vocab_size": vocab_size, "d_model": 1024, "n_heads": 16, "d_ff": 4096, "dropout": 0.3,
+                            **overrides})
+
+
+def gpt2_small(**overrides) -> DecoderConfig:
+    """GPT-2 small: 12 layers, d_model 768, 12 heads, learned positions, pre-norm, tanh-GELU, tied LM head."""
+    return DecoderConfig(**{"vocab_size": 50257, "d_model": 768, "n_heads": 12, "n_layers": 12, "d_ff": 3072,
+                            "max_len": 1024, "dropout": 0.1, "activation": "gelu_tanh", "norm": "pre",
+                            "positional": "learned", **overrides})
+
+
+def bert_base(**overrides) -> EncoderConfig:
+    """BERT-base: 12 layers, d_model 768, 12 heads, learned positions, 2 token types, post-norm, GELU, pooler."""
+    return EncoderConfig(**{"vocab_size": 30522, "d_model": 768, "n_heads": 12, "n_layers": 12, "d_ff": 3072,
+                            "max_len": 512, "dropout": 0.1, "activation": "gelu", "norm": "post",
+                            "positional": "learned", "eps": 1e-12, **overrides})
+
+
+CONFIGS = {"transformer_base": transformer_base, "transformer_big": transformer_big, "gpt2_small": gpt2_small,
+           "bert_base": bert_base}
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of parameter elements, each (tied) parameter counted once."""
+    return sum(p.numel() for p in model.parameters())
+

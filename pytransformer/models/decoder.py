@@ -1,0 +1,85 @@
+"""DecoderLM: a GPT-like decoder-only language model with KV-cache generation."""
+import torch
+from torch import Tensor, nn
+
+from ..nn import KVCache, TransformerDecoder, token_positions
+from .common import Embeddings, init_normal, rotary_for
+from .configs import DecoderConfig
+from .generation import beam_search, decode, next_token
+
+
+class DecoderLM(nn.Module):
+    """Token + position embeddings, a causal TransformerDecoder without cross-attention, an LM head (tied by default)."""
+
+    def __init__(self, config: DecoderConfig):
+        super().__init__()
+        self.config = config
+        self.embed = Embeddings(config)
+        self.decoder = TransformerDecoder(config.n_layers, cross_attention=False, rotary=rotary_for(config),
+                                          window=config.window, **config.layer_kwargs())
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        init_normal(self)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.tok.weight
+
+    def hidden(self, input_ids: Tensor, *, cache: KVCache | None = None, key_lengths: Tensor | None = None) -> Tensor:
+        """input_ids [B, L] -> final hidden states [B, L, d_model] (see forward)."""
+        x = self.embed(input_ids, token_positions(input_ids.shape[1], input_ids.device, cache))
+        return self.decoder(x, key_lengths=key_lengths, cache=cache)
+
+    def forward(self, input_ids: Tensor, *, cache: KVCache | None = None, key_lengths: Tensor | None = None) -> Tensor:
+        """input_ids [B, L] -> logits [B, L, vocab]. With a cache, input_ids are the next tokens of every row;
+        key_lengths [B] marks a right-padded prompt (the cache then counts only the real tokens)."""
+        return self.lm_head(self.hidden(input_ids, cache=cache, key_lengths=key_lengths))
+
+    def new_cache(self, batch_size: int, capacity: int, *, device=None, dtype=None) -> KVCache:
+        """An empty KVCache for batch_size rows of up to `capacity` tokens, on the model's device and dtype."""
+        w = self.lm_head.weight
+        c = self.config
+        return KVCache(c.n_layers, batch_size, c.n_kv_heads or c.n_heads, c.head_dim, capacity,
+                       device=device or w.device, dtype=dtype or w.dtype)
+
+    @torch.no_grad()
+    def generate(self, input_ids: Tensor, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None, *,
+                 key_lengths: Tensor | None = None, eos_id: int | None = None, beam_size: int = 1,
+                 length_penalty: float = 1.0, use_cache: bool = True) -> Tensor:
+        """Prompt [B, L] (right-padded to key_lengths [B] if given) -> prompt + new tokens [B, L + n]: greedy,
+        sampled, or beam search when beam_size > 1; n < max_new_tokens when every row emitted eos_id."""
+        n_rows, length = input_ids.shape[0] * beam_size, input_ids.shape[1]
+        ids = input_ids.repeat_interleave(beam_size, 0)  # [N, L]
+        lens = None if key_lengths is None else key_lengths.to(ids.device).repeat_interleave(beam_size, 0)
+        if use_cache:
+            cache = self.new_cache(n_rows, length + max_new_tokens)
+            h = self.hidden(ids, cache=cache, key_lengths=lens)  # [N, L, d]
+
+            def step(tok):
+                return self(tok, cache=cache)[:, -1]
+            reorder = cache.reorder
+        else:
+            if key_lengths is not None:
+                raise ValueError("key_lengths: padded prompts need use_cache=True")
+            h = self.hidden(ids)
+
+            def step(tok):
+                nonlocal ids
+                ids = torch.cat([ids, tok], 1)
+                return self.lm_head(self.hidden(ids)[:, -1])
+
+            def reorder(index):
+                nonlocal ids
+                ids = ids[index]
+        last = h[:, -1] if lens is None else h[torch.arange(n_rows, device=h.device), lens - 1]
+        logits = self.lm_head(last)  # [N, vocab]
+        if beam_size > 1:
+            new = beam_search(step, reorder, logits, beam_size, max_new_tokens, eos_id, length_penalty)
+        else:
+            new = decode(step, logits, max_new_tokens, lambda x: next_token(x, do_sample, temperature, top_k, top_p,
+                                                                            generator), eos_id)
+        return torch.cat([input_ids, new], 1)
+
+    @classmethod
+    def from_hf(cls, model) -> "DecoderLM":
+        """A DecoderLM with the config and weights of a Hugging Face GPT2LMHeadModel object."""
+        from ..interop.hf import decoder_lm_from_hf
+        return decoder_lm_from_hf(model)

@@ -1,0 +1,75 @@
+"""Decoding loops shared by DecoderLM and Seq2SeqTransformer: greedy, sampling and beam search.
+
+Each loop drives a `step(tokens [N, 1]) -> logits [N, V]` callable (a cached or uncached forward of the next token)
+starting from the logits of the prompt's last position."""
+import torch
+from torch import Tensor
+
+
+def next_token(logits: Tensor, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
+    """logits [N, V] -> tokens [N]: the argmax, or a sample after temperature, top-k and top-p (nucleus) filtering."""
+    if not do_sample:
+        return logits.argmax(-1)
+    if temperature <= 0:
+        raise ValueError(f"temperature: must be > 0 when sampling, got {temperature}")
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = logits.topk(min(top_k, logits.shape[-1]), -1).values[:, -1:]  # [N, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None:
+        sorted_logits, order = logits.sort(-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+
+
+def decode(step, logits: Tensor, max_new_tokens: int, pick, eos_id: int | None = None) -> Tensor:
+    """Greedy or sampled decoding: tokens [N, n <= max_new_tokens]; a row that emitted eos_id keeps emitting it, and
+    decoding stops early once every row has."""
+    tokens, finished = [], torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+    for i in range(max_new_tokens):
+        tok = pick(logits)  # [N]
+        if eos_id is not None:
+            tok = tok.masked_fill(finished, eos_id)
+            finished = finished | (tok == eos_id)
+        tokens.append(tok)
+        if i + 1 == max_new_tokens or (eos_id is not None and bool(finished.all())):
+            break
+        logits = step(tok[:, None])
+    return torch.stack(tokens, 1)
+
+
+def beam_search(step, reorder, logits: Tensor, beam_size: int, max_new_tokens: int, eos_id: int | None = None,
+                length_penalty: float = 1.0) -> Tensor:
+    """Beam search over N = B * beam_size rows (beams of one input adjacent, all starting from the same state):
+    tokens [B, n] of each input's best beam by log-probability / length ** length_penalty, where length counts the
+    tokens up to and including EOS. `reorder(index [N])` makes row i continue from row index[i]."""
+    n_rows, vocab = logits.shape
+    batch, k = n_rows // beam_size, beam_size
+    device = logits.device
+    scores = torch.full((batch, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0  # the beams start identical: expand only the first
+    finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
+    lengths = torch.zeros(batch, k, dtype=torch.long, device=device)
+    seqs = torch.zeros(batch, k, 0, dtype=torch.long, device=device)
+    eos_only = torch.full((vocab,), float("-inf"), device=device)  # a finished beam extends with EOS at no cost
+    if eos_id is not None:
+        eos_only[eos_id] = 0.0
+    rows = torch.arange(batch, device=device)[:, None] * k  # [B, 1]
+    for i in range(max_new_tokens):
+        logp = torch.log_softmax(logits.float(), -1).view(batch, k, vocab)
+        logp = torch.where(finished[..., None], eos_only, logp)
+        scores, flat = (scores[..., None] + logp).view(batch, k * vocab).topk(k, -1)  # [B, K]
+        beam, tok = flat // vocab, flat % vocab
+        seqs = torch.cat([seqs.gather(1, beam[..., None].expand(-1, -1, i)), tok[..., None]], -1)
+        was_finished = finished.gather(1, beam)
+        lengths = lengths.gather(1, beam) + (~was_finished).long()
+        finished = was_finished | (tok == eos_id) if eos_id is not None else was_finished
+        if i + 1 == max_new_tokens or bool(finished.all()):
+            break
+        reorder((rows + beam).view(-1))
+        logits = step(tok.view(-1, 1))
+    best = (scores / lengths.clamp(min=1).float() ** length_penalty).argmax(-1)  # [B]
+    return seqs[torch.arange(batch, device=device), best]

@@ -1,0 +1,94 @@
+"""Seq2SeqTransformer: the encoder-decoder of Vaswani et al. 2017 with cached, greedy or beam-search decoding."""
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..nn import KVCache, TransformerDecoder, TransformerEncoder, token_positions
+from .common import Embeddings, rotary_for
+from .configs import Seq2SeqConfig
+from .generation import beam_search, decode, next_token
+
+
+class Seq2SeqTransformer(nn.Module):
+    """Source/target embeddings scaled by sqrt(d_model) (one shared table with the output projection when
+    tie_embeddings), a TransformerEncoder, a TransformerDecoder with cross-attention, an output projection."""
+
+    def __init__(self, config: Seq2SeqConfig):
+        super().__init__()
+        self.config = config
+        rotary = rotary_for(config)
+        self.src_embed = Embeddings(config, scale=True)
+        self.tgt_embed = self.src_embed if config.tie_embeddings else Embeddings(config, scale=True)
+        self.encoder = TransformerEncoder(config.n_encoder_layers, rotary=rotary, **config.layer_kwargs())
+        self.decoder = TransformerDecoder(config.n_decoder_layers, rotary=rotary, **config.layer_kwargs())
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        for m in self.modules():  # Transformer (fairseq) initialisation
+            if isinstance(m, nn.Linear):
+                nn.init.xavier_uniform_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Embedding):
+                nn.init.normal_(m.weight, 0.0, config.d_model ** -0.5)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.src_embed.tok.weight
+
+    def encode(self, src: Tensor, src_key_lengths: Tensor | None = None) -> Tensor:
+        """src [B, Ls] -> memory [B, Ls, d_model]."""
+        x = self.src_embed(src, torch.arange(src.shape[1], device=src.device))
+        return self.encoder(x, key_lengths=src_key_lengths)
+
+    def decode(self, tgt: Tensor, memory: Tensor | None = None, *, src_key_lengths: Tensor | None = None,
+               tgt_key_lengths: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+        """tgt [B, Lt] -> logits [B, Lt, vocab], causal; with a cache, tgt are the next tokens and memory may be None."""
+        x = self.tgt_embed(tgt, token_positions(tgt.shape[1], tgt.device, cache))
+        x = self.decoder(x, memory, key_lengths=tgt_key_lengths, memory_key_lengths=src_key_lengths, cache=cache)
+        return self.lm_head(x)
+
+    def forward(self, src: Tensor, tgt: Tensor, *, src_key_lengths: Tensor | None = None,
+                tgt_key_lengths: Tensor | None = None) -> Tensor:
+        """src [B, Ls], tgt [B, Lt] (teacher forcing) -> logits [B, Lt, vocab]."""
+        memory = self.encode(src, src_key_lengths)
+        return self.decode(tgt, memory, src_key_lengths=src_key_lengths, tgt_key_lengths=tgt_key_lengths)
+
+    def new_cache(self, batch_size: int, capacity: int, memory_length: int, *, device=None, dtype=None) -> KVCache:
+        """An empty KVCache: self-attention for `capacity` target tokens, cross-attention for memory_length keys."""
+        c, w = self.config, self.lm_head.weight
+        return KVCache(c.n_decoder_layers, batch_size, c.n_kv_heads or c.n_heads, c.head_dim, capacity,
+                       memory_length=memory_length, device=device or w.device, dtype=dtype or w.dtype)
+
+    @torch.no_grad()
+    def generate(self, src: Tensor, src_key_lengths: Tensor | None = None, *, max_new_tokens: int, bos_id: int,
+                 eos_id: int, beam_size: int = 1, length_penalty: float = 1.0, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                 generator: torch.Generator | None = None, use_cache: bool = True) -> Tensor:
+        """src [B, Ls] -> target tokens [B, 1 + n] starting with bos_id: the encoder runs once, cross-attention K/V
+        are cached once, self-attention goes through the KV cache; rows that emitted eos_id continue with eos_id."""
+        n_rows = src.shape[0] * beam_size
+        memory = self.encode(src, src_key_lengths).repeat_interleave(beam_size, 0)  # [N, Ls, d]
+        lens = None if src_key_lengths is None else src_key_lengths.to(src.device).repeat_interleave(beam_size, 0)
+        tgt = torch.full((n_rows, 1), bos_id, dtype=torch.long, device=src.device)
+        if use_cache:
+            cache = self.new_cache(n_rows, max_new_tokens + 1, memory.shape[1])
+            self.decoder.cache_memory(cache, memory, lens)
+
+            def step(tok):
+                return self.decode(tok, cache=cache)[:, -1]
+            reorder = cache.reorder
+        else:
+            def step(tok):
+                nonlocal tgt
+                tgt = torch.cat([tgt, tok], 1)
+                return self.decode(tgt, memory, src_key_lengths=lens)[:, -1]
+
+            def reorder(index):
+                nonlocal tgt
+                tgt = tgt[index]
+        logits = step(tgt) if use_cache else self.decode(tgt, memory, src_key_lengths=lens)[:, -1]
+        if beam_size > 1:
+            new = beam_search(step, reorder, logits, beam_size, max_new_tokens, eos_id, length_penalty)
+        else:
+            new = decode(step, logits, max_new_tokens, lambda x: next_token(x, do_sample, temperature, top_k, top_p,
+                                                                            generator), eos_id)
+        bos = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
+        return torch.cat([bos, new], 1)

@@ -1,0 +1,70 @@
+"""MultiHeadAttention: self- or cross-attention over ops.attention (full sequences) and ops.decode_attention (cache)."""
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import ops
+from .kv_cache import AttentionCache
+from .positional import RotaryEmbedding
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with GQA/MQA (`n_kv_heads`), one fused Q|K|V projection, optional rotary positions and
+    sliding window. Self-attention when `context` is None, cross-attention over `context` otherwise."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, dropout: float = 0.0,
+                 bias: bool = True, *, rotary: RotaryEmbedding | None = None, window: int | None = None,
+                 device=None, dtype=None):
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if d_model % n_heads:
+            raise ValueError(f"n_heads: d_model={d_model} must be divisible by n_heads={n_heads}")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads: n_heads={n_heads} must be divisible by n_kv_heads={n_kv_heads}")
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
+        self.dropout, self.rotary, self.window = dropout, rotary, window
+        self.q_dim, self.kv_dim = d_model, n_kv_heads * self.head_dim
+        factory = {"device": device, "dtype": dtype}
+        self.qkv_proj = nn.Linear(d_model, self.q_dim + 2 * self.kv_dim, bias=bias, **factory)  # rows: Q | K | V
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias, **factory)
+
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        return x.unflatten(-1, (n, self.head_dim)).transpose(1, 2)  # [B, L, n*D] -> [B, n, L, D]
+
+    def project_kv(self, context: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values [B, Hkv, Lk, D] of `context` [B, Lk, d_model] (what a cross-attention cache holds)."""
+        w, b = self.qkv_proj.weight[self.q_dim:], None if self.qkv_proj.bias is None else self.qkv_proj.bias[self.q_dim:]
+        k, v = F.linear(context, w, b).split(self.kv_dim, -1)
+        return self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
+
+    def _project_q(self, x: Tensor) -> Tensor:
+        w, b = self.qkv_proj.weight[:self.q_dim], None if self.qkv_proj.bias is None else self.qkv_proj.bias[:self.q_dim]
+        return self._heads(F.linear(x, w, b), self.n_heads)
+
+    def _qkv(self, x: Tensor, context: Tensor | None, positions: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        if context is not None:  # cross-attention
+            return (self._project_q(x), *self.project_kv(context))
+        q, k, v = self.qkv_proj(x).split([self.q_dim, self.kv_dim, self.kv_dim], -1)
+        q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
+        if self.rotary is not None:
+            q, k = self.rotary(q, positions), self.rotary(k, positions)
+        return q, k, v  # [B, Hq, L, D], [B, Hkv, Lk, D], [B, Hkv, Lk, D]
+
+    def forward(self, x: Tensor, context: Tensor | None = None, *, mask: Tensor | None = None, causal: bool = False,
+                key_lengths: Tensor | None = None, cache: AttentionCache | None = None) -> Tensor:
+        """x [B, L, d_model] (context [B, Lk, d_model]) -> [B, L, d_model]. With a self-attention `cache`, x holds
+        the next L tokens of every row: their K/V are appended and they attend causally to the cached rows."""
+        if cache is not None and mask is not None:
+            raise ValueError("mask: not supported with a cache (cached attention is causal over the cached rows)")
+        if cache is not None and cache.static:  # cross-attention over the K/V computed once
+            y = ops.attention(self._project_q(x), cache.k, cache.v, key_lengths=cache.lengths)
+        elif cache is not None:  # self-attention over the cached rows plus the L new ones
+            positions = cache.lengths[:, None] + torch.arange(x.shape[1], device=x.device)  # [B, L]
+            q, k, v = self._qkv(x, context, positions)
+            ops.kv_cache_append(cache.k, cache.v, k, v, cache.lengths)
+            y = ops.decode_attention(q, cache.k, cache.v, cache.lengths + x.shape[1], window=self.window)
+        else:
+            q, k, v = self._qkv(x, context, None)
+            y = ops.attention(q, k, v, mask=mask, causal=causal, window=self.window, key_lengths=key_lengths,
+                              dropout_p=self.dropout if self.training else 0.0)
+        return self.out_proj(y.transpose(1, 2).flatten(2))  # [B, Hq, L, D] -> [B, L, d_model]

@@ -1,0 +1,32 @@
+"""FeedForward: the position-wise MLP of a Transformer layer (ReLU, GELU or SwiGLU)."""
+import functools
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh")}
+
+
+class FeedForward(nn.Module):
+    """fc2(dropout(act(fc1(x)))); for "swiglu", fc1 produces gate|up and act is silu(gate) * up."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0, bias: bool = True,
+                 device=None, dtype=None):
+        super().__init__()
+        if activation not in ACTIVATIONS and activation != "swiglu":
+            raise ValueError(f"activation: expected one of {[*ACTIVATIONS, 'swiglu']}, got {activation!r}")
+        self.activation = activation
+        factory = {"device": device, "dtype": dtype}
+        self.fc1 = nn.Linear(d_model, 2 * d_ff if activation == "swiglu" else d_ff, bias=bias, **factory)
+        self.fc2 = nn.Linear(d_ff, d_model, bias=bias, **factory)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x [..., d_model] -> [..., d_model]."""
+        h = self.fc1(x)  # [..., d_ff] (swiglu: [..., 2 * d_ff])
+        if self.activation == "swiglu":
+            gate, up = h.chunk(2, -1)
+            h = F.silu(gate) * up
+        else:
+            h = ACTIVATIONS[self.activation](h)
+        return self.fc2(self.dropout(h))

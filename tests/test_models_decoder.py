@@ -1,0 +1,139 @@
+"""DecoderLM: cached generation equals uncached (every norm, GQA, rotary/window), padded prompts, sampling, beam
+search, GPT-2 import, torch.compile of a training step and of a cached decode step."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pytransformer.models import DecoderLM, gpt2_small
+
+V = 64
+
+
+def tiny(**overrides):
+    torch.manual_seed(0)
+    return DecoderLM(gpt2_small(**{"vocab_size": V, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64,
+                                   "max_len": 64, "dropout": 0.0, **overrides})).eval()
+
+
+@pytest.mark.parametrize("norm", ["post", "pre", "sandwich"])
+@pytest.mark.parametrize("n_kv_heads", [None, 2, 1])
+def test_cached_generation_equals_uncached(norm, n_kv_heads):
+    model = tiny(norm=norm, n_kv_heads=n_kv_heads)
+    prompt = torch.randint(0, V, (3, 6))
+    out = model.generate(prompt, 12)
+    assert out.shape == (3, 18) and torch.equal(out[:, :6], prompt)
+    assert torch.equal(out, model.generate(prompt, 12, use_cache=False))
+
+
+@pytest.mark.parametrize("overrides", [{"positional": "rotary"}, {"positional": "sinusoidal", "window": 4},
+                                       {"activation": "swiglu", "positional": "rotary", "n_kv_heads": 2}])
+def test_cached_generation_other_variants(overrides):
+    model = tiny(**overrides)
+    prompt = torch.randint(0, V, (2, 5))
+    assert torch.equal(model.generate(prompt, 10), model.generate(prompt, 10, use_cache=False))
+
+
+def test_cached_logits_match_full_forward():
+    model = tiny()
+    ids = torch.randint(0, V, (2, 9))
+    cache = model.new_cache(2, 9)
+    with torch.no_grad():
+        steps = torch.cat([model(ids[:, :4], cache=cache)] + [model(ids[:, t:t + 1], cache=cache) for t in range(4, 9)], 1)
+        torch.testing.assert_close(steps, model(ids), atol=1e-5, rtol=1e-5)
+
+
+def test_padded_prompts_equal_single_prompts():
+    model = tiny()
+    lengths = torch.tensor([6, 3, 5])
+    prompt = torch.randint(0, V, (3, 6))
+    out = model.generate(prompt, 8, key_lengths=lengths)
+    for b, n in enumerate(lengths.tolist()):
+        assert torch.equal(out[b, 6:], model.generate(prompt[b:b + 1, :n], 8)[0, n:])
+
+
+def test_sampling():
+    model = tiny()
+    prompt = torch.randint(0, V, (4, 5))
+    greedy = model.generate(prompt, 8)
+    assert torch.equal(model.generate(prompt, 8, do_sample=True, top_k=1), greedy)
+    assert torch.equal(model.generate(prompt, 8, do_sample=True, top_p=1e-6), greedy)
+    sample = lambda seed, **kw: model.generate(prompt, 8, do_sample=True, temperature=2.0,  # noqa: E731
+                                               generator=torch.Generator().manual_seed(seed), **kw)
+    assert torch.equal(sample(1), sample(1)) and not torch.equal(sample(1), sample(2))
+    assert torch.equal(sample(3, top_k=5, top_p=0.9), sample(3, top_k=5, top_p=0.9))
+
+
+def test_eos_stops_rows():
+    model = tiny()
+    prompt = torch.randint(0, V, (2, 5))
+    greedy = model.generate(prompt, 8)
+    eos = int(greedy[0, 7])  # row 0 emits it at its 3rd new token
+    out = model.generate(prompt, 8, eos_id=eos)
+    first = (out[0, 5:] == eos).nonzero()[0, 0]
+    assert (out[0, 5 + first:] == eos).all() and torch.equal(out[0, :5 + first], greedy[0, :5 + first])
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+def test_beam_search(n_kv_heads):
+    model = tiny(n_kv_heads=n_kv_heads)
+    prompt = torch.randint(0, V, (2, 5))
+    assert torch.equal(model.generate(prompt, 8, beam_size=1), model.generate(prompt, 8))
+    beams = model.generate(prompt, 8, beam_size=4, eos_id=3, length_penalty=0.6)
+    assert torch.equal(beams, model.generate(prompt, 8, beam_size=4, eos_id=3, length_penalty=0.6, use_cache=False))
+    assert torch.equal(beams[:, :5], prompt)
+
+
+def test_beam_search_finds_higher_likelihood_than_greedy():
+    model = tiny()
+    prompt = torch.randint(0, V, (4, 4))
+
+    def logprob(seq):
+        with torch.no_grad():
+            lp = torch.log_softmax(model(seq[:, :-1]), -1)[:, 3:]  # predictions of the new tokens
+        return lp.gather(-1, seq[:, 4:, None]).sum((1, 2))
+    assert (logprob(model.generate(prompt, 6, beam_size=5, length_penalty=0.0)) >=
+            logprob(model.generate(prompt, 6)) - 1e-5).all()
+
+
+def test_from_hf_reproduces_gpt2():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=V, n_positions=64, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0,
+        pad_token_id=0)).eval()
+    ours = DecoderLM.from_hf(hf)
+    ids = torch.randint(1, V, (2, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(ids).logits, atol=1e-5, rtol=1e-5)
+    expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, min_new_tokens=10,
+                           do_sample=False)
+    assert torch.equal(ours.generate(ids, 10), expected)
+
+
+def test_compile_training_step():
+    model = tiny(n_kv_heads=2).train()
+    ids = torch.randint(0, V, (2, 8))
+
+    def loss_fn(ids):
+        return F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+    eager = loss_fn(ids)
+    grads = torch.autograd.grad(eager, list(model.parameters()))
+    compiled = torch.compile(loss_fn, fullgraph=True)  # Inductor
+    loss = compiled(ids)
+    torch.testing.assert_close(loss, eager, atol=1e-5, rtol=1e-5)
+    for g, p in zip(grads, torch.autograd.grad(loss, list(model.parameters()))):
+        torch.testing.assert_close(p, g, atol=1e-4, rtol=1e-4)
+
+
+@torch.no_grad()
+def test_compile_decode_step_with_static_cache():
+    model = tiny(positional="rotary", n_kv_heads=1)
+    prompt = torch.randint(0, V, (2, 5))
+    cache = model.new_cache(2, 12)
+    model(prompt, cache=cache)
+    step = torch.compile(lambda tok: model(tok, cache=cache)[:, -1], fullgraph=True, backend="aot_eager")
+    tok, out = model.generate(prompt, 1)[:, -1:], []
+    for _ in range(6):
+        out.append(tok)
+        tok = step(tok).argmax(-1, keepdim=True)
+    assert torch.equal(torch.cat([prompt] + out, 1), model.generate(prompt, 6))

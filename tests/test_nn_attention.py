@@ -1,0 +1,97 @@
+"""MultiHeadAttention against plain-PyTorch attention (float64): self/cross, GQA/MQA, masks, rotary, window, cache."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pytransformer.nn import KVCache, MultiHeadAttention, RotaryEmbedding
+
+
+def reference_mha(m, x, context=None, *, mask=None, causal=False, key_lengths=None, positions=None):
+    """The same projections and attention with F.scaled_dot_product_attention and explicit masks."""
+    ctx = x if context is None else context
+    w, b = m.qkv_proj.weight, m.qkv_proj.bias
+    b = torch.zeros(w.shape[0], dtype=w.dtype) if b is None else b
+    dq, dkv, d = m.q_dim, m.kv_dim, m.head_dim
+    q = F.linear(x, w[:dq], b[:dq]).unflatten(-1, (m.n_heads, d)).transpose(1, 2)
+    k = F.linear(ctx, w[dq:dq + dkv], b[dq:dq + dkv]).unflatten(-1, (m.n_kv_heads, d)).transpose(1, 2)
+    v = F.linear(ctx, w[dq + dkv:], b[dq + dkv:]).unflatten(-1, (m.n_kv_heads, d)).transpose(1, 2)
+    if m.rotary is not None and context is None:
+        q, k = m.rotary(q, positions), m.rotary(k, positions)
+    k = k.repeat_interleave(m.n_heads // m.n_kv_heads, 1)
+    v = v.repeat_interleave(m.n_heads // m.n_kv_heads, 1)
+    lq, lk = q.shape[2], k.shape[2]
+    keep = torch.ones(x.shape[0], 1, lq, lk, dtype=torch.bool)
+    i, j = torch.arange(lq)[:, None] + lk - lq, torch.arange(lk)
+    if causal or m.window is not None:
+        keep = keep & (j <= i)
+    if m.window is not None:
+        keep = keep & (j > i - m.window)
+    if key_lengths is not None:
+        keep = keep & (j < key_lengths[:, None, None, None])
+    bias = torch.zeros(keep.shape, dtype=x.dtype).masked_fill(~keep, float("-inf"))
+    if mask is not None:
+        bias = bias + (torch.zeros(mask.shape, dtype=x.dtype).masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else mask)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    return m.out_proj(y.transpose(1, 2).flatten(2))
+
+
+@pytest.mark.parametrize("n_heads,n_kv_heads", [(4, None), (4, 2), (4, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+def test_self_attention(n_heads, n_kv_heads, causal, bias):
+    m = MultiHeadAttention(32, n_heads, n_kv_heads, bias=bias).double()
+    x = torch.randn(3, 7, 32, dtype=torch.float64)
+    lengths = torch.tensor([7, 3, 5])
+    torch.testing.assert_close(m(x, causal=causal, key_lengths=lengths),
+                               reference_mha(m, x, causal=causal, key_lengths=lengths))
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 1])
+def test_cross_attention_with_masks(n_kv_heads):
+    m = MultiHeadAttention(32, 4, n_kv_heads).double()
+    x, mem = torch.randn(2, 5, 32, dtype=torch.float64), torch.randn(2, 9, 32, dtype=torch.float64)
+    bool_mask = torch.rand(2, 1, 5, 9) > 0.3
+    bool_mask[..., 0] = True
+    float_mask = torch.randn(1, 4, 5, 9, dtype=torch.float64)
+    for mask in (bool_mask, float_mask):
+        torch.testing.assert_close(m(x, mem, mask=mask), reference_mha(m, x, mem, mask=mask))
+    lengths = torch.tensor([9, 4])
+    torch.testing.assert_close(m(x, mem, key_lengths=lengths), reference_mha(m, x, mem, key_lengths=lengths))
+
+
+def test_rotary_and_window():
+    m = MultiHeadAttention(32, 4, 2, rotary=RotaryEmbedding(8), window=3).double()
+    x = torch.randn(2, 10, 32, dtype=torch.float64)
+    torch.testing.assert_close(m(x, causal=True), reference_mha(m, x, causal=True, positions=torch.arange(10)))
+
+
+@pytest.mark.parametrize("rotary,window", [(False, None), (True, None), (True, 4)])
+def test_cached_steps_equal_full_causal(rotary, window):
+    m = MultiHeadAttention(32, 4, 2, rotary=RotaryEmbedding(8) if rotary else None, window=window).double().eval()
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    full = m(x, causal=True)
+    cache = KVCache(1, 2, 2, 8, 12, dtype=torch.float64)
+    with torch.no_grad():
+        outs = []
+        for lo, hi in [(0, 4), (4, 5), (5, 6), (6, 9)]:
+            outs.append(m(x[:, lo:hi], cache=cache.layer(0).self_attn))
+            cache.advance(hi - lo)
+    torch.testing.assert_close(torch.cat(outs, 1), full.detach())
+
+
+def test_gradients_flow():
+    m = MultiHeadAttention(16, 2).double()
+    x = torch.randn(2, 4, 16, dtype=torch.float64, requires_grad=True)
+    m(x, causal=True).sum().backward()
+    assert x.grad.abs().sum() > 0 and m.qkv_proj.weight.grad.abs().sum() > 0
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="n_heads"):
+        MultiHeadAttention(30, 4)
+    with pytest.raises(ValueError, match="n_kv_heads"):
+        MultiHeadAttention(32, 4, 3)
+    m = MultiHeadAttention(16, 2)
+    cache = KVCache(1, 1, 2, 8, 4)
+    with pytest.raises(ValueError, match="mask"):
+        m(torch.randn(1, 1, 16), mask=torch.ones(1, 1, 1, 1, dtype=torch.bool), cache=cache.layer(0).self_attn)

@@ -1,0 +1,44 @@
+"""Positional encodings: sinusoidal formula, learned table, rotary against a complex-number reference."""
+import math
+
+import pytest
+import torch
+
+from pytransformer.nn import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+
+
+def test_sinusoidal_formula():
+    pe = SinusoidalPositionalEncoding(10, max_len=50)
+    p, i = 17, 3
+    assert math.isclose(pe(torch.tensor(p))[2 * i].item(), math.sin(p / 10000 ** (2 * i / 10)), abs_tol=1e-6)
+    assert math.isclose(pe(torch.tensor(p))[2 * i + 1].item(), math.cos(p / 10000 ** (2 * i / 10)), abs_tol=1e-6)
+    assert pe(torch.arange(4)[None].expand(2, 4)).shape == (2, 4, 10)
+    assert len(pe.state_dict()) == 0
+
+
+def test_learned_is_a_table():
+    pe = LearnedPositionalEmbedding(12, 6)
+    assert torch.equal(pe(torch.tensor([3, 0])), pe.weight[[3, 0]])
+
+
+def test_rotary_matches_complex_reference():
+    rope = RotaryEmbedding(8, max_len=32).double()
+    x = torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    positions = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])
+    z = torch.complex(x[..., :4], x[..., 4:])  # pairs (i, i + D/2)
+    angle = positions[:, None, :, None] * 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    rz = z * torch.polar(torch.ones_like(angle), angle)
+    torch.testing.assert_close(rope(x, positions), torch.cat([rz.real, rz.imag], -1))
+    torch.testing.assert_close(rope(x), rope(x, torch.arange(5)))
+
+
+def test_rotary_scores_depend_on_relative_position():
+    rope = RotaryEmbedding(8).double()
+    q, k = torch.randn(1, 1, 1, 8, dtype=torch.float64), torch.randn(1, 1, 1, 8, dtype=torch.float64)
+    s = lambda i, j: (rope(q, torch.tensor([i])) * rope(k, torch.tensor([j]))).sum()  # noqa: E731
+    torch.testing.assert_close(s(5, 2), s(13, 10))
+
+
+def test_rotary_odd_head_dim():
+    with pytest.raises(ValueError, match="head_dim"):
+        RotaryEmbedding(7)
