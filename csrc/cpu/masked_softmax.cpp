@@ -169,6 +169,24 @@ void fwd_typed(const at::Tensor& x, const at::Tensor& mask, const MaskLayout& ml
   });
 }
 
+// sum(a * b) over n elements, with four accumulators (one would serialise on the fma latency).
+template <typename acc_t>
+acc_t dot(const acc_t* a, const acc_t* b, int64_t n) {
+  using Vec = Vectorized<acc_t>;
+  constexpr int64_t kV = Vec::size();
+  Vec s0(0), s1(0), s2(0), s3(0);
+  int64_t j = 0;
+  for (; j + 4 * kV <= n; j += 4 * kV) {
+    s0 = at::vec::fmadd(Vec::loadu(a + j), Vec::loadu(b + j), s0);
+    s1 = at::vec::fmadd(Vec::loadu(a + j + kV), Vec::loadu(b + j + kV), s1);
+    s2 = at::vec::fmadd(Vec::loadu(a + j + 2 * kV), Vec::loadu(b + j + 2 * kV), s2);
+    s3 = at::vec::fmadd(Vec::loadu(a + j + 3 * kV), Vec::loadu(b + j + 3 * kV), s3);
+  }
+  for (; j + kV <= n; j += kV) s0 = at::vec::fmadd(Vec::loadu(a + j), Vec::loadu(b + j), s0);
+  if (j < n) s1 += Vec::set(Vec(0), Vec::loadu(a + j, n - j) * Vec::loadu(b + j, n - j), n - j);
+  return at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), (s0 + s1) + (s2 + s3));
+}
+
 // grad = scale * y * (g - sum(g * y)) per row.
 template <typename T>
 void bwd_typed(const at::Tensor& g, const at::Tensor& y, double scale, at::Tensor& grad) {
@@ -183,9 +201,7 @@ void bwd_typed(const at::Tensor& g, const at::Tensor& y, double scale, at::Tenso
     for (int64_t r = begin; r < end; ++r) {
       const acc_t* gr = widen_row(gp + r * lk, lk, gbuf);
       const acc_t* yr = widen_row(yp + r * lk, lk, ybuf);
-      const acc_t dot = at::vec::map2_reduce_all<acc_t>([](Vec a, Vec b) { return a * b; }, std::plus<Vec>(), gr,
-                                                        yr, lk);
-      const Vec vdot(dot), vscale(scale);
+      const Vec vdot(dot(gr, yr, lk)), vscale(scale);
       acc_t* d = std::is_same_v<T, acc_t> ? reinterpret_cast<acc_t*>(dp + r * lk) : dbuf.data();
       at::vec::map2<acc_t>([&](Vec gv, Vec yv) { return vscale * yv * (gv - vdot); }, d, gr, yr, lk);
       if constexpr (!std::is_same_v<T, acc_t>) at::vec::convert(dbuf.data(), dp + r * lk, lk);
