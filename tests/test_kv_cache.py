@@ -1,14 +1,11 @@
 """kv_cache_append / decode_attention: against float64 references, decode loops, opcheck, torch.compile, errors."""
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import pytransformer as pt
 from pytransformer.ops import reference as ref
-from conftest import tolerance
+from conftest import CPU_ISA_LEVELS, run_under_isa, tolerance
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 ops = torch.ops.pytransformer
@@ -172,20 +169,16 @@ def test_non_contiguous_inputs(device):
                                pt.ops.decode_attention(q1.contiguous(), k_ref, v_ref, lengths))
 
 
-@pytest.mark.parametrize("isa", ["default", "avx2"])
+@pytest.mark.parametrize("isa", CPU_ISA_LEVELS)
 def test_each_cpu_isa_level_agrees(isa):
     """The decode kernel is compiled per ISA level; the lower levels must agree with the reference too."""
-    code = ("import torch, pytransformer as pt; from pytransformer.ops import reference as ref;"
-            "q=torch.randn(2,4,2,40); k=torch.randn(2,2,600,40); v=torch.randn(2,2,600,24); n=torch.tensor([600,77]);"
-            "torch.testing.assert_close(pt.ops.decode_attention(q,k,v,n,window=300).double(),"
-            " ref.decode_attention(q.double(),k.double(),v.double(),n,window=300), atol=2e-5, rtol=2e-5);"
-            "qb,kb,vb=q.bfloat16(),k.bfloat16(),v.bfloat16(); torch.testing.assert_close("
-            "pt.ops.decode_attention(qb,kb,vb,n).double(), ref.decode_attention(qb.double(),kb.double(),vb.double(),n),"
-            " atol=2e-2, rtol=2e-2); print(pt._C.cpu_isa())")
-    out = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, ATEN_CPU_CAPABILITY=isa),
-                         capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() in (isa, "default")
+    run_under_isa(isa, (
+        "q=torch.randn(2,4,2,40); k=torch.randn(2,2,600,40); v=torch.randn(2,2,600,24); n=torch.tensor([600,77]);"
+        "torch.testing.assert_close(pt.ops.decode_attention(q,k,v,n,window=300).double(),"
+        " ref.decode_attention(q.double(),k.double(),v.double(),n,window=300), atol=2e-5, rtol=2e-5);"
+        "qb,kb,vb=q.bfloat16(),k.bfloat16(),v.bfloat16(); torch.testing.assert_close("
+        "pt.ops.decode_attention(qb,kb,vb,n).double(), ref.decode_attention(qb.double(),kb.double(),vb.double(),n),"
+        " atol=2e-2, rtol=2e-2);"))
 
 
 def test_opcheck(device):

@@ -5,7 +5,7 @@ import torch
 
 import pytransformer as pt
 from pytransformer.ops import reference as ref
-from conftest import tolerance
+from conftest import CPU_ISA_LEVELS, run_under_isa, tolerance
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 SHAPES = [(5, 1), (3, 7), (2, 3, 384), (3, 1000), (2, 4096), (2, 2, 3, 33)]
@@ -213,18 +213,13 @@ def test_bad_inputs_raise():
         ops.masked_softmax_backward(torch.randn(4, 5, dtype=torch.float64), torch.rand(4, 5), 1.0)
 
 
-@pytest.mark.parametrize("isa", ["default", "avx2"])
+@pytest.mark.parametrize("isa", CPU_ISA_LEVELS)
 def test_each_cpu_isa_level_agrees(isa):
     """The kernels are compiled per ISA level; the lower levels must agree with the reference too."""
-    import subprocess, sys, os  # noqa: E401
-    code = ("import torch, pytransformer as pt; from pytransformer.ops import reference as ref;"
-            "x=torch.randn(2,3,9,1000); m=torch.rand(3,1,1000)>0.3; m[1]=False;"
-            "e=ref.masked_softmax(x.double(),m,scale=0.5,causal=True);"
-            "torch.testing.assert_close(pt.ops.masked_softmax(x,m,scale=0.5,causal=True).double(),e,atol=2e-5,rtol=1e-4);"
-            "xb=x.bfloat16(); f=torch.randn(9,1000).bfloat16(); f[2]=float('-inf');"
-            "torch.testing.assert_close(pt.ops.masked_softmax(xb,f).double(),ref.masked_softmax(xb.double(),f.double()),"
-            " atol=2e-2, rtol=2e-2); print(pt._C.cpu_isa())")
-    env = dict(os.environ, ATEN_CPU_CAPABILITY=isa)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() in (isa, "default")
+    run_under_isa(isa, (
+        "x=torch.randn(2,3,9,1000); m=torch.rand(3,1,1000)>0.3; m[1]=False;"
+        "e=ref.masked_softmax(x.double(),m,scale=0.5,causal=True);"
+        "torch.testing.assert_close(pt.ops.masked_softmax(x,m,scale=0.5,causal=True).double(),e,atol=2e-5,rtol=1e-4);"
+        "xb=x.bfloat16(); f=torch.randn(9,1000).bfloat16(); f[2]=float('-inf');"
+        "torch.testing.assert_close(pt.ops.masked_softmax(xb,f).double(),ref.masked_softmax(xb.double(),f.double()),"
+            " atol=2e-2, rtol=2e-2);"))

@@ -5,6 +5,7 @@
 // The bias row is the mask read through its strides (0 / -inf for a bool mask), rebuilt only when the mask row
 // changes, and read in place when it is a contiguous float32/float64 row.
 #include "isa.h"
+#include "vec_util.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -31,17 +32,6 @@ extern KernelTable<SoftmaxBwdFn> masked_softmax_bwd_kernel;
 
 inline namespace CPU_CAPABILITY {
 using at::vec::Vectorized;
-
-// The first n elements of a row of `T` as `acc_t`: the row itself when the types agree, else widened into `buf`.
-template <typename T, typename acc_t>
-const acc_t* widen_row(const T* row, int64_t n, std::vector<acc_t>& buf) {
-  if constexpr (std::is_same_v<T, acc_t>) {
-    return row;
-  } else {
-    at::vec::convert(row, buf.data(), n);
-    return buf.data();
-  }
-}
 
 // bias[j] = mask element j as an additive bias for j < n. M = uint8_t reads a bool mask (1 kept -> 0, 0 removed ->
 // -inf; read as bytes, which GCC vectorises where it does not for bool).

@@ -2,6 +2,7 @@
 // Each row is reduced in one pass (shifted sums: s1 = sum(x - x0), s2 = sum((x - x0)^2), exact for any mean and
 // stable because x0 is a sample of the row); float16/bfloat16 rows are widened into a float buffer first.
 #include "isa.h"
+#include "vec_util.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -24,17 +25,6 @@ extern KernelTable<NormBwdFn> norm_bwd_kernel;
 
 inline namespace CPU_CAPABILITY {
 using at::vec::Vectorized;
-
-// A row of `T` as `acc_t`: the row itself when the types agree, else widened into `buf`.
-template <typename T, typename acc_t>
-const acc_t* widen(const T* row, int64_t n, std::vector<acc_t>& buf) {
-  if constexpr (std::is_same_v<T, acc_t>) {
-    return row;
-  } else {
-    at::vec::convert(row, buf.data(), n);
-    return buf.data();
-  }
-}
 
 // Sum of a and of a^2 after subtracting `shift`, over n elements, vectorised with two accumulators each.
 template <typename acc_t>
@@ -79,7 +69,7 @@ void norm_fwd_typed(const at::Tensor& x, const at::Tensor& w, const at::Tensor& 
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / n), [&](int64_t begin, int64_t end) {
     std::vector<acc_t> xbuf(std::is_same_v<T, acc_t> ? 0 : n), ybuf(std::is_same_v<T, acc_t> ? 0 : n);
     for (int64_t r = begin; r < end; ++r) {
-      const acc_t* a = widen(xp + r * n, n, xbuf);
+      const acc_t* a = widen_row(xp + r * n, n, xbuf);
       acc_t mu = 0, var;
       if (center) {
         acc_t s1, s2;
@@ -126,8 +116,8 @@ void norm_bwd_typed(const at::Tensor& g, const at::Tensor& x, const at::Tensor& 
     acc_t* dwp = want_dw ? dw_part.data() + tid * n : nullptr;
     acc_t* dbp = want_db ? db_part.data() + tid * n : nullptr;
     for (int64_t r = begin; r < end; ++r) {
-      const acc_t* a = widen(xp + r * n, n, xbuf);
-      const acc_t* gr = widen(gp + r * n, n, gbuf);
+      const acc_t* a = widen_row(xp + r * n, n, xbuf);
+      const acc_t* gr = widen_row(gp + r * n, n, gbuf);
       const acc_t mu = meanp[r], rs = rstdp[r];
       const Vec vrs(rs), vshift(-mu * rs);
       // gw = g * w; sums of gw and gw * xhat

@@ -1,0 +1,23 @@
+#pragma once
+// Small at::vec helpers shared by the CPU kernels; compiled per ISA level like the kernels that include them.
+#include <ATen/cpu/vec/vec.h>
+
+#include <type_traits>
+#include <vector>
+
+namespace pytransformer::cpu {
+inline namespace CPU_CAPABILITY {
+
+// The first n elements of a row of `T` as `acc_t`: the row itself when the types agree, else widened into `buf`.
+template <typename T, typename acc_t>
+const acc_t* widen_row(const T* row, int64_t n, std::vector<acc_t>& buf) {
+  if constexpr (std::is_same_v<T, acc_t>) {
+    return row;
+  } else {
+    at::vec::convert(row, buf.data(), n);
+    return buf.data();
+  }
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace pytransformer::cpu
