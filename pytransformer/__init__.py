@@ -1,4 +1,6 @@
 """pytransformer: Transformer building blocks on hand-written CPU and CUDA kernels, exposed as custom ops."""
+import torch  # noqa: F401  (loads libtorch, which _C links against)
+
 from . import _C  # noqa: F401  loads the kernels and registers torch.ops.pytransformer.* (before the fake kernels)
 from . import ops, nn
 

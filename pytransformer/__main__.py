@@ -1,0 +1,23 @@
+"""Command line: python -m pytransformer bench [--device ...]."""
+import argparse
+import sys
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pytransformer", description="pytransformer command line")
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench = sub.add_parser("bench", help="microbenchmarks of the ops against their PyTorch counterparts")
+    bench.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    args = parser.parse_args(argv)
+    if args.command == "bench":
+        import torch
+        from .bench import new_report, norm
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        report = new_report(device)
+        norm.bench(report, device, shapes=norm.SHAPES[:1])
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Microbenchmarks: the one implementation behind benchmarks/bench_*.py and `python -m pytransformer bench`.
+
+Each op family has a module here with `bench(report, device, dtype, ...)` (the cases) and `main(argv)` (the script).
+
+Times are medians over repeated runs after warm-up (CUDA: events on the current stream). Each result is reported as
+a ratio to the PyTorch op measured in the same run and as a fraction of the device's measured ceiling.
+"""
+import datetime
+import platform
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def median_time(fn, device="cpu", runs: int = 20, warmup: int = 3) -> float:
+    """Median wall time of fn() in seconds."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(runs):
+        if torch.device(device).type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def copy_bandwidth(device="cpu", nbytes: int = 1 << 30) -> float:
+    """The device's copy ceiling in bytes/s: a large tensor copy, counting bytes read plus bytes written."""
+    if torch.device(device).type == "cpu":
+        nbytes = min(nbytes, 256 << 20)
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / median_time(lambda: dst.copy_(src), device, runs=10)
+
+
+def device_name(device="cpu") -> str:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name()
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in subprocess.run(
+            ["lscpu"], capture_output=True, text=True).stdout.splitlines() if line.startswith("Model name"))
+    except (StopIteration, OSError):
+        model = platform.processor() or platform.machine()
+    return f"{model}, {torch.get_num_threads()} threads"
+
+
+@dataclass
+class Row:
+    """One benchmark case: our time and PyTorch's, with the bytes moved (or FLOPs done) by one call."""
+    op: str
+    case: str
+    ours_s: float
+    torch_s: float
+    bytes: float = 0.0
+    flops: float = 0.0
+
+    def throughput(self) -> tuple[float, str]:
+        return (self.flops / self.ours_s / 1e12, "TFLOP/s") if self.flops else (self.bytes / self.ours_s / 1e9, "GB/s")
+
+
+@dataclass
+class Report:
+    device: str
+    ceiling_bytes_s: float = 0.0
+    ceiling_flops_s: float = 0.0
+    rows: list = field(default_factory=list)
+
+    def add(self, row: Row) -> Row:
+        self.rows.append(row)
+        print(self.format_row(row), flush=True)
+        return row
+
+    def fraction(self, row: Row) -> float:
+        if row.flops:
+            return row.flops / row.ours_s / self.ceiling_flops_s if self.ceiling_flops_s else float("nan")
+        return row.bytes / row.ours_s / self.ceiling_bytes_s if self.ceiling_bytes_s else float("nan")
+
+    HEADER = "| op | case | ours (ms) | torch (ms) | ours/torch time | throughput | of ceiling |\n|---|---|---|---|---|---|---|"
+
+    def format_row(self, r: Row) -> str:
+        value, unit = r.throughput()
+        return (f"| {r.op} | {r.case} | {r.ours_s * 1e3:.3f} | {r.torch_s * 1e3:.3f} | {r.ours_s / r.torch_s:.2f}x "
+                f"| {value:.1f} {unit} | {self.fraction(r):.0%} |")
+
+    def markdown(self, command: str) -> str:
+        lines = [f"- device: {self.device}", f"- torch: {torch.__version__}",
+                 f"- date: {datetime.date.today().isoformat()}", f"- command: `{command}`"]
+        if self.ceiling_bytes_s:
+            lines.append(f"- measured copy bandwidth (read + write): {self.ceiling_bytes_s / 1e9:.1f} GB/s")
+        if self.ceiling_flops_s:
+            lines.append(f"- measured matmul ceiling: {self.ceiling_flops_s / 1e12:.1f} TFLOP/s")
+        return "\n".join(lines + ["", self.HEADER] + [self.format_row(r) for r in self.rows]) + "\n"
+
+
+def new_report(device) -> Report:
+    """A report for `device` with its copy-bandwidth ceiling measured now."""
+    report = Report(device_name(device), ceiling_bytes_s=copy_bandwidth(device))
+    print(f"device: {report.device}; copy bandwidth {report.ceiling_bytes_s / 1e9:.1f} GB/s\n{Report.HEADER}", flush=True)
+    return report
+
+
+def record(report: Report, path: str, title: str, argv) -> None:
+    """Write the report as markdown (device, torch version, date, command, table) to `path`."""
+    with open(path, "w") as f:
+        f.write(f"# {title}\n\n{report.markdown(' '.join(['python'] + list(argv)))}")

@@ -1,0 +1,153 @@
+"""layer_norm / rms_norm: against float64 references, opcheck, gradcheck, torch.compile, errors."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pytransformer as pt
+from pytransformer.ops import reference as ref
+from conftest import tolerance
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+SHAPES = [(5, 1), (3, 7), (2, 3, 384), (4, 1000), (2, 4096), (2, 2, 2, 33)]
+
+
+def _inputs(shape, dtype, device, affine=True, bias=True):
+    x = (torch.randn(shape, dtype=torch.float64) * 3 + 1.5).to(device, dtype)
+    n = shape[-1]
+    w = torch.randn(n, dtype=torch.float64).to(device, dtype) if affine else None
+    b = torch.randn(n, dtype=torch.float64).to(device, dtype) if affine and bias else None
+    return x, w, b
+
+
+def _skip_unsupported(dtype, device):
+    if dtype == torch.float64 and device == "cuda":
+        pytest.skip("float64 is CPU-only")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_matches_reference(device, dtype, shape, affine):
+    _skip_unsupported(dtype, device)
+    x, w, b = _inputs(shape, dtype, device, affine)
+    f64 = lambda t: None if t is None else t.double()  # noqa: E731
+    expected = ref.layer_norm(x.double(), f64(w), f64(b))
+    atol, rtol = tolerance(dtype)
+    torch.testing.assert_close(pt.ops.layer_norm(x, w, b).double(), expected, atol=atol * 10, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rms_norm_matches_reference(device, dtype, shape):
+    _skip_unsupported(dtype, device)
+    x, w, _ = _inputs(shape, dtype, device)
+    atol, rtol = tolerance(dtype)
+    torch.testing.assert_close(pt.ops.rms_norm(x, w).double(), ref.rms_norm(x.double(), w.double()),
+                               atol=atol * 10, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(3, 7), (2, 3, 384), (4, 1000)])
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_backward_matches_reference(device, dtype, shape, op):
+    x, w, b = _inputs(shape, dtype, device)
+    args = (w, b) if op == "layer_norm" else (w,)
+    leaves = [x, *args]
+    for t in leaves:
+        t.requires_grad_(True)
+    g = torch.randn(shape, dtype=torch.float64).to(device, dtype)
+    ours = torch.autograd.grad(getattr(pt.ops, op)(x, *args), leaves, g)
+    leaves64 = [t.detach().double().requires_grad_(True) for t in leaves]
+    theirs = torch.autograd.grad(getattr(ref, op)(*leaves64), leaves64, g.double())
+    atol, rtol = tolerance(dtype)
+    for a, e in zip(ours, theirs):
+        # weight/bias grads sum over rows: scale the tolerance with the reduction length
+        torch.testing.assert_close(a.double(), e, atol=atol * 20 * shape[0], rtol=rtol * 5)
+
+
+def test_non_contiguous_input(device):
+    x = torch.randn(64, 48, device=device).t()  # [48, 64], transposed view
+    w, b = torch.randn(64, device=device), torch.randn(64, device=device)
+    torch.testing.assert_close(pt.ops.layer_norm(x, w, b), pt.ops.layer_norm(x.contiguous(), w, b))
+    torch.testing.assert_close(pt.ops.rms_norm(x, w), pt.ops.rms_norm(x.contiguous(), w))
+    xe = torch.randn(1, 64, device=device).expand(5, 64)
+    torch.testing.assert_close(pt.ops.layer_norm(xe), pt.ops.layer_norm(xe.contiguous()))
+
+
+@pytest.mark.parametrize("affine,bias", [(True, True), (True, False), (False, False)])
+def test_gradcheck(affine, bias):
+    x, w, b = _inputs((3, 11), torch.float64, "cpu", affine, bias)
+    args = [t.requires_grad_(True) if t is not None else None for t in (x, w, b)]
+    assert torch.autograd.gradcheck(lambda *a: pt.ops.layer_norm(*a), args)
+    assert torch.autograd.gradcheck(lambda x, w: pt.ops.rms_norm(x, w), args[:2])
+
+
+def test_opcheck(device):
+    x, w, b = _inputs((4, 33), torch.float32, device)
+    x.requires_grad_(True)
+    ops = torch.ops.pytransformer
+    torch.library.opcheck(ops.layer_norm, (x, w, b, 1e-5))
+    torch.library.opcheck(ops.layer_norm, (x, None, None, 1e-5))
+    torch.library.opcheck(ops.rms_norm, (x, w, 1e-6))
+    g = torch.randn_like(x)
+    with torch.no_grad():
+        mean, rstd = ops.layer_norm(x, w, b, 1e-5)[1:]
+        rms_rstd = ops.rms_norm(x, w, 1e-6)[1]
+    torch.library.opcheck(ops.layer_norm_backward, (g, x.detach(), mean, rstd, w, True))
+    torch.library.opcheck(ops.rms_norm_backward, (g, x.detach(), rms_rstd, w))
+
+
+def test_compile_fullgraph_forward_backward(device):
+    ln, rms = pt.nn.LayerNorm(40).to(device), pt.nn.RMSNorm(40).to(device)
+    f = torch.compile(lambda x: rms(ln(x)).square().sum(), fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 5, 40, device=device, requires_grad=True)
+    f(x).backward()
+    x2 = x.detach().clone().requires_grad_(True)
+    rms(ln(x2)).square().sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
+def test_modules_are_drop_in_for_torch(device):
+    ours = pt.nn.LayerNorm(32).to(device)
+    torch.nn.init.normal_(ours.weight), torch.nn.init.normal_(ours.bias)
+    theirs = torch.nn.LayerNorm(32).to(device)
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(3, 4, 32, device=device)
+    torch.testing.assert_close(ours(x), theirs(x))
+    plain = pt.nn.LayerNorm((32,), elementwise_affine=False).to(device)
+    assert plain.weight is None and plain.bias is None and not list(plain.parameters())
+    torch.testing.assert_close(plain(x), F.layer_norm(x, (32,)))
+    rms = pt.nn.RMSNorm(32, eps=1e-5).to(device)
+    torch.testing.assert_close(rms(x), F.rms_norm(x, (32,), rms.weight, 1e-5))
+    assert set(pt.nn.LayerNorm(8, bias=False).state_dict()) == {"weight"}
+
+
+def test_bad_inputs_raise():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="weight"):
+        pt.ops.layer_norm(x, torch.ones(7))
+    with pytest.raises(ValueError, match="bias"):
+        pt.ops.layer_norm(x, torch.ones(8), torch.ones(8, dtype=torch.float64))
+    with pytest.raises(ValueError, match="x: expected a float"):
+        pt.ops.layer_norm(torch.ones(4, 8, dtype=torch.int32))
+    with pytest.raises(ValueError, match="x: expected shape"):
+        pt.ops.rms_norm(torch.randn(4, 0))
+    with pytest.raises(ValueError, match="x: expected shape"):
+        pt.ops.layer_norm(torch.tensor(1.0))
+    with pytest.raises(ValueError, match="normalized_shape"):
+        pt.nn.LayerNorm((4, 8))
+
+
+@pytest.mark.parametrize("isa", ["default", "avx2"])
+def test_each_cpu_isa_level_agrees(isa):
+    """The kernels are compiled per ISA level; the lower levels must agree with the best one."""
+    import subprocess, sys, os  # noqa: E401
+    code = ("import torch, pytransformer as pt; from pytransformer.ops import reference as ref;"
+            "x=torch.randn(6,1000,dtype=torch.float64); w=torch.randn(1000,dtype=torch.float64);"
+            "torch.testing.assert_close(pt.ops.layer_norm(x,w), ref.layer_norm(x,w));"
+            "xb=x.bfloat16(); torch.testing.assert_close(pt.ops.rms_norm(xb).double(), ref.rms_norm(xb.double()),"
+            " atol=2e-2, rtol=2e-2); print(pt._C.cpu_isa())")
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=isa)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() in (isa, "default")
