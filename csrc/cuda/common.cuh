@@ -145,6 +145,8 @@ struct RowConfig {
 
 // Streaming rows: a block of this many threads per row.
 constexpr int kStreamThreads = 1024;
+// Rows of a warp or less: this many threads per block (several rows per block).
+constexpr int kSmallRowsBlock = 128;
 
 inline int next_pow2(int64_t v) {
   int p = 1;
@@ -166,8 +168,7 @@ inline RowConfig row_config(int64_t n, int vec, int max_elems, int max_row_threa
     row_threads = next_pow2(threads);
     iters = (chunks + row_threads - 1) / row_threads;
   }
-  // Rows of a warp or less: 4 warps per block; wider rows: one row per block.
-  return {vec, row_threads, next_pow2(iters), row_threads <= 32 ? 128 : row_threads};
+  return {vec, row_threads, next_pow2(iters), row_threads <= 32 ? kSmallRowsBlock : row_threads};
 }
 
 // Calls f(std::integral_constant<int, kVec>, std::integral_constant<int, kIters>) for cfg.vec (kPackVec or 1) and

@@ -68,13 +68,14 @@ __global__ void __launch_bounds__(kIters > 0 ? kNormMaxRowThreads : kStreamThrea
       }
     });
     s = row_allreduce(s, SumOp{}, row_threads, g.mask, red);
-    const float d = s.x / p.n, mean = shift + d;
-    const float rstd = rsqrtf(fmaxf(s.y / p.n - d * d, 0.f) + p.eps);
+    // LayerNorm: mean = x0 + s1 / n, var = s2 / n - (s1 / n)^2; RMSNorm: mean 0, mean square s2 / n.
+    const float d = s.x / p.n, mean = p.center ? shift + d : 0.f;
+    const float var = p.center ? fmaxf(s.y / p.n - d * d, 0.f) : s.y / p.n;
+    const float rstd = rsqrtf(var + p.eps);
     if (g.lane == 0) {
       if (p.mean) p.mean[row] = mean;
       p.rstd[row] = rstd;
     }
-    const float offset = -mean * rstd;
     P* yrow = reinterpret_cast<P*>(p.y + row * p.n);
     for_chunks<kIters>(g.lane, row_threads, chunks, [&](int it, int64_t c) {
       const P xv = chunk_at<kIters>(xr, it, xrow, c);
@@ -83,7 +84,7 @@ __global__ void __launch_bounds__(kIters > 0 ? kNormMaxRowThreads : kStreamThrea
       if (b) bv = b[c];
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
-        float v = fmaf(to_float(xv.v[k]), rstd, offset);
+        float v = (to_float(xv.v[k]) - mean) * rstd;
         if (w) v *= to_float(wv.v[k]);
         if (b) v += to_float(bv.v[k]);
         yv.v[k] = from_float<T>(v);
@@ -96,13 +97,14 @@ __global__ void __launch_bounds__(kIters > 0 ? kNormMaxRowThreads : kStreamThrea
 // grad_x = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)) with gw = grad_out * weight (RMSNorm: no mean(gw) term);
 // block b adds grad_out * xhat and grad_out of its rows into row b of weight_parts / bias_parts. In registers, each
 // thread accumulates its own columns over the rows it visits; row groups sharing a block then sum through shared
-// memory (group_sums: [groups, n] floats when groups > 1). Streaming, the block owns its partial row in memory.
+// memory. Streaming, the block owns its partial row in memory.
 template <typename T, int kVec, int kIters>
 __global__ void __launch_bounds__(kIters > 0 ? kNormMaxRowThreads : kStreamThreads)
     norm_bwd_kernel(NormBwdParams<T> p, int row_threads) {
   using P = Pack<T, kVec>;
   constexpr int kSlots = kIters > 0 ? kIters : 1;
-  extern __shared__ float group_sums[];
+  // Several rows per block (groups > 1: rows of a warp or less): the groups' column sums, [groups, n].
+  __shared__ float group_sums[kIters > 0 ? kSmallRowsBlock * kNormBwdMaxElems : 1];
   __shared__ float2 red[32];
   const RowGroup g = row_group(row_threads);
   const int64_t chunks = p.n / kVec, groups = blockDim.x / row_threads;
@@ -120,7 +122,7 @@ __global__ void __launch_bounds__(kIters > 0 ? kNormMaxRowThreads : kStreamThrea
         gr[it] = grow[c];
       });
     }
-    const float mu = p.mean ? p.mean[row] : 0.f, rstd = p.rstd[row], offset = -mu * rstd;
+    const float mu = p.mean ? p.mean[row] : 0.f, rstd = p.rstd[row];
     float2 s = make_float2(0.f, 0.f);  // sum(gw), sum(gw * xhat)
     for_chunks<kIters>(g.lane, row_threads, chunks, [&](int it, int64_t c) {
       const P xv = chunk_at<kIters>(xr, it, xrow, c), gv = chunk_at<kIters>(gr, it, grow, c);
@@ -130,7 +132,7 @@ __global__ void __launch_bounds__(kIters > 0 ? kNormMaxRowThreads : kStreamThrea
       for (int k = 0; k < kVec; ++k) {
         const float gw = w ? to_float(gv.v[k]) * to_float(wv.v[k]) : to_float(gv.v[k]);
         s.x += gw;
-        s.y = fmaf(gw, fmaf(to_float(xv.v[k]), rstd, offset), s.y);
+        s.y = fmaf(gw, (to_float(xv.v[k]) - mu) * rstd, s.y);
       }
     });
     s = row_allreduce(s, SumOp{}, row_threads, g.mask, red);
@@ -142,7 +144,7 @@ __global__ void __launch_bounds__(kIters > 0 ? kNormMaxRowThreads : kStreamThrea
       if (w) wv = w[c];
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
-        const float gf = to_float(gv.v[k]), xhat = fmaf(to_float(xv.v[k]), rstd, offset);
+        const float gf = to_float(gv.v[k]), xhat = (to_float(xv.v[k]) - mu) * rstd;
         const float gw = w ? gf * to_float(wv.v[k]) : gf;
         dxv.v[k] = from_float<T>((gw - c_gw - xhat * c_gwx) * rstd);
         if constexpr (kIters > 0) {
@@ -200,7 +202,7 @@ template <typename T>
 __global__ void __launch_bounds__(32 * kColumnSumRows) column_sum_kernel(ColumnSumParams<T> p) {
   __shared__ float sums[kColumnSumRows][33];
   const int64_t col = int64_t(blockIdx.x) * 32 + threadIdx.x;
-  const float* in = p.in[blockIdx.y];
+  const float* in = blockIdx.y == 0 ? p.in[0] : p.in[1];  // (constant indices keep p in parameter memory)
   float s = 0.f;
   if (col < p.n)
     for (int64_t r = threadIdx.y; r < p.parts; r += kColumnSumRows) s += in[r * p.n + col];
@@ -208,7 +210,7 @@ __global__ void __launch_bounds__(32 * kColumnSumRows) column_sum_kernel(ColumnS
   __syncthreads();
   if (threadIdx.y == 0 && col < p.n) {
     for (int r = 1; r < kColumnSumRows; ++r) s += sums[r][threadIdx.x];
-    p.out[blockIdx.y][col] = from_float<T>(s);
+    (blockIdx.y == 0 ? p.out[0] : p.out[1])[col] = from_float<T>(s);
   }
 }
 
@@ -237,11 +239,9 @@ void launch_norm_bwd(NormBwdParams<T> p, bool can_vec, T* out_weight, T* out_bia
   dispatch_row_config<kPack, kNormBwdMaxElems>(cfg, [&](auto kVec, auto kIters) {
     auto* kernel = norm_bwd_kernel<T, kVec, kIters>;
     const int groups = cfg.rows_per_block();
-    // groups > 1 only for rows of at most a warp: groups * n <= 128 * kNormBwdMaxElems floats (8 KB).
-    const size_t smem = kIters > 0 && groups > 1 ? size_t(groups) * p.n * sizeof(float) : 0;
     // A persistent grid: as many blocks as are resident at once (each sums many rows), at most one per row group.
     int per_sm = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cfg.block, smem));
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, cfg.block, 0));
     const int64_t grid = std::min<int64_t>((p.rows + groups - 1) / groups,
                                            int64_t(std::max(per_sm, 1)) * multiprocessor_count());
     ColumnSumParams<T> cs{{nullptr, nullptr}, {nullptr, nullptr}, grid, p.n};
@@ -250,7 +250,7 @@ void launch_norm_bwd(NormBwdParams<T> p, bool can_vec, T* out_weight, T* out_bia
     int k = 0;
     if (out_weight) p.weight_parts = parts, cs.in[k] = parts, cs.out[k++] = out_weight;
     if (out_bias) p.bias_parts = parts + (k * grid * p.n), cs.in[k] = p.bias_parts, cs.out[k++] = out_bias;
-    kernel<<<unsigned(grid), cfg.block, smem, stream>>>(p, cfg.row_threads);
+    kernel<<<unsigned(grid), cfg.block, 0, stream>>>(p, cfg.row_threads);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     if (outputs) {
       const dim3 cs_grid(unsigned((p.n + 31) / 32), unsigned(outputs));
