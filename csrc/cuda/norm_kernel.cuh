@@ -41,6 +41,7 @@ struct NormBwdParams {
 constexpr int kNormMaxRowThreads = 512;
 constexpr int kNormFwdMaxElems = 64;
 constexpr int kNormBwdMaxElems = 16;
+static_assert(kNormBwdMaxElems >= kPackElems<__half>, "group_sums assumes at most kNormBwdMaxElems columns a thread");
 
 template <typename T, int kVec, int kIters>
 __global__ void __launch_bounds__(kIters > 0 ? kNormMaxRowThreads : kStreamThreads)
