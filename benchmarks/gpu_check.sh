@@ -32,7 +32,12 @@ BUILD_OK=1
   echo "# GPU check"
   echo
   echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
+  if commit=$(git rev-parse --short HEAD 2>/dev/null); then
+    git diff --quiet HEAD 2>/dev/null || commit="$commit (with local changes)"
+  else
+    commit="unknown (no git checkout)"
+  fi
+  echo "- commit: $commit"
   echo "- steps: ${STEPS[*]}"
   echo
   echo "| step | result | seconds | log |"
