@@ -13,6 +13,14 @@ TORCH_LIBRARY(pytransformer, m) {
         " -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
   m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> (Tensor out, Tensor rstd)");
   m.def("rms_norm_backward(Tensor grad_out, Tensor x, Tensor rstd, Tensor? weight) -> (Tensor grad_x, Tensor grad_weight)");
+  // masked_softmax: softmax(scale * scores + mask) over the last dim; backward: grad_scores from out alone.
+  m.def("masked_softmax(Tensor scores, Tensor? mask, float scale, bool causal) -> Tensor");
+  m.def("masked_softmax_backward(Tensor grad_out, Tensor out, float scale) -> Tensor");
+  // Attention: out [B, Hq, Lq, Dv] and the row log-sum-exp lse [B, Hq, Lq] (float32, float64 for float64 q).
+  m.def("attention(Tensor q, Tensor k, Tensor v, Tensor? mask, bool causal, int? window, Tensor? key_lengths,"
+        " float scale) -> (Tensor out, Tensor lse)");
+  m.def("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? mask,"
+        " bool causal, int? window, Tensor? key_lengths, float scale) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v)");
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -11,10 +11,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "bench":
         import torch
-        from .bench import new_report, norm
+        from .bench import attention, new_report, norm
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         report = new_report(device)
         norm.bench(report, device, shapes=norm.SHAPES[:1])
+        attention.bench_attention(report, device, lengths=(1024,), runs=10)
         return 0
     return 2
 

@@ -50,6 +50,13 @@ def copy_bandwidth(device="cpu", nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / median_time(lambda: dst.copy_(src), device, runs=10)
 
 
+def matmul_ceiling(device="cpu", dtype=torch.float32, n: int = 2048) -> float:
+    """The device's compute ceiling in FLOP/s: a large square matmul in `dtype`."""
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    return 2 * n**3 / median_time(lambda: a @ b, device, runs=10)
+
+
 def device_name(device="cpu") -> str:
     if torch.device(device).type == "cuda":
         return torch.cuda.get_device_name()
@@ -72,7 +79,10 @@ class Row:
     flops: float = 0.0
 
     def throughput(self) -> tuple[float, str]:
-        return (self.flops / self.ours_s / 1e12, "TFLOP/s") if self.flops else (self.bytes / self.ours_s / 1e9, "GB/s")
+        if not self.flops:
+            return self.bytes / self.ours_s / 1e9, "GB/s"
+        rate = self.flops / self.ours_s
+        return (rate / 1e12, "TFLOP/s") if rate >= 1e12 else (rate / 1e9, "GFLOP/s")
 
 
 @dataclass
@@ -105,7 +115,7 @@ class Report:
         if self.ceiling_bytes_s:
             lines.append(f"- measured copy bandwidth (read + write): {self.ceiling_bytes_s / 1e9:.1f} GB/s")
         if self.ceiling_flops_s:
-            lines.append(f"- measured matmul ceiling: {self.ceiling_flops_s / 1e12:.1f} TFLOP/s")
+            lines.append(f"- measured matmul ceiling: {self.ceiling_flops_s / 1e9:.0f} GFLOP/s")
         return "\n".join(lines + ["", self.HEADER] + [self.format_row(r) for r in self.rows]) + "\n"
 
 

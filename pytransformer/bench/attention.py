@@ -1,0 +1,121 @@
+"""Attention: ours vs F.scaled_dot_product_attention, forward and forward+backward, and the peak memory of a forward.
+
+Sections (run by `main`, each a function taking the report): `attention` (the fused training/prefill op); a decode
+section (decode_attention over a KV cache) belongs next to it.
+"""
+import argparse
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from .. import ops
+from . import Row, matmul_ceiling, median_time, new_report, record
+
+LENGTHS = (256, 1024, 4096)
+MEMORY_LENGTHS = (1024, 2048, 4096, 8192)
+B, H, D = 4, 8, 64
+
+
+def _flops(lq, lk, causal, d=D, dv=D):
+    """FLOPs of one forward (QK^T and PV over the visible pairs, bottom-right causal)."""
+    pairs = sum(min(lk, i + lk - lq + 1) for i in range(lq)) if causal else lq * lk
+    return 2 * B * H * pairs * (d + dv)
+
+
+def bench_attention(report, device, dtype=torch.float32, lengths=LENGTHS, runs=20):
+    """Forward and forward+backward at [B, H, L, D] = [4, 8, L, 64], causal and not; two rows per case."""
+    for length in lengths:
+        for causal in (False, True):
+            q, k, v = (torch.randn(B, H, length, D, dtype=dtype, device=device, requires_grad=True) for _ in range(3))
+            ours = lambda: ops.attention(q, k, v, causal=causal)  # noqa: E731
+            theirs = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+            case = f"B={B} H={H} L={length} D={D} {str(dtype)[6:]}{' causal' if causal else ''}"
+            flops = _flops(length, length, causal)
+            with torch.no_grad():
+                report.add(Row("attention", case + " fwd", median_time(ours, device, runs),
+                               median_time(theirs, device, runs), flops=flops))
+            g = torch.randn_like(q)
+            step = lambda fn: lambda: torch.autograd.grad(fn(), (q, k, v), g)  # noqa: E731
+            # the backward recomputes the scores: 5 products against the forward's 2
+            report.add(Row("attention", case + " fwd+bwd", median_time(step(ours), device, runs),
+                           median_time(step(theirs), device, runs), flops=3.5 * flops))
+
+
+def _peak_rss_child(impl: str, length: int, causal: bool) -> None:
+    """(In a fresh process) print the growth of resident memory over one forward: peak RSS during it minus RSS before."""
+    def rss(field):
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
+
+    q, k, v = (torch.randn(B, H, length, D) for _ in range(3))
+    fn = ops.attention if impl == "ours" else lambda q, k, v, causal: F.scaled_dot_product_attention(
+        q, k, v, is_causal=causal)
+    with torch.no_grad():
+        fn(q[:, :, :64], k[:, :, :64], v[:, :, :64], causal=causal)  # load kernels, start the thread pool
+        before = rss("VmRSS")
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the peak (VmHWM) to the current RSS
+        out = fn(q, k, v, causal=causal)
+        print(rss("VmHWM") - before, out.numel() * out.element_size())
+
+
+def peak_memory(length: int, impl: str, causal: bool = True) -> tuple[int, int]:
+    """(extra resident bytes of one float32 forward at [4, 8, length, 64], bytes of its output), in a fresh process."""
+    res = subprocess.run([sys.executable, "-m", "pytransformer.bench.attention", "--memory-child", impl, str(length),
+                          str(int(causal))], capture_output=True, text=True, check=True)
+    extra, out_bytes = res.stdout.split()
+    return int(extra), int(out_bytes)
+
+
+def memory_table(lengths=MEMORY_LENGTHS) -> str:
+    """Markdown table of the extra resident memory of one causal forward, ours and SDPA's, vs the score matrix."""
+    lines = ["| L | ours extra (MiB) | SDPA extra (MiB) | output (MiB) | float32 [B,H,L,L] scores (MiB) | ours / scores |",
+             "|---|---|---|---|---|---|"]
+    for length in lengths:
+        ours, out_bytes = peak_memory(length, "ours")
+        sdpa, _ = peak_memory(length, "sdpa")
+        scores = B * H * length * length * 4
+        lines.append(f"| {length} | {ours / 2**20:.1f} | {sdpa / 2**20:.1f} | {out_bytes / 2**20:.1f} | "
+                     f"{scores / 2**20:.0f} | {ours / scores:.2%} |")
+        print(lines[-1], flush=True)
+    return "\n".join(lines) + "\n"
+
+
+SECTIONS = {"attention": bench_attention}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
+    p.add_argument("--lengths", nargs="+", type=int, default=list(LENGTHS))
+    p.add_argument("--memory-lengths", nargs="*", type=int, default=list(MEMORY_LENGTHS),
+                   help="sequence lengths of the CPU peak-memory table (none: skip it)")
+    p.add_argument("--runs", type=int, default=20)
+    p.add_argument("--record", help="write the tables as markdown to this file")
+    p.add_argument("--memory-child", nargs=3, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.memory_child:
+        impl, length, causal = args.memory_child
+        _peak_rss_child(impl, int(length), bool(int(causal)))
+        return
+    report = new_report(args.device)
+    report.ceiling_flops_s = matmul_ceiling(args.device, getattr(torch, args.dtype))
+    print(f"matmul ceiling {report.ceiling_flops_s / 1e9:.1f} GFLOP/s", flush=True)
+    for name in args.sections:
+        SECTIONS[name](report, args.device, getattr(torch, args.dtype), lengths=args.lengths, runs=args.runs)
+    memory = ""
+    if args.device == "cpu" and args.memory_lengths:
+        memory = ("\n## Peak memory of one causal float32 forward, B=4 H=8 D=64 (growth of resident memory, output "
+                  "included; each in a fresh process)\n\n" + memory_table(args.memory_lengths))
+    if args.record:
+        record(report, args.record, "Attention benchmark", sys.argv)
+        with open(args.record, "a") as f:
+            f.write(memory)
+
+
+if __name__ == "__main__":
+    main()

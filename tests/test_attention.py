@@ -1,0 +1,275 @@
+"""attention: forward and backward against a float64 materialised-softmax reference, gradcheck, opcheck,
+torch.compile and bad inputs."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import pytransformer
+from conftest import tolerance
+from pytransformer.ops import attention, reference
+
+# (B, Hq, Hkv, Lq, Lk, D, Dv): L = 1, Lq != Lk both ways, D in {16, 40, 64, 80, 128}, Dv != D, Hkv in {1, 2, Hq}.
+SHAPES = [
+    (2, 4, 4, 1, 37, 64, 64),
+    (1, 2, 2, 1, 1, 16, 16),
+    (2, 4, 2, 50, 90, 40, 24),
+    (1, 6, 1, 90, 50, 80, 80),
+    (2, 2, 2, 70, 70, 16, 48),
+    (1, 4, 2, 65, 130, 128, 64),
+]
+
+
+def _mask_kwargs(kind, b, hq, lq, lk, device):
+    """Keyword arguments of attention for one mask kind (or combination) at [B, Hq, Lq, Lk], freshly random."""
+    rand_bool = lambda *shape, p=0.7: torch.rand(*shape, device=device) < p  # noqa: E731
+    rand_float = lambda *shape: torch.randn(*shape, device=device)  # noqa: E731
+    lengths = torch.randint(1, lk + 1, (b,), device=device)
+    if b > 1:
+        lengths[0] = 0  # a batch row that sees no key at all
+    kinds = {
+        "none": lambda: {},
+        "causal": lambda: {"causal": True},
+        "window": lambda: {"window": 5},
+        "key_lengths": lambda: {"key_lengths": lengths},
+        "bool_mask_4d": lambda: {"mask": rand_bool(b, 1, lq, lk)},
+        "bool_mask_keys": lambda: {"mask": rand_bool(lk, p=0.6)},
+        "float_mask_3d": lambda: {"mask": rand_float(hq, lq, lk)},
+        "float_mask_neg_inf": lambda: {"mask": rand_float(b, hq, lq, lk).masked_fill(rand_bool(b, hq, lq, lk, p=0.3),
+                                                                                     float("-inf"))},
+        "bool_rows_empty": lambda: {"mask": rand_bool(1, 1, lq, 1, p=0.5) & rand_bool(lk)},
+        "causal_key_lengths": lambda: {"causal": True, "key_lengths": lengths.to(torch.int32)},
+        "window_bool_lengths": lambda: {"window": 7, "mask": rand_bool(b, hq, lq, lk, p=0.8), "key_lengths": lengths},
+        "causal_float_mask": lambda: {"causal": True, "mask": rand_float(b, 1, 1, lk)},
+    }
+    return kinds[kind]()
+
+
+MASK_KINDS = ["none", "causal", "window", "key_lengths", "bool_mask_4d", "bool_mask_keys", "float_mask_3d",
+              "float_mask_neg_inf", "bool_rows_empty", "causal_key_lengths", "window_bool_lengths",
+              "causal_float_mask"]
+
+
+def _inputs(shape, dtype, device, requires_grad=True):
+    b, hq, hkv, lq, lk, d, dv = shape
+    q = torch.randn(b, hq, lq, d, device=device, dtype=dtype)
+    k = torch.randn(b, hkv, lk, d, device=device, dtype=dtype)
+    v = torch.randn(b, hkv, lk, dv, device=device, dtype=dtype)
+    return [t.requires_grad_(requires_grad) for t in (q, k, v)]
+
+
+def _reference(q, k, v, grad, **kwargs):
+    """float64 output and gradients of q, k, v (float masks are promoted too)."""
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    kw = {n: (a.double() if torch.is_tensor(a) and a.is_floating_point() else a) for n, a in kwargs.items()}
+    out = reference.attention(q64, k64, v64, **kw)
+    return (out, *torch.autograd.grad(out, (q64, k64, v64), grad.double()))
+
+
+def _assert_close(actual, expected, name):
+    """Max error within atol + rtol * (largest reference value) of the dtype's tolerance."""
+    assert torch.isfinite(actual).all(), f"{name}: non-finite values"
+    atol, rtol = tolerance(actual.dtype)
+    err = (actual.double() - expected).abs().max().item() if actual.numel() else 0.0
+    bound = atol + rtol * (expected.abs().max().item() if expected.numel() else 0.0)
+    assert err <= bound, f"{name}: max error {err:.3g} > {bound:.3g}"
+
+
+def _check_against_reference(shape, kind, dtype, device):
+    q, k, v = _inputs(shape, dtype, device)
+    b, hq, _, lq, lk, _, _ = shape
+    kwargs = _mask_kwargs(kind, b, hq, lq, lk, device)
+    out = attention(q, k, v, **kwargs)
+    grad = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad)
+    expected = _reference(q, k, v, grad, **kwargs)
+    assert out.shape == (b, hq, lq, shape[-1]) and out.dtype == dtype
+    for name, actual, exp in zip(("out", "grad_q", "grad_k", "grad_v"), (out, *grads), expected):
+        _assert_close(actual, exp, name)
+
+
+@pytest.mark.parametrize("kind", MASK_KINDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_matches_reference_float32(shape, kind, device):
+    _check_against_reference(shape, kind, torch.float32, device)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("kind", ["none", "causal_key_lengths", "window_bool_lengths", "causal_float_mask"])
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[2], SHAPES[5]], ids=str)
+def test_matches_reference_other_dtypes(shape, kind, dtype, device):
+    _check_against_reference(shape, kind, dtype, device)
+
+
+def test_long_sequence_many_tiles(device):
+    """Several query and key tiles, every skip/partial-tile path of causal + window + lengths."""
+    _check_against_reference((2, 2, 1, 300, 333, 64, 64), "window_bool_lengths", torch.float32, device)
+    _check_against_reference((1, 2, 2, 257, 257, 64, 64), "causal", torch.float32, device)
+
+
+def test_empty_rows_give_zeros_and_zero_gradients(device):
+    q, k, v = _inputs((2, 2, 1, 6, 4, 16, 16), torch.float32, device)
+    # causal with Lq > Lk: the first two queries sit before every key; batch row 1 has no keys at all.
+    out = attention(q, k, v, causal=True, key_lengths=torch.tensor([4, 0], device=device))
+    assert torch.isfinite(out).all()
+    assert (out[:, :, :2] == 0).all() and (out[1] == 0).all() and (out[0, :, 2:] != 0).any()
+    gq, gk, gv = torch.autograd.grad(out.sum(), (q, k, v))
+    assert (gq[:, :, :2] == 0).all() and (gq[1] == 0).all() and (gk[1] == 0).all() and (gv[1] == 0).all()
+    # a float mask of -inf everywhere
+    out = attention(q, k, v, mask=torch.full((6, 4), float("-inf"), device=device))
+    assert (out == 0).all()
+
+
+def test_zero_sizes(device):
+    for shape in [(0, 2, 1, 5, 5, 8, 8), (1, 2, 1, 0, 5, 8, 8), (1, 2, 1, 5, 0, 8, 8)]:
+        q, k, v = _inputs(shape, torch.float32, device)
+        out = attention(q, k, v)
+        assert out.shape == (shape[0], shape[1], shape[3], shape[6]) and (out == 0).all()
+        grads = torch.autograd.grad(out.sum(), (q, k, v), allow_unused=True)
+        assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+
+
+def test_non_contiguous_inputs_match_contiguous(device):
+    b, h, lq, lk, d = 2, 4, 33, 45, 64
+    q = torch.randn(b, lq, h, d, device=device).transpose(1, 2)  # [B, H, L, D] view of [B, L, H, D]
+    k = torch.randn(1, 2, lk, d, device=device).expand(b, 2, lk, d)  # stride 0 over the batch
+    v = torch.randn(b, 2, 40, lk, device=device).transpose(-1, -2)  # non-contiguous last dim
+    mask = (torch.rand(1, 1, lq, lk, device=device) < 0.8).expand(b, h, lq, lk)
+    kwargs = dict(mask=mask, causal=True, key_lengths=torch.tensor([40, 30], device=device))
+    ins = [t.requires_grad_() for t in (q, k, v)]
+    out = attention(*ins, **kwargs)
+    grads = torch.autograd.grad(out, ins, torch.ones_like(out))
+    ins_c = [t.detach().contiguous().requires_grad_() for t in (q, k, v)]
+    out_c = attention(*ins_c, mask=mask.contiguous(), causal=True, key_lengths=kwargs["key_lengths"])
+    grads_c = torch.autograd.grad(out_c, ins_c, torch.ones_like(out_c))
+    torch.testing.assert_close(out, out_c, atol=1e-6, rtol=1e-6)
+    for g, gc in zip(grads, grads_c):
+        torch.testing.assert_close(g, gc, atol=1e-5, rtol=1e-5)
+
+
+def test_scale_and_sdpa_agreement(device):
+    q, k, v = _inputs((2, 4, 4, 40, 40, 64, 64), torch.float32, device, requires_grad=False)
+    torch.testing.assert_close(attention(q, k, v, causal=True), F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(attention(q, k, v, scale=0.3), F.scaled_dot_product_attention(q, k, v, scale=0.3),
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["none", "causal_key_lengths", "window_bool_lengths", "float_mask_neg_inf",
+                                  "bool_rows_empty"])
+def test_gradcheck(kind):
+    shape = (2, 2, 1, 5, 7, 3, 4)
+    q, k, v = _inputs(shape, torch.float64, "cpu")
+    kwargs = _mask_kwargs(kind, 2, 2, 5, 7, "cpu")
+    kwargs = {n: (a.double() if torch.is_tensor(a) and a.is_floating_point() else a) for n, a in kwargs.items()}
+    assert torch.autograd.gradcheck(lambda q, k, v: attention(q, k, v, **kwargs), (q, k, v))
+
+
+def test_opcheck():
+    q, k, v = _inputs((2, 4, 2, 9, 11, 16, 8), torch.float32, "cpu")
+    mask = torch.rand(2, 1, 9, 11) < 0.8
+    lengths = torch.tensor([11, 6])
+    args = (q, k, v, mask, True, 4, lengths, 0.25)
+    torch.library.opcheck(torch.ops.pytransformer.attention.default, args)
+    torch.library.opcheck(torch.ops.pytransformer.attention.default, (q, k, v, torch.randn(9, 11), False, None, None,
+                                                                       0.25))
+    out, lse = torch.ops.pytransformer.attention(*args)
+    grad = torch.randn_like(out)
+    torch.library.opcheck(torch.ops.pytransformer.attention_backward.default,
+                          (grad, q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(), mask, True, 4, lengths,
+                           0.25))
+
+
+def test_compile_fullgraph_forward_backward():
+    q, k, v = _inputs((2, 4, 2, 20, 24, 16, 16), torch.float32, "cpu")
+    mask = torch.rand(2, 1, 20, 24) < 0.9
+    lengths = torch.tensor([24, 13])
+
+    def f(q, k, v):
+        out = attention(q, k, v, mask=mask, causal=True, window=9, key_lengths=lengths)
+        return out.square().sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    loss = compiled(q, k, v)
+    grads = torch.autograd.grad(loss, (q, k, v))
+    loss_eager = f(q, k, v)
+    grads_eager = torch.autograd.grad(loss_eager, (q, k, v))
+    torch.testing.assert_close(loss, loss_eager)
+    for g, ge in zip(grads, grads_eager):
+        torch.testing.assert_close(g, ge)
+
+
+def test_compile_fullgraph_dropout_path():
+    q, k, v = _inputs((2, 4, 2, 10, 12, 8, 8), torch.float32, "cpu")
+    f = lambda q, k, v: attention(q, k, v, causal=True, dropout_p=0.2).sum()  # noqa: E731
+    loss = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v)
+    assert all(torch.isfinite(g).all() for g in torch.autograd.grad(loss, (q, k, v)))
+
+
+def test_dropout_unfused_path():
+    q, k, v = _inputs((2, 4, 2, 12, 16, 8, 8), torch.float64, "cpu")
+    lengths = torch.tensor([16, 5])
+    torch.manual_seed(1)
+    out = attention(q, k, v, causal=True, key_lengths=lengths, dropout_p=0.3)
+    # the same random mask on the reference probabilities
+    torch.manual_seed(1)
+    kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    s = (q @ kk.transpose(-1, -2)) / 8 ** 0.5
+    keep = reference.causal_mask(12, 16) & (torch.arange(16) < lengths[:, None, None, None])
+    p = F.dropout(reference.softmax_rows(s.masked_fill(~keep, float("-inf"))), 0.3)
+    torch.testing.assert_close(out, p @ vv)
+    assert not torch.allclose(out, attention(q, k, v, causal=True, key_lengths=lengths))
+    assert all(g is not None and torch.isfinite(g).all() for g in torch.autograd.grad(out.sum(), (q, k, v)))
+    assert (attention(q, k, v, dropout_p=1.0) == 0).all()
+
+
+    def same_dropout(q, k, v):
+        torch.manual_seed(2)
+        return attention(q, k, v, dropout_p=0.5)
+
+    assert torch.autograd.gradcheck(same_dropout, (q[:1, :2, :3, :2], k[:1, :1, :4, :2], v[:1, :1, :4, :2]))
+
+
+def test_bad_inputs_raise():
+    q, k, v = _inputs((2, 4, 2, 5, 6, 8, 8), torch.float32, "cpu", requires_grad=False)
+    cases = [
+        ("q", lambda: attention(q[0], k, v)),
+        ("q", lambda: attention(torch.tensor(1.0), k, v)),
+        ("q", lambda: attention(q[0, 0, 0], k, v, dropout_p=0.5)),
+        ("k", lambda: attention(q, k[0], v)),
+        ("v", lambda: attention(q, k, v[0])),
+        ("k", lambda: attention(q, k[:1], v)),  # batch mismatch
+        ("k", lambda: attention(q, k[..., :4], v)),  # head dim mismatch
+        ("k", lambda: attention(q, torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8))),  # 4 % 3
+        ("v", lambda: attention(q, k, v[:, :, :5])),  # Lk mismatch
+        ("v", lambda: attention(q, k, v[:, :1])),  # Hkv mismatch
+        ("k", lambda: attention(q, k.double(), v)),
+        ("q", lambda: attention(q.int(), k.int(), v.int())),
+        ("mask", lambda: attention(q, k, v, mask=torch.ones(5, 7, dtype=torch.bool))),
+        ("mask", lambda: attention(q, k, v, mask=torch.ones(3, 4, 5, 6, dtype=torch.bool))),
+        ("mask", lambda: attention(q, k, v, mask=torch.ones(1, 2, 4, 5, 6, dtype=torch.bool))),
+        ("mask", lambda: attention(q, k, v, mask=torch.ones(5, 6, dtype=torch.int64))),
+        ("key_lengths", lambda: attention(q, k, v, key_lengths=torch.tensor([1.0, 2.0]))),
+        ("key_lengths", lambda: attention(q, k, v, key_lengths=torch.tensor([1, 2, 3]))),
+        ("window", lambda: attention(q, k, v, window=0)),
+        ("dropout_p", lambda: attention(q, k, v, dropout_p=1.5)),
+        ("mask", lambda: attention(q, k, v, mask=torch.ones(5, 7, dtype=torch.bool), dropout_p=0.1)),
+    ]
+    for name, call in cases:
+        with pytest.raises(ValueError, match=name):
+            call()
+
+
+def test_backward_bad_inputs_raise():
+    q, k, v = _inputs((1, 2, 2, 5, 6, 8, 8), torch.float32, "cpu", requires_grad=False)
+    out, lse = torch.ops.pytransformer.attention(q, k, v, None, False, None, None, 0.5)
+    bwd = torch.ops.pytransformer.attention_backward
+    with pytest.raises(ValueError, match="grad_out"):
+        bwd(out[..., :4], q, k, v, out, lse, None, False, None, None, 0.5)
+    with pytest.raises(ValueError, match="lse"):
+        bwd(out, q, k, v, out, lse[..., :4], None, False, None, None, 0.5)
+    with pytest.raises(ValueError, match="out"):
+        bwd(out, q, k, v, out.double(), lse, None, False, None, None, 0.5)
+
+
+def test_exported():
+    assert pytransformer.ops.attention is attention
