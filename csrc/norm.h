@@ -28,10 +28,22 @@ inline at::Tensor empty_stats(const at::Tensor& x) {
   return at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(stats_dtype(x)));
 }
 
-inline void check_norm_backward_args(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& rstd) {
+// Saved statistics (mean or rstd): one value per row of x, in stats_dtype(x), on x's device.
+inline void check_norm_stats(const at::Tensor& stats, const char* name, const at::Tensor& x) {
+  check_like(stats, name, x, "x", /*same_dtype=*/false);
+  TORCH_CHECK_VALUE(stats.scalar_type() == stats_dtype(x), name, ": expected dtype ", stats_dtype(x), ", got ",
+                    stats.scalar_type());
+  TORCH_CHECK_VALUE(stats.numel() * x.size(-1) == x.numel(), name, ": expected one value per row of x (shape ",
+                    x.sizes().slice(0, x.dim() - 1), "), got shape ", stats.sizes());
+}
+
+// `mean` is checked when given (LayerNorm).
+inline void check_norm_backward_args(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& rstd,
+                                     const at::Tensor& mean = at::Tensor()) {
   check_like(grad_out, "grad_out", x, "x");
   TORCH_CHECK_VALUE(grad_out.sizes() == x.sizes(), "grad_out: expected shape ", x.sizes(), ", got ", grad_out.sizes());
-  TORCH_CHECK_VALUE(rstd.numel() * x.size(-1) == x.numel(), "rstd: expected one value per row of x");
+  check_norm_stats(rstd, "rstd", x);
+  if (mean.defined()) check_norm_stats(mean, "mean", x);
 }
 
 }  // namespace pytransformer

@@ -204,7 +204,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
                                                         const std::optional<at::Tensor>& weight, bool has_bias,
                                                         bool center) {
   at::Tensor x2 = check_norm_args(x, weight, std::nullopt, 0.0);
-  check_norm_backward_args(grad_out, x, rstd);
+  check_norm_backward_args(grad_out, x, rstd, mean);
   at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
   at::Tensor dw = at::empty({weight ? x.size(-1) : 0}, x.options());
   at::Tensor db = at::empty({has_bias ? x.size(-1) : 0}, x.options());

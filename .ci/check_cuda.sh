@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Compile-checks every csrc/cuda/*.cu for sm_80 and sm_90 with nvcc (compile only, no link), against the headers of
+# the torch installed for $PYTHON (default python3; a CPU wheel is enough). Exits non-zero if any compile fails.
+# NVCC (default $CUDA_HOME/bin/nvcc or /usr/local/cuda/bin/nvcc) and NVCC_EXTRA (e.g. "-Xptxas -v") are honoured.
+set -u
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+NVCC=${NVCC:-${CUDA_HOME:-/usr/local/cuda}/bin/nvcc}
+TORCH_INC=$("$PYTHON" -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))") || {
+  echo "check_cuda: cannot import torch with $PYTHON" >&2; exit 2; }
+PY_INC=$("$PYTHON" -c "import sysconfig; print(sysconfig.get_paths()['include'])") || exit 2
+# The flags torch.utils.cpp_extension gives nvcc (COMMON_NVCC_FLAGS), those of setup.py, and the CPU-wheel switch.
+FLAGS=(-c -o /dev/null -std=c++20 -O3 --use_fast_math --expt-relaxed-constexpr -lineinfo
+       -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__
+       -D__CUDA_NO_HALF2_OPERATORS__ -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE -DPT_WITH_CUDA
+       -I"$TORCH_INC" -I"$TORCH_INC/torch/csrc/api/include" -I"$PY_INC" -Icsrc)
+shopt -s nullglob
+files=(csrc/cuda/*.cu)
+[ ${#files[@]} -gt 0 ] || { echo "check_cuda: no csrc/cuda/*.cu files"; exit 0; }
+failed=0
+for f in "${files[@]}"; do
+  for arch in 80 90; do
+    start=$SECONDS
+    # shellcheck disable=SC2086
+    if "$NVCC" "${FLAGS[@]}" ${NVCC_EXTRA:-} -gencode "arch=compute_$arch,code=sm_$arch" "$f"; then
+      echo "ok    sm_$arch $f ($((SECONDS - start)) s)"
+    else
+      echo "FAIL  sm_$arch $f"
+      failed=1
+    fi
+  done
+done
+exit $failed

@@ -1,0 +1,152 @@
+#pragma once
+// Host emulation of the CUDA subset that the row kernels of csrc/cuda use (see run.py): the threads of a block are
+// fibers on one OS thread, switched where they wait (__syncthreads, __shfl_xor_sync); blocks run one after another,
+// so `static` stands in for __shared__. A wait that can never end (a barrier some thread never reaches, a shuffle
+// partner outside the mask) aborts with a message instead of hanging. Included before the rewritten CUDA sources.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <ucontext.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <utility>
+#include <vector>
+
+#undef __global__
+#define __global__
+#undef __device__
+#define __device__
+#undef __host__
+#define __host__
+#undef __forceinline__
+#define __forceinline__ inline
+#undef __shared__
+#define __shared__ static
+#define __launch_bounds__(...)
+
+inline uint3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
+
+namespace emu {
+
+struct Barrier {
+  int expected, arrived = 0;
+  unsigned generation = 0;
+};
+
+struct Fiber {
+  ucontext_t ctx;
+  char* stack;
+  bool done;
+};
+
+constexpr size_t kStackBytes = 128 * 1024;
+inline ucontext_t scheduler;
+inline std::vector<Fiber> fibers;
+inline unsigned current;
+inline bool progressed;              // some thread arrived at a barrier or finished in this round
+inline std::function<void()> body;   // the kernel call of the current launch
+inline Barrier block_barrier;
+inline std::map<std::pair<unsigned, unsigned>, Barrier> shuffle_barriers;  // (warp, mask)
+inline float shuffle_slots[32][32];                                       // [warp, lane]
+// What multiprocessor_count() and the occupancy query report: small, so that persistent grids loop over rows.
+inline int sm_count = 2, blocks_per_sm = 2;
+
+inline unsigned linear_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
+
+inline void arrive_and_wait(Barrier& b) {
+  const unsigned generation = b.generation;
+  progressed = true;
+  if (++b.arrived == b.expected) {
+    b.arrived = 0, ++b.generation;
+    return;
+  }
+  while (b.generation == generation) swapcontext(&fibers[current].ctx, &scheduler);
+}
+
+inline void fiber_entry() {
+  body();
+  fibers[current].done = true;
+  progressed = true;
+}
+
+inline void run_block(dim3 block, uint3 block_idx) {
+  const unsigned n = block.x * block.y * block.z;
+  while (fibers.size() < n) fibers.push_back({{}, static_cast<char*>(malloc(kStackBytes)), true});
+  block_barrier = Barrier{int(n)};
+  shuffle_barriers.clear();
+  blockIdx = block_idx;
+  for (unsigned t = 0; t < n; ++t) {
+    Fiber& f = fibers[t];
+    f.done = false;
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack;
+    f.ctx.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc_link = &scheduler;
+    makecontext(&f.ctx, fiber_entry, 0);
+  }
+  for (unsigned live = n; live;) {
+    progressed = false;
+    live = 0;
+    for (unsigned t = 0; t < n; ++t) {
+      if (fibers[t].done) continue;
+      current = t;
+      threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+      swapcontext(&scheduler, &fibers[t].ctx);
+      live += !fibers[t].done;
+    }
+    if (live && !progressed) {
+      fprintf(stderr, "emu: deadlock in block (%u, %u, %u): %u threads wait forever\n", block_idx.x, block_idx.y,
+              block_idx.z, live);
+      abort();
+    }
+  }
+}
+
+template <class... Params, class... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t, Args&&... args) {
+  const unsigned n = block.x * block.y * block.z;
+  if (smem != 0 || n == 0 || n > 1024 || n % 32 || !grid.x || !grid.y || !grid.z) {
+    fprintf(stderr, "emu: unsupported launch: grid (%u, %u, %u), block of %u threads, %zu bytes of dynamic smem\n",
+            grid.x, grid.y, grid.z, n, smem);
+    abort();
+  }
+  gridDim = grid, blockDim = block;
+  body = [&] { kernel(args...); };
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) run_block(block, {x, y, z});
+}
+
+// `kernel<<<grid, block, smem, stream>>>(args)` is rewritten as `emu::launcher(kernel, grid, block, smem, stream)(args)`.
+template <class Kernel>
+auto launcher(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream) {
+  return [=](auto&&... args) { launch(kernel, grid, block, smem, stream, args...); };
+}
+
+}  // namespace emu
+
+inline void __syncthreads() { emu::arrive_and_wait(emu::block_barrier); }
+
+inline float __shfl_xor_sync(unsigned mask, float v, int offset) {
+  const unsigned tid = emu::linear_tid(), warp = tid / 32, lane = tid % 32;
+  if (!(mask & (1u << lane)) || !(mask & (1u << (lane ^ offset)))) {
+    fprintf(stderr, "emu: shuffle of lane %u with offset %d outside mask %08x\n", lane, offset, mask);
+    abort();
+  }
+  emu::Barrier& b = emu::shuffle_barriers.try_emplace({warp, mask}, emu::Barrier{__builtin_popcount(mask)}).first->second;
+  emu::shuffle_slots[warp][lane] = v;
+  emu::arrive_and_wait(b);
+  const float r = emu::shuffle_slots[warp][lane ^ offset];
+  emu::arrive_and_wait(b);
+  return r;
+}
+
+inline float __expf(float x) { return std::exp(x); }
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }

@@ -1,0 +1,38 @@
+// The CUDA runtime calls of the launch code, answered by the emulator, and a knob for the device it pretends to be.
+#include "prelude.h"
+
+#include <c10/cuda/CUDAException.h>
+#include <torch/library.h>
+
+#include <stdexcept>
+#include <string>
+
+extern "C" {
+cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr, int) {
+  *value = emu::sm_count;
+  return cudaSuccess;
+}
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, const void*, int, size_t,
+                                                                   unsigned int) {
+  *blocks = emu::blocks_per_sm;
+  return cudaSuccess;
+}
+}
+
+namespace c10::cuda {
+void c10_cuda_check_implementation(const int32_t err, const char* file, const char*, const uint32_t line, const bool) {
+  if (err) throw std::runtime_error(std::string("emulated CUDA error at ") + file + ":" + std::to_string(line));
+}
+}  // namespace c10::cuda
+
+TORCH_LIBRARY_FRAGMENT(pytransformer_emu, m) {
+  m.def("set_device(int sm_count, int blocks_per_sm) -> ()", [](int64_t sms, int64_t blocks) {
+    emu::sm_count = static_cast<int>(sms);
+    emu::blocks_per_sm = static_cast<int>(blocks);
+  });
+}
