@@ -5,6 +5,7 @@
 #include "common.h"
 
 #include <ATen/ops/empty.h>
+#include <torch/library.h>
 
 namespace pytransformer {
 
@@ -44,6 +45,30 @@ inline void check_norm_backward_args(const at::Tensor& grad_out, const at::Tenso
   TORCH_CHECK_VALUE(grad_out.sizes() == x.sizes(), "grad_out: expected shape ", x.sizes(), ", got ", grad_out.sizes());
   check_norm_stats(rstd, "rstd", x);
   if (mean.defined()) check_norm_stats(mean, "mean", x);
+}
+
+// Registers layer_norm, rms_norm and their backward ops for one device from its
+//   forward(x, weight, bias, eps, center) -> (out, mean, rstd)
+//   backward(grad_out, x, mean, rstd, weight, has_bias, center) -> (grad_x, grad_weight, grad_bias)
+// (RMSNorm: center = false, no bias, and an undefined mean in the backward).
+template <auto forward, auto backward>
+void register_norm_impls(torch::Library& m) {
+  using OptTensor = std::optional<at::Tensor>;
+  m.impl("layer_norm", [](const at::Tensor& x, const OptTensor& w, const OptTensor& b, double eps) {
+    return forward(x, w, b, eps, true);
+  });
+  m.impl("layer_norm_backward", [](const at::Tensor& g, const at::Tensor& x, const at::Tensor& mean,
+                                   const at::Tensor& rstd, const OptTensor& w, bool has_bias) {
+    return backward(g, x, mean, rstd, w, has_bias, true);
+  });
+  m.impl("rms_norm", [](const at::Tensor& x, const OptTensor& w, double eps) {
+    auto [y, mean, rstd] = forward(x, w, std::nullopt, eps, false);
+    return std::make_tuple(y, rstd);
+  });
+  m.impl("rms_norm_backward", [](const at::Tensor& g, const at::Tensor& x, const at::Tensor& rstd, const OptTensor& w) {
+    auto [dx, dw, db] = backward(g, x, at::Tensor(), rstd, w, false, false);
+    return std::make_tuple(dx, dw);
+  });
 }
 
 }  // namespace pytransformer

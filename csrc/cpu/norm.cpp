@@ -209,28 +209,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
   at::Tensor dw = at::empty({weight ? x.size(-1) : 0}, x.options());
   at::Tensor db = at::empty({has_bias ? x.size(-1) : 0}, x.options());
   at::Tensor dx2 = dx.view(x2.sizes());
-  norm_bwd_kernel.get()(grad_out.contiguous().view(x2.sizes()), x2, mean.contiguous().view(-1),
+  // RMSNorm has no mean: the kernel reads zeros.
+  at::Tensor mean1 = mean.defined() ? mean.contiguous().view(-1) : at::zeros_like(rstd).view(-1);
+  norm_bwd_kernel.get()(grad_out.contiguous().view(x2.sizes()), x2, mean1,
                         rstd.contiguous().view(-1), weight ? weight->contiguous() : at::Tensor(), center, dx2, dw, db);
   return {dx, dw, db};
 }
 }  // namespace
 
-TORCH_LIBRARY_IMPL(pytransformer, CPU, m) {
-  m.impl("layer_norm", [](const at::Tensor& x, const std::optional<at::Tensor>& w, const std::optional<at::Tensor>& b,
-                          double eps) { return forward(x, w, b, eps, true); });
-  m.impl("layer_norm_backward", [](const at::Tensor& g, const at::Tensor& x, const at::Tensor& mean,
-                                   const at::Tensor& rstd, const std::optional<at::Tensor>& w, bool has_bias) {
-    return backward(g, x, mean, rstd, w, has_bias, true);
-  });
-  m.impl("rms_norm", [](const at::Tensor& x, const std::optional<at::Tensor>& w, double eps) {
-    auto [y, mean, rstd] = forward(x, w, std::nullopt, eps, false);
-    return std::make_tuple(y, rstd);
-  });
-  m.impl("rms_norm_backward", [](const at::Tensor& g, const at::Tensor& x, const at::Tensor& rstd,
-                                 const std::optional<at::Tensor>& w) {
-    auto [dx, dw, db] = backward(g, x, at::zeros_like(rstd), rstd, w, false, false);
-    return std::make_tuple(dx, dw);
-  });
-}
+TORCH_LIBRARY_IMPL(pytransformer, CPU, m) { register_norm_impls<&forward, &backward>(m); }
 }  // namespace pytransformer::cpu
 #endif

@@ -96,22 +96,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(pytransformer, CUDA, m) {
-  m.impl("layer_norm", [](const at::Tensor& x, const std::optional<at::Tensor>& w, const std::optional<at::Tensor>& b,
-                          double eps) { return forward(x, w, b, eps, true); });
-  m.impl("layer_norm_backward", [](const at::Tensor& g, const at::Tensor& x, const at::Tensor& mean,
-                                   const at::Tensor& rstd, const std::optional<at::Tensor>& w, bool has_bias) {
-    return backward(g, x, mean, rstd, w, has_bias, true);
-  });
-  m.impl("rms_norm", [](const at::Tensor& x, const std::optional<at::Tensor>& w, double eps) {
-    auto [y, mean, rstd] = forward(x, w, std::nullopt, eps, false);
-    return std::make_tuple(y, rstd);
-  });
-  m.impl("rms_norm_backward", [](const at::Tensor& g, const at::Tensor& x, const at::Tensor& rstd,
-                                 const std::optional<at::Tensor>& w) {
-    auto [dx, dw, db] = backward(g, x, at::Tensor(), rstd, w, false, false);
-    return std::make_tuple(dx, dw);
-  });
-}
+TORCH_LIBRARY_IMPL(pytransformer, CUDA, m) { register_norm_impls<&forward, &backward>(m); }
 
 }  // namespace pytransformer::cuda
