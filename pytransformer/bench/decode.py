@@ -26,7 +26,7 @@ def bench_decode(report, case, dtype, device, runs=30):
         ours = median_time(lambda: ops.decode_attention(q, k, v, lengths), device, runs)
         theirs = median_time(lambda: F.scaled_dot_product_attention(q, k_all, v_all), device, runs)
     report.add(Row("decode_attention", f"B{b} Hq{hq} Hkv{hkv} L{length} D{d} {str(dtype)[6:]}", ours, theirs,
-                   bytes=(k.numel() + v.numel()) * k.element_size()))
+                   bytes=(k.numel() + v.numel()) * k.element_size(), variant=f"Hq/Hkv={hq // hkv}"))
 
 
 def bench_append(report, case, dtype, device, runs=30):

@@ -24,12 +24,12 @@ def bench_one(report, op, shape, dtype, device, runs=30):
     case = f"{m}x{n} {str(dtype)[6:]}"
     with torch.no_grad():
         report.add(Row(op, case + " fwd", median_time(ours, device, runs), median_time(theirs, device, runs),
-                       bytes=2 * x.numel() * x.element_size()))
+                       bytes=2 * x.numel() * x.element_size(), variant="fwd"))
     g = torch.randn_like(x)
     y_ours, y_theirs = ours(), theirs()
     back = lambda y: lambda: torch.autograd.grad(y, leaves, g, retain_graph=True)  # noqa: E731
     report.add(Row(op, case + " bwd", median_time(back(y_ours), device, runs), median_time(back(y_theirs), device, runs),
-                   bytes=3 * x.numel() * x.element_size()))
+                   bytes=3 * x.numel() * x.element_size(), variant="bwd"))
 
 
 def bench(report, device, dtype=torch.float32, shapes=SHAPES, runs=30):

@@ -44,13 +44,13 @@ def bench_one(report, case, shape, dtype, device, runs=20, backward=True):
     nbytes = x.numel() * x.element_size()
     with torch.no_grad():
         report.add(Row("masked_softmax", name + " fwd", median_time(ours, device, runs),
-                       median_time(theirs, device, runs), bytes=2 * nbytes))
+                       median_time(theirs, device, runs), bytes=2 * nbytes, variant=f"{case} fwd"))
     if backward:
         g = torch.randn_like(x)
         y_ours, y_theirs = ours(), theirs()
         back = lambda y: lambda: torch.autograd.grad(y, x, g, retain_graph=True)  # noqa: E731
         report.add(Row("masked_softmax", name + " bwd", median_time(back(y_ours), device, runs),
-                       median_time(back(y_theirs), device, runs), bytes=3 * nbytes))
+                       median_time(back(y_theirs), device, runs), bytes=3 * nbytes, variant=f"{case} bwd"))
 
 
 def bench(report, device, dtype=torch.float32, shapes=SHAPES, cases=CASES, runs=20, backward=True):
