@@ -133,7 +133,6 @@ def evaluate(model, src, lengths, tgt, cfg: DemoConfig, device, repeats: int = 2
                 times[use_cache].append(t)
         results.append({"decoding": "greedy" if beam == 1 else f"beam {beam}",
                         "accuracy": exact_match(outs[True].cpu(), tgt).float().mean().item(),
-                        "uncached_accuracy": exact_match(outs[False].cpu(), tgt).float().mean().item(),
                         "cached_s": min(times[True]), "uncached_s": min(times[False]),
                         "identical": torch.equal(outs[True], outs[False]), "output": outs[True].cpu()})
     return results
@@ -183,21 +182,21 @@ def plot_loss(losses: list[float], path: str) -> None:
 
 
 def plot_attention(maps: list[Tensor], src_tokens: list[str], out_tokens: list[str], path: str) -> None:
-    """One heat map per decoder layer: rows = the token being predicted from, columns = source tokens."""
+    """One heat map per decoder layer: rows = the decoder's input tokens, columns = source tokens."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(maps), figsize=(4.2 * len(maps) + 1, 4.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(maps), figsize=(3.6 * len(maps) + 2, 4.6), sharey=True, squeeze=False,
+                             constrained_layout=True)
     for i, (ax, m) in enumerate(zip(axes[0], maps)):
         im = ax.imshow(m.numpy(), cmap="viridis", vmin=0, vmax=1)
         ax.set_xticks(range(len(src_tokens)), src_tokens)
-        ax.set_yticks(range(len(out_tokens)), [f"{t} \u2192" for t in out_tokens])
+        ax.set_yticks(range(len(out_tokens)), out_tokens)
         ax.set(xlabel="source token", title=f"decoder layer {i + 1} (mean of heads)")
-        if i == 0:
-            ax.set_ylabel("decoder input (predicting the next token)")
+    axes[0, 0].set_ylabel("decoder input (row t predicts output token t + 1)")
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="attention probability")
-    fig.suptitle("Cross-attention while reversing " + "".join(src_tokens))
+    fig.suptitle(f"Cross-attention: {''.join(src_tokens)} -> {''.join(out_tokens[1:])}")
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
