@@ -14,6 +14,7 @@ def plot_report(report: Report, path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     ops = list(dict.fromkeys(r.op for r in report.rows))
     cols = min(3, len(ops))
@@ -34,6 +35,7 @@ def plot_report(report: Report, path: str) -> None:
                        " ceiling")
         ax.set(xscale="log", xlabel="FLOPs per call" if flops else "bytes moved per call", ylabel=unit, title=op,
                ylim=(0, None))
+        ax.xaxis.set_minor_formatter(NullFormatter())  # a narrow log range would label every minor tick
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(ops):]:
