@@ -11,7 +11,7 @@ STAMP := $(VENV)/.pytransformer-deps
 run: demo
 
 demo: build
-	$(PY) -m pytransformer bench
+	$(PY) -m pytransformer demo
 
 test: build
 	$(PY) -m pytest -q tests
@@ -25,7 +25,7 @@ build: $(STAMP)
 $(STAMP):
 	if $(PYTHON) -c "import torch" 2>/dev/null; then $(PYTHON) -m venv --system-site-packages $(VENV); \
 	else $(PYTHON) -m venv $(VENV) && $(VENV)/bin/pip install -q "$(TORCH_SPEC)"; fi
-	$(VENV)/bin/pip install -q numpy pytest expecttest ninja "setuptools>=64" wheel
+	$(VENV)/bin/pip install -q numpy tqdm matplotlib pytest expecttest ninja "setuptools>=64" wheel
 	touch $(STAMP)
 
 cuda-check: $(STAMP)

@@ -79,6 +79,21 @@ def test_cached_steps_equal_full_causal(rotary, window):
     torch.testing.assert_close(torch.cat(outs, 1), full.detach())
 
 
+@pytest.mark.parametrize("cross,n_kv_heads,causal,window", [(True, 1, False, None), (False, 2, True, None),
+                                                          (False, 4, False, 3)])
+def test_attention_weights_reproduce_forward(cross, n_kv_heads, causal, window):
+    m = MultiHeadAttention(32, 4, n_kv_heads, window=window).double()
+    x, mem = torch.randn(2, 6, 32, dtype=torch.float64), torch.randn(2, 9, 32, dtype=torch.float64)
+    context = mem if cross else None
+    lengths = torch.tensor([9, 4]) if cross else torch.tensor([6, 3])
+    probs = m.attention_weights(x, context, key_lengths=lengths, causal=causal)  # [B, H, Lq, Lk]
+    assert probs.shape == (2, 4, 6, 9 if cross else 6)
+    _, v = m.project_kv(x if context is None else context)
+    y = probs @ v.repeat_interleave(4 // n_kv_heads, 1)  # [B, H, Lq, D]
+    torch.testing.assert_close(m.out_proj(y.transpose(1, 2).flatten(2)),
+                               m(x, context, key_lengths=lengths, causal=causal))
+
+
 def test_gradients_flow():
     m = MultiHeadAttention(16, 2).double()
     x = torch.randn(2, 4, 16, dtype=torch.float64, requires_grad=True)

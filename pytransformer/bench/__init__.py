@@ -6,11 +6,12 @@ Times are medians over repeated runs after warm-up (CUDA: events on the current 
 a ratio to the PyTorch op measured in the same run and as a fraction of the device's measured ceiling.
 """
 import datetime
+import math
 import platform
 import statistics
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -82,18 +83,22 @@ def device_name(device="cpu") -> str:
 
 @dataclass
 class Row:
-    """One benchmark case: our time and PyTorch's, with the bytes moved (or FLOPs done) by one call."""
+    """One benchmark case: our time and PyTorch's, with the bytes moved (or FLOPs done) by one call; `variant` names
+    the series the case belongs to when plotted against size (fwd / bwd, mask kind, ...)."""
     op: str
     case: str
     ours_s: float
     torch_s: float
     bytes: float = 0.0
     flops: float = 0.0
+    variant: str = ""
 
-    def throughput(self) -> tuple[float, str]:
+    def throughput(self, seconds: float | None = None) -> tuple[float, str]:
+        """(value, unit) of the bytes or FLOPs per `seconds` (default: our time)."""
+        seconds = self.ours_s if seconds is None else seconds
         if not self.flops:
-            return self.bytes / self.ours_s / 1e9, "GB/s"
-        rate = self.flops / self.ours_s
+            return self.bytes / seconds / 1e9, "GB/s"
+        rate = self.flops / seconds
         return (rate / 1e12, "TFLOP/s") if rate >= 1e12 else (rate / 1e9, "GFLOP/s")
 
 
@@ -130,10 +135,23 @@ class Report:
             lines.append(f"- measured matmul ceiling: {self.ceiling_flops_s / 1e9:.0f} GFLOP/s")
         return "\n".join(lines + ["", self.HEADER] + [self.format_row(r) for r in self.rows]) + "\n"
 
+    def to_dict(self) -> dict:
+        """Device, versions, ceilings and every row with its derived numbers (JSON-ready: no NaN)."""
+        def number(x):
+            return None if math.isnan(x) else x
+        rows = []
+        for r in self.rows:
+            value, unit = r.throughput()
+            rows.append({**asdict(r), "ratio": r.ours_s / r.torch_s, "throughput": value, "unit": unit,
+                         "torch_throughput": r.throughput(r.torch_s)[0], "fraction_of_ceiling": number(self.fraction(r))})
+        return {"device": self.device, "torch": torch.__version__, "date": datetime.date.today().isoformat(),
+                "ceiling_bytes_s": self.ceiling_bytes_s or None, "ceiling_flops_s": self.ceiling_flops_s or None,
+                "rows": rows}
 
-def new_report(device) -> Report:
-    """A report for `device` with its copy-bandwidth ceiling measured now."""
-    report = Report(device_name(device), ceiling_bytes_s=copy_bandwidth(device))
+
+def new_report(device, nbytes: int = 1 << 30) -> Report:
+    """A report for `device` with its copy-bandwidth ceiling measured now (copying `nbytes`)."""
+    report = Report(device_name(device), ceiling_bytes_s=copy_bandwidth(device, nbytes))
     print(f"device: {report.device}; copy bandwidth {report.ceiling_bytes_s / 1e9:.1f} GB/s\n{Report.HEADER}", flush=True)
     return report
 

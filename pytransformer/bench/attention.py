@@ -33,14 +33,16 @@ def bench_attention(report, device, dtype=torch.float32, lengths=LENGTHS, runs=2
             theirs = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
             case = f"B={B} H={H} L={length} D={D} {str(dtype)[6:]}{' causal' if causal else ''}"
             flops = _flops(length, length, causal)
+            variant = "causal " if causal else ""
             with torch.no_grad():
                 report.add(Row("attention", case + " fwd", *interleaved_median_times([ours, theirs], device, runs),
-                               flops=flops))
+                               flops=flops, variant=variant + "fwd"))
             g = torch.randn_like(q)
             step = lambda fn: lambda: torch.autograd.grad(fn(), (q, k, v), g)  # noqa: E731
             # the backward recomputes the scores: 5 products against the forward's 2
             report.add(Row("attention", case + " fwd+bwd",
-                           *interleaved_median_times([step(ours), step(theirs)], device, runs), flops=3.5 * flops))
+                           *interleaved_median_times([step(ours), step(theirs)], device, runs), flops=3.5 * flops,
+                           variant=variant + "fwd+bwd"))
 
 
 def _peak_rss_child(impl: str, length: int, causal: bool) -> None:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
-from . import Row, median_time, new_report, record
+from . import Row, interleaved_median_times, new_report, record
 
 # (B, Hq, Hkv, cache length, D): the first is the acceptance case (one query over a 4096-token cache).
 DECODE_CASES = [(1, 32, 8, 4096, 128), (8, 32, 8, 1024, 128), (1, 32, 32, 4096, 128), (1, 32, 8, 16384, 128)]
@@ -23,10 +23,10 @@ def bench_decode(report, case, dtype, device, runs=30):
     lengths = torch.full((b,), length, dtype=torch.int32, device=device)
     k_all, v_all = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
     with torch.no_grad():
-        ours = median_time(lambda: ops.decode_attention(q, k, v, lengths), device, runs)
-        theirs = median_time(lambda: F.scaled_dot_product_attention(q, k_all, v_all), device, runs)
-    report.add(Row("decode_attention", f"B{b} Hq{hq} Hkv{hkv} L{length} D{d} {str(dtype)[6:]}", ours, theirs,
-                   bytes=(k.numel() + v.numel()) * k.element_size()))
+        times = interleaved_median_times([lambda: ops.decode_attention(q, k, v, lengths),
+                                          lambda: F.scaled_dot_product_attention(q, k_all, v_all)], device, runs)
+    report.add(Row("decode_attention", f"B{b} Hq{hq} Hkv{hkv} L{length} D{d} {str(dtype)[6:]}", *times,
+                   bytes=(k.numel() + v.numel()) * k.element_size(), variant=f"Hq/Hkv={hq // hkv}"))
 
 
 def bench_append(report, case, dtype, device, runs=30):
@@ -40,9 +40,10 @@ def bench_append(report, case, dtype, device, runs=30):
         k_cache[:, :, :t].copy_(k_new)
         v_cache[:, :, :t].copy_(v_new)
 
-    ours = median_time(lambda: ops.kv_cache_append(k_cache, v_cache, k_new, v_new, positions), device, runs)
-    report.add(Row("kv_cache_append", f"B{b} Hkv{hkv} T{t} D{d} {str(dtype)[6:]}", ours,
-                   median_time(torch_copy, device, runs), bytes=2 * (k_new.numel() + v_new.numel()) * k_new.element_size()))
+    times = interleaved_median_times([lambda: ops.kv_cache_append(k_cache, v_cache, k_new, v_new, positions),
+                                      torch_copy], device, runs)
+    report.add(Row("kv_cache_append", f"B{b} Hkv{hkv} T{t} D{d} {str(dtype)[6:]}", *times,
+                   bytes=2 * (k_new.numel() + v_new.numel()) * k_new.element_size()))
 
 
 def bench(report, device, dtype=torch.float32, decode_cases=DECODE_CASES, append_cases=APPEND_CASES, runs=30):

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
-from . import Row, median_time, new_report, record
+from . import Row, interleaved_median_times, new_report, record
 
 SHAPES = [(8192, 1024), (4096, 4096), (16384, 768), (8192, 1000), (4096, 5120)]
 
@@ -23,13 +23,13 @@ def bench_one(report, op, shape, dtype, device, runs=30):
         ours, theirs, leaves = (lambda: ops.rms_norm(x, w)), (lambda: F.rms_norm(x, (n,), w, 1e-6)), [x, w]
     case = f"{m}x{n} {str(dtype)[6:]}"
     with torch.no_grad():
-        report.add(Row(op, case + " fwd", median_time(ours, device, runs), median_time(theirs, device, runs),
-                       bytes=2 * x.numel() * x.element_size()))
+        report.add(Row(op, case + " fwd", *interleaved_median_times([ours, theirs], device, runs),
+                       bytes=2 * x.numel() * x.element_size(), variant="fwd"))
     g = torch.randn_like(x)
     y_ours, y_theirs = ours(), theirs()
     back = lambda y: lambda: torch.autograd.grad(y, leaves, g, retain_graph=True)  # noqa: E731
-    report.add(Row(op, case + " bwd", median_time(back(y_ours), device, runs), median_time(back(y_theirs), device, runs),
-                   bytes=3 * x.numel() * x.element_size()))
+    report.add(Row(op, case + " bwd", *interleaved_median_times([back(y_ours), back(y_theirs)], device, runs),
+                   bytes=3 * x.numel() * x.element_size(), variant="bwd"))
 
 
 def bench(report, device, dtype=torch.float32, shapes=SHAPES, runs=30):

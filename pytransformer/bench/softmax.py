@@ -12,7 +12,7 @@ import torch
 
 from .. import ops
 from ..ops.reference import causal_mask
-from . import Row, median_time, new_report, record
+from . import Row, interleaved_median_times, new_report, record
 
 SHAPES = [(16, 8, 512, 512), (8, 12, 128, 128), (2, 8, 1024, 1024)]
 CASES = ["causal", "padding", "float", "none"]
@@ -42,14 +42,15 @@ def bench_one(report, case, shape, dtype, device, runs=20, backward=True):
     name = f"{'x'.join(map(str, shape))} {str(dtype)[6:]} {case}"
     nbytes = x.numel() * x.element_size()
     with torch.no_grad():
-        report.add(Row("masked_softmax", name + " fwd", median_time(ours, device, runs),
-                       median_time(theirs, device, runs), bytes=2 * nbytes))
+        report.add(Row("masked_softmax", name + " fwd", *interleaved_median_times([ours, theirs], device, runs),
+                       bytes=2 * nbytes, variant=f"{case} fwd"))
     if backward:
         g = torch.randn_like(x)
         y_ours, y_theirs = ours(), theirs()
         back = lambda y: lambda: torch.autograd.grad(y, x, g, retain_graph=True)  # noqa: E731
-        report.add(Row("masked_softmax", name + " bwd", median_time(back(y_ours), device, runs),
-                       median_time(back(y_theirs), device, runs), bytes=3 * nbytes))
+        report.add(Row("masked_softmax", name + " bwd",
+                       *interleaved_median_times([back(y_ours), back(y_theirs)], device, runs), bytes=3 * nbytes,
+                       variant=f"{case} bwd"))
 
 
 def bench(report, device, dtype=torch.float32, shapes=SHAPES, cases=CASES, runs=20, backward=True):

@@ -50,6 +50,23 @@ class MultiHeadAttention(nn.Module):
             q, k = self.rotary(q, positions), self.rotary(k, positions)
         return q, k, v  # [B, Hq, L, D], [B, Hkv, Lk, D], [B, Hkv, Lk, D]
 
+    def attention_weights(self, x: Tensor, context: Tensor | None = None, *, key_lengths: Tensor | None = None,
+                          causal: bool = False) -> Tensor:
+        """The attention probabilities [B, Hq, L, Lk] of x [B, L, d_model] over context (or x), recomputed through
+        ops.masked_softmax for inspection (forward never materialises them)."""
+        q, k, _ = self._qkv(x, context, None)  # [B, Hq, L, D], [B, Hkv, Lk, D]
+        k = k.repeat_interleave(self.n_heads // self.n_kv_heads, 1)  # [B, Hq, Lk, D]
+        lq, lk = q.shape[2], k.shape[2]
+        keys = torch.arange(lk, device=k.device)
+        mask = None
+        if self.window is not None:  # [Lq, Lk]: query i at p = i + Lk - Lq sees p - window < j <= p
+            p = torch.arange(lq, device=k.device)[:, None] + lk - lq
+            mask = (keys <= p) & (keys > p - self.window)
+        if key_lengths is not None:  # [B, 1, 1, Lk], True = a real key
+            padding = (keys < key_lengths.to(k.device)[:, None])[:, None, None]
+            mask = padding if mask is None else mask & padding
+        return ops.masked_softmax(q @ k.transpose(-1, -2), mask, scale=self.head_dim ** -0.5, causal=causal)
+
     def forward(self, x: Tensor, context: Tensor | None = None, *, mask: Tensor | None = None, causal: bool = False,
                 key_lengths: Tensor | None = None, cache: AttentionCache | None = None) -> Tensor:
         """x [B, L, d_model] (context [B, Lk, d_model]) -> [B, L, d_model]. With a self-attention `cache`, x holds

@@ -1,0 +1,76 @@
+"""The command line: bad arguments, `count` against count_parameters, `bench --json/--plot` on tiny sizes, and a
+few-step demo end to end."""
+import json
+import re
+
+import pytest
+import torch
+
+from pytransformer.__main__ import main
+from pytransformer.models import CONFIGS, count_parameters
+from pytransformer.models.count import build, parameters_by_component
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def keep_threads():
+    """The demo (and bench --threads) set the process's thread count: restore it for the other tests."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("argv", [[], ["train"], ["demo", "--steps", "0"], ["demo", "--steps", "many"],
+                                  ["demo", "--device", "tpu"], ["demo", "--device", "cuda:x"],
+                                  ["bench", "--only", "matmul"], ["bench", "--json"], ["count", "--config", "gpt5"],
+                                  ["count", "extra"]])
+def test_bad_arguments_print_usage_and_fail(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code != 0
+    assert "usage: python -m pytransformer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_count_matches_count_parameters(name, capsys):
+    assert main(["count", "--config", name]) == 0
+    out = capsys.readouterr().out
+    model = build(name)
+    total = count_parameters(model)
+    assert f"{name} ({type(model).__name__}): {total:,} parameters" in out
+    parts = parameters_by_component(model)
+    assert sum(parts.values()) == total and parts["embeddings"] > 0 and parts["self-attention"] > 0
+    rows = dict(re.findall(r"^\| ([a-z-]+) \| ([\d,]+) \|", out, re.M))
+    assert int(rows.pop("total").replace(",", "")) == total
+    assert {k: int(v.replace(",", "")) for k, v in rows.items()} == {k: v for k, v in parts.items() if v}
+    if name == "gpt2_small":  # 2 (K, V) x 12 layers x 768 x 4 bytes
+        assert "73,728 bytes per token in float32" in out
+
+
+def test_count_all_configs(capsys):
+    assert main(["count"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"{name} (" in out for name in CONFIGS)
+
+
+def test_bench_quick_json_and_plot(tmp_path):
+    path, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    assert main(["bench", "--quick", "--device", "cpu", "--json", str(path), "--plot", str(png)]) == 0
+    data = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"invalid JSON constant {c}"))
+    ops = {row["op"] for row in data["rows"]}
+    assert ops == {"layer_norm", "rms_norm", "masked_softmax", "attention", "decode_attention", "kv_cache_append"}
+    for row in data["rows"]:
+        assert row["ours_s"] > 0 and row["torch_s"] > 0 and row["unit"] in ("GB/s", "GFLOP/s", "TFLOP/s")
+        assert row["fraction_of_ceiling"] > 0 and row["ratio"] == pytest.approx(row["ours_s"] / row["torch_s"])
+    assert data["ceiling_bytes_s"] > 0 and data["ceiling_flops_s"] > 0
+    assert png.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_demo_few_steps_end_to_end(tmp_path, capsys, keep_threads):
+    out_dir = tmp_path / "demo"
+    assert main(["demo", "--steps", "3", "--held-out", "8", "--no-progress", "--out-dir", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "| greedy |" in out and "| beam 4 |" in out
+    for name in ("demo_loss.png", "demo_attention.png"):
+        assert (out_dir / name).read_bytes().startswith(PNG_MAGIC)
