@@ -3,7 +3,7 @@ import torch
 from torch import Tensor, nn
 
 from ..nn import KVCache, TransformerDecoder, token_positions
-from .common import Embeddings, init_normal, rotary_for
+from .common import Embeddings, float_parameter, init_normal, rotary_for
 from .configs import DecoderConfig
 from .generation import beam_search, decode, next_token
 
@@ -34,7 +34,7 @@ class DecoderLM(nn.Module):
 
     def new_cache(self, batch_size: int, capacity: int, *, device=None, dtype=None) -> KVCache:
         """An empty KVCache for batch_size rows of up to `capacity` tokens, on the model's device and dtype."""
-        w = self.lm_head.weight
+        w = float_parameter(self)
         c = self.config
         return KVCache(c.n_layers, batch_size, c.n_kv_heads or c.n_heads, c.head_dim, capacity,
                        device=device or w.device, dtype=dtype or w.dtype)
