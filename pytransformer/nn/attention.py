@@ -3,7 +3,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import ops
-from .kv_cache import AttentionCache
+from .kv_cache import AttentionCache, rolling_attention
 from .positional import RotaryEmbedding
 from .quantized import linear_rows
 
@@ -59,8 +59,14 @@ class MultiHeadAttention(nn.Module):
         elif cache is not None:  # self-attention over the cached rows plus the L new ones
             positions = cache.lengths[:, None] + torch.arange(x.shape[1], device=x.device)  # [B, L]
             q, k, v = self._qkv(x, context, positions)
-            ops.kv_cache_append(cache.k, cache.v, k, v, cache.lengths)
-            y = ops.decode_attention(q, cache.k, cache.v, cache.lengths + x.shape[1], window=self.window)
+            if cache.rolling:
+                if self.window != cache.k.shape[2]:
+                    raise ValueError(f"cache: a rolling cache of {cache.k.shape[2]} rows needs window="
+                                     f"{cache.k.shape[2]}, this attention has window={self.window}")
+                y = rolling_attention(q, k, v, cache, key_lengths)
+            else:
+                ops.kv_cache_append(cache.k, cache.v, k, v, cache.lengths)
+                y = ops.decode_attention(q, cache.k, cache.v, cache.lengths + x.shape[1], window=self.window)
         else:
             q, k, v = self._qkv(x, context, None)
             y = ops.attention(q, k, v, mask=mask, causal=causal, window=self.window, key_lengths=key_lengths,
