@@ -1,5 +1,6 @@
 """Weight-only int8 quantization of a GPT-2-small-shaped DecoderLM (random weights): state-dict size, logits error
-against the float model, and greedy generation tokens/s of both on the same device in the same run."""
+against the float model, and greedy generation tokens/s of both on the same device in the same run; and the op,
+ops.int8_linear, against F.linear on the float weight for GPT-2-small layer shapes."""
 import argparse
 import copy
 import datetime
@@ -7,12 +8,32 @@ import statistics
 import sys
 
 import torch
+import torch.nn.functional as F
 
-from .. import quantize
+from .. import ops, quantize
 from ..models import DecoderLM, count_parameters, gpt2_small
+from ..nn.quantized import quantize_per_channel
 from ..quantization import state_dict_bytes
-from . import device_name
+from . import Row, device_name, interleaved_median_times, new_report
 from .generate import timed
+
+# (rows M, out features N, in features K): GPT-2 small's LM head and MLP input at one decoding row, 8 rows (a batch
+# of 8 decoding) and a 512-token prefill.
+OP_CASES = [(1, 50257, 768), (1, 3072, 768), (8, 50257, 768), (8, 3072, 768), (512, 3072, 768)]
+
+
+def bench_ops(report, device, cases=OP_CASES, runs=20):
+    """int8_linear vs F.linear with the float weight; bytes = int8 weight + x + out (ours), FLOPs for many rows."""
+    for m, n, k in cases:
+        weight = torch.randn(n, k, device=device) * 0.02
+        q, scale = quantize_per_channel(weight)
+        bias = torch.zeros(n, device=device)
+        x = torch.randn(m, k, device=device)
+        with torch.no_grad():
+            ours, theirs = interleaved_median_times([lambda: ops.int8_linear(x, q, scale, bias),
+                                                     lambda: F.linear(x, weight, bias)], device, runs)
+        report.add(Row("int8_linear", f"M{m} N{n} K{k} float32", ours, theirs,
+                       bytes=q.numel() + 4 * (x.numel() + m * n), flops=2 * m * n * k if m > 16 else 0.0))
 
 
 def logits_error(model, quantized, ids) -> dict:
@@ -29,7 +50,7 @@ def bench(device, config, batch_sizes, prompt_len, new_tokens, runs):
     torch.manual_seed(0)
     model = DecoderLM(config).to(device).eval()
     quantized = quantize(copy.deepcopy(model))
-    sizes = {"float": state_dict_bytes(model), "int8": state_dict_bytes(quantized)}
+    sizes = {"float": state_dict_bytes(model), "int8": state_dict_bytes(quantized), "parameters": count_parameters(model)}
     error = logits_error(model, quantized, torch.randint(0, config.vocab_size, (4, prompt_len), device=device))
     print(f"state dict: {sizes['float'] / 2**20:.1f} MiB -> {sizes['int8'] / 2**20:.1f} MiB; logits error max "
           f"{error['max_err']:.4g} mean {error['mean_err']:.4g}", flush=True)
@@ -74,20 +95,23 @@ def main(argv=None):
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--runs", type=int, default=3, help="timed generate calls per variant, round-robin (median)")
+    p.add_argument("--op-runs", type=int, default=20, help="timed calls per op case, interleaved (median)")
     p.add_argument("--n-layers", type=int, default=12, help="layers of the GPT-2-small-shaped model")
     p.add_argument("--record", help="write the results as markdown to this file")
     args = p.parse_args(argv)
     config = gpt2_small(dropout=0.0, n_layers=args.n_layers)
-    with torch.no_grad():
-        model_desc = f"GPT-2 small shape, {args.n_layers} layers ({count_parameters(DecoderLM(config)):,} parameters, " \
-                     "random weights, float32)"
-    print(f"device: {device_name(args.device)}; {model_desc}\n| batch | variant | tokens/s |\n|---|---|---|", flush=True)
+    report = new_report(args.device)
+    bench_ops(report, args.device, runs=args.op_runs)
+    print("| batch | variant | tokens/s |\n|---|---|---|", flush=True)
     sizes, error, rows = bench(args.device, config, args.batch_sizes, args.prompt_len, args.new_tokens, args.runs)
+    model_desc = f"GPT-2 small shape, {args.n_layers} layers ({sizes['parameters']:,} parameters, random weights, " \
+                 "float32)"
     if args.record:
         with open(args.record, "w") as f:
+            command = " ".join(["python"] + sys.argv)
             f.write("# Weight-only int8 quantization benchmark\n\n" + markdown(
-                model_desc, sizes, error, rows, args.device, " ".join(["python"] + sys.argv), args.prompt_len,
-                args.new_tokens, args.runs))
+                model_desc, sizes, error, rows, args.device, command, args.prompt_len, args.new_tokens, args.runs)
+                + "\n## ops.int8_linear vs F.linear (float32 weight)\n\n" + report.markdown(command))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import ops
+
 
 def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
     """Symmetric int8 quantization of each row: weight [out, in] -> int8 [out, in], scale [out] (weight's dtype)."""
@@ -15,10 +17,8 @@ def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class QuantizedLinear(nn.Module):
-    """y = (x @ weight.T) * scale + bias with int8 weight [out, in] and float scale [out]: weight-only int8 nn.Linear.
-
-    The int8 weight is converted to x's dtype inside the product (under torch.compile the conversion fuses into it).
-    Buffers, not parameters: the module is for inference."""
+    """y = (x @ weight.T) * scale + bias with int8 weight [out, in] and float scale [out]: weight-only int8 nn.Linear
+    over ops.int8_linear. Buffers, not parameters: the module is for inference (no backward)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, device=None, dtype=None):
         super().__init__()
@@ -52,11 +52,9 @@ class QuantizedLinear(nn.Module):
 def linear_rows(linear: nn.Module, x: Tensor, rows: slice) -> Tensor:
     """The output features `rows` of an nn.Linear or QuantizedLinear applied to x [..., in] -> [..., len(rows)]."""
     bias = None if linear.bias is None else linear.bias[rows]
-    if not isinstance(linear, QuantizedLinear):
-        return F.linear(x, linear.weight[rows], bias)
-    y = F.linear(x, linear.weight[rows].to(x.dtype))
-    y = y * linear.scale[rows].to(y.dtype)
-    return y if bias is None else y + bias.to(y.dtype)
+    if isinstance(linear, QuantizedLinear):
+        return ops.int8_linear(x, linear.weight[rows], linear.scale[rows], bias)
+    return F.linear(x, linear.weight[rows], bias)
 
 
 class QuantizedEmbedding(nn.Module):
