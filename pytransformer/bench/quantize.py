@@ -14,7 +14,7 @@ from .. import ops, quantize
 from ..models import DecoderLM, count_parameters, gpt2_small
 from ..nn.quantized import quantize_per_channel
 from ..quantization import state_dict_bytes
-from . import Row, device_name, interleaved_median_times, new_report
+from . import Row, device_name, interleaved_median_times, matmul_ceiling, new_report
 from .generate import timed
 
 # (rows M, out features N, in features K): GPT-2 small's LM head and MLP input at one decoding row, 8 rows (a batch
@@ -101,6 +101,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     config = gpt2_small(dropout=0.0, n_layers=args.n_layers)
     report = new_report(args.device)
+    report.ceiling_flops_s = matmul_ceiling(args.device)
     bench_ops(report, args.device, runs=args.op_runs)
     print("| batch | variant | tokens/s |\n|---|---|---|", flush=True)
     sizes, error, rows = bench(args.device, config, args.batch_sizes, args.prompt_len, args.new_tokens, args.runs)
