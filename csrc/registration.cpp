@@ -25,6 +25,8 @@ TORCH_LIBRARY(pytransformer, m) {
   m.def("kv_cache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor positions) -> ()");
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lengths, float scale, int? window)"
         " -> Tensor");
+  // Weight-only int8 linear (inference): (x [..., K] @ weight int8 [N, K]^T) * scale [N] + bias [N] -> [..., N].
+  m.def("int8_linear(Tensor x, Tensor weight, Tensor scale, Tensor? bias) -> Tensor");
 }
 
 // A cache stores values, not autograd history: appending new keys that require grad neither records a graph nor

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../kv_cache.h"
+#include "dot_rows.h"
 
 namespace pytransformer::cpu {
 
@@ -31,35 +32,6 @@ using at::vec::Vectorized;
 
 constexpr int64_t kBlock = 32;     // keys scored together before the softmax update
 constexpr int64_t kMinChunk = 256;  // fewest keys in a work item when a row is split along the sequence
-
-// out[r * out_step] = sum_i a_r[i] * b[i] over n elements for the R rows a_r = a + r * a_step: each load of b
-// serves every row.
-template <int R, typename acc_t>
-void dot_rows(const acc_t* a, int64_t a_step, const acc_t* b, int64_t n, acc_t* out, int64_t out_step) {
-  using Vec = Vectorized<acc_t>;
-  constexpr int64_t kV = Vec::size();
-  Vec acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = Vec(0);
-  int64_t i = 0;
-  for (; i + kV <= n; i += kV) {
-    const Vec bv = Vec::loadu(b + i);
-    for (int r = 0; r < R; ++r) acc[r] = at::vec::fmadd(Vec::loadu(a + r * a_step + i), bv, acc[r]);
-  }
-  if (i < n) {  // zero-filled tail
-    const Vec bv = Vec::loadu(b + i, n - i);
-    for (int r = 0; r < R; ++r) acc[r] = at::vec::fmadd(Vec::loadu(a + r * a_step + i, n - i), bv, acc[r]);
-  }
-  for (int r = 0; r < R; ++r) out[r * out_step] = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), acc[r]);
-}
-
-// dot_rows for any number of rows, four at a time.
-template <typename acc_t>
-void dot_rows(const acc_t* a, int64_t a_step, int64_t rows, const acc_t* b, int64_t n, acc_t* out, int64_t out_step) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) dot_rows<4>(a + r * a_step, a_step, b, n, out + r * out_step, out_step);
-  for (; r + 2 <= rows; r += 2) dot_rows<2>(a + r * a_step, a_step, b, n, out + r * out_step, out_step);
-  if (r < rows) dot_rows<1>(a + r * a_step, a_step, b, n, out + r * out_step, out_step);
-}
 
 // For the R rows y_r = y + r * y_step: y_r[i] = y_r[i] * alpha[r] + sum_k w_r[k] * x_k[i] over n elements, with
 // w_r = w + r * w_step and the `count` rows x_k = x + k * x_step; each load of x serves every row.

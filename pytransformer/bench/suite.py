@@ -2,9 +2,9 @@
 the per-family benchmark scripts; `quick` uses tiny sizes (a smoke test of the whole pipeline)."""
 import torch
 
-from . import Report, attention, decode, matmul_ceiling, new_report, norm, softmax
+from . import Report, attention, decode, matmul_ceiling, new_report, norm, quantize, softmax
 
-FAMILIES = ("norm", "softmax", "attention", "decode")
+FAMILIES = ("norm", "softmax", "attention", "decode", "quantize")
 # A CPU forward+backward at L=4096 takes about 10 s a call on two cores: the CPU run stops at L=1024.
 CPU_MAX_ATTENTION_LENGTH = 1024
 
@@ -29,4 +29,6 @@ def run(device, dtype=torch.float32, families=FAMILIES, runs: int | None = None,
     if "decode" in families:
         decode.bench(report, device, dtype, decode_cases=[(1, 4, 2, 32, 16)] if quick else decode.DECODE_CASES,
                      append_cases=[(1, 2, 4, 16)] if quick else decode.APPEND_CASES, runs=n(30))
+    if "quantize" in families:
+        quantize.bench_ops(report, device, cases=[(1, 64, 32)] if quick else quantize.OP_CASES, runs=n(20))
     return report

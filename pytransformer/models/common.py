@@ -39,6 +39,11 @@ def rotary_for(config) -> RotaryEmbedding | None:
     return RotaryEmbedding(config.head_dim, config.max_len) if config.positional == "rotary" else None
 
 
+def float_parameter(model: nn.Module) -> Tensor:
+    """A floating-point parameter of `model`: its device and dtype are the activations' (also once quantized)."""
+    return next(p for p in model.parameters() if p.is_floating_point())
+
+
 def init_normal(module: nn.Module, std: float = 0.02) -> None:
     """GPT-2/BERT initialisation: Linear and Embedding weights ~ N(0, std), biases 0 (norms keep ones/zeros)."""
     for m in module.modules():

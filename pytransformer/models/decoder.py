@@ -3,7 +3,7 @@ import torch
 from torch import Tensor, nn
 
 from ..nn import KVCache, TransformerDecoder, token_positions
-from .common import Embeddings, init_normal, rotary_for
+from .common import Embeddings, float_parameter, init_normal, rotary_for
 from .configs import DecoderConfig
 from .generation import beam_search, decode, next_token
 
@@ -33,11 +33,24 @@ class DecoderLM(nn.Module):
         return self.lm_head(self.hidden(input_ids, cache=cache, key_lengths=key_lengths))
 
     def new_cache(self, batch_size: int, capacity: int, *, device=None, dtype=None) -> KVCache:
-        """An empty KVCache for batch_size rows of up to `capacity` tokens, on the model's device and dtype."""
-        w = self.lm_head.weight
+        """An empty KVCache for batch_size rows of up to `capacity` tokens, on the model's device and dtype; with a
+        sliding window shorter than capacity, a rolling cache of `window` rows that holds any number of tokens."""
+        w = float_parameter(self)
         c = self.config
-        return KVCache(c.n_layers, batch_size, c.n_kv_heads or c.n_heads, c.head_dim, capacity,
-                       device=device or w.device, dtype=dtype or w.dtype)
+        rolling = c.window is not None and capacity > c.window
+        return KVCache(c.n_layers, batch_size, c.n_kv_heads or c.n_heads, c.head_dim, c.window if rolling else capacity,
+                       rolling=rolling, device=device or w.device, dtype=dtype or w.dtype)
+
+    def prefill(self, input_ids: Tensor, cache: KVCache, key_lengths: Tensor | None = None) -> Tensor:
+        """Run a prompt [B, L] (right-padded to key_lengths [B]) into the cache -> hidden states [B, L, d_model]; a
+        rolling cache takes it in chunks of `window` tokens, so a prompt of any length needs O(window) memory."""
+        chunk = cache.capacity if cache.rolling else input_ids.shape[1]
+        hidden = []
+        for start in range(0, input_ids.shape[1], chunk):
+            part = input_ids[:, start:start + chunk]
+            lens = None if key_lengths is None else (key_lengths - start).clamp(0, part.shape[1])
+            hidden.append(self.hidden(part, cache=cache, key_lengths=lens))
+        return torch.cat(hidden, 1)
 
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
@@ -51,7 +64,7 @@ class DecoderLM(nn.Module):
         lens = None if key_lengths is None else key_lengths.to(ids.device).repeat_interleave(beam_size, 0)
         if use_cache:
             cache = self.new_cache(n_rows, length + max_new_tokens)
-            h = self.hidden(ids, cache=cache, key_lengths=lens)  # [N, L, d]
+            h = self.prefill(ids, cache, lens)  # [N, L, d]
 
             def step(tok):
                 return self(tok, cache=cache)[:, -1]

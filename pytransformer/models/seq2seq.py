@@ -5,7 +5,7 @@ import torch
 from torch import Tensor, nn
 
 from ..nn import KVCache, TransformerDecoder, TransformerEncoder, token_positions
-from .common import Embeddings, rotary_for
+from .common import Embeddings, float_parameter, rotary_for
 from .configs import Seq2SeqConfig
 from .generation import beam_search, decode, next_token
 
@@ -53,7 +53,7 @@ class Seq2SeqTransformer(nn.Module):
 
     def new_cache(self, batch_size: int, capacity: int, memory_length: int, *, device=None, dtype=None) -> KVCache:
         """An empty KVCache: self-attention for `capacity` target tokens, cross-attention for memory_length keys."""
-        c, w = self.config, self.lm_head.weight
+        c, w = self.config, float_parameter(self)
         return KVCache(c.n_decoder_layers, batch_size, c.n_kv_heads or c.n_heads, c.head_dim, capacity,
                        memory_length=memory_length, device=device or w.device, dtype=dtype or w.dtype)
 

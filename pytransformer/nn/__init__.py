@@ -5,9 +5,10 @@ from .kv_cache import AttentionCache, KVCache, LayerCache
 from .layers import (Residual, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
                      TransformerEncoderLayer)
 from .norm import LayerNorm, RMSNorm
+from .quantized import QuantizedEmbedding, QuantizedLinear
 from .positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding, token_positions
 
 __all__ = ["LayerNorm", "RMSNorm", "MultiHeadAttention", "FeedForward", "SinusoidalPositionalEncoding",
            "LearnedPositionalEmbedding", "RotaryEmbedding", "token_positions", "Residual", "TransformerEncoderLayer",
            "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "KVCache", "AttentionCache",
-           "LayerCache"]
+           "LayerCache", "QuantizedLinear", "QuantizedEmbedding"]

@@ -1,11 +1,11 @@
 """MultiHeadAttention: self- or cross-attention over ops.attention (full sequences) and ops.decode_attention (cache)."""
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import ops
-from .kv_cache import AttentionCache
+from .kv_cache import AttentionCache, rolling_attention
 from .positional import RotaryEmbedding
+from .quantized import linear_rows
 
 
 class MultiHeadAttention(nn.Module):
@@ -33,13 +33,11 @@ class MultiHeadAttention(nn.Module):
 
     def project_kv(self, context: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values [B, Hkv, Lk, D] of `context` [B, Lk, d_model] (what a cross-attention cache holds)."""
-        w, b = self.qkv_proj.weight[self.q_dim:], None if self.qkv_proj.bias is None else self.qkv_proj.bias[self.q_dim:]
-        k, v = F.linear(context, w, b).split(self.kv_dim, -1)
+        k, v = linear_rows(self.qkv_proj, context, slice(self.q_dim, None)).split(self.kv_dim, -1)
         return self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
 
     def _project_q(self, x: Tensor) -> Tensor:
-        w, b = self.qkv_proj.weight[:self.q_dim], None if self.qkv_proj.bias is None else self.qkv_proj.bias[:self.q_dim]
-        return self._heads(F.linear(x, w, b), self.n_heads)
+        return self._heads(linear_rows(self.qkv_proj, x, slice(self.q_dim)), self.n_heads)
 
     def _qkv(self, x: Tensor, context: Tensor | None, positions: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         if context is not None:  # cross-attention
@@ -78,8 +76,14 @@ class MultiHeadAttention(nn.Module):
         elif cache is not None:  # self-attention over the cached rows plus the L new ones
             positions = cache.lengths[:, None] + torch.arange(x.shape[1], device=x.device)  # [B, L]
             q, k, v = self._qkv(x, context, positions)
-            ops.kv_cache_append(cache.k, cache.v, k, v, cache.lengths)
-            y = ops.decode_attention(q, cache.k, cache.v, cache.lengths + x.shape[1], window=self.window)
+            if cache.rolling:
+                if self.window != cache.k.shape[2]:
+                    raise ValueError(f"cache: a rolling cache of {cache.k.shape[2]} rows needs window="
+                                     f"{cache.k.shape[2]}, this attention has window={self.window}")
+                y = rolling_attention(q, k, v, cache, key_lengths)
+            else:
+                ops.kv_cache_append(cache.k, cache.v, k, v, cache.lengths)
+                y = ops.decode_attention(q, cache.k, cache.v, cache.lengths + x.shape[1], window=self.window)
         else:
             q, k, v = self._qkv(x, context, None)
             y = ops.attention(q, k, v, mask=mask, causal=causal, window=self.window, key_lengths=key_lengths,

@@ -1,8 +1,11 @@
-"""KVCache: preallocated, static-shape key/value storage for decoding (self-attention per layer, cross-attention once)."""
+"""KVCache: preallocated, static-shape key/value storage for decoding (self-attention per layer, cross-attention once),
+optionally a rolling buffer of the last W positions for sliding-window attention."""
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
+
+from .. import ops
 
 
 class AttentionCache(NamedTuple):
@@ -12,6 +15,7 @@ class AttentionCache(NamedTuple):
     v: Tensor  # [B, Hkv, capacity, Dv]
     lengths: Tensor  # [B] int64
     static: bool
+    rolling: bool = False  # a rolling buffer: position i lives in row i % capacity (see rolling_attention)
 
 
 class LayerCache(NamedTuple):
@@ -22,11 +26,15 @@ class LayerCache(NamedTuple):
 
 class KVCache:
     """Preallocated caches for `n_layers` decoder layers with per-row lengths, so prompts of different lengths batch
-    together. Every tensor keeps its shape and address for the cache's lifetime (torch.compile and CUDA graphs)."""
+    together. Every tensor keeps its shape and address for the cache's lifetime (torch.compile and CUDA graphs).
+
+    rolling=True makes the self-attention caches rolling buffers for sliding-window attention with window ==
+    capacity: position i is stored in row i % capacity, so a sequence of any length needs only `capacity` rows."""
 
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, head_dim: int, capacity: int, *,
-                 memory_length: int = 0, device=None, dtype=None):
+                 memory_length: int = 0, rolling: bool = False, device=None, dtype=None):
         factory = {"device": device, "dtype": dtype}
+        self.rolling = rolling
         shape = (batch_size, n_kv_heads, capacity, head_dim)
         self.k = [torch.zeros(shape, **factory) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, **factory) for _ in range(n_layers)]
@@ -39,7 +47,7 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        """Rows per sequence that the self-attention cache can hold."""
+        """Rows per sequence that the self-attention cache can hold (rolling: the window it keeps)."""
         return self.k[0].shape[2]
 
     def layer(self, i: int) -> LayerCache:
@@ -47,7 +55,7 @@ class KVCache:
         cross = None
         if self.cross_k is not None:
             cross = AttentionCache(self.cross_k[i], self.cross_v[i], self.memory_lengths, True)
-        return LayerCache(AttentionCache(self.k[i], self.v[i], self.lengths, False), cross)
+        return LayerCache(AttentionCache(self.k[i], self.v[i], self.lengths, False, self.rolling), cross)
 
     def positions(self, length: int) -> Tensor:
         """Absolute positions [B, length] of the next `length` tokens of every row."""
@@ -65,3 +73,37 @@ class KVCache:
     def reset(self) -> None:
         """Empty every row (the stored K/V are simply overwritten later)."""
         self.lengths.zero_()
+
+
+def rolling_attention(q: Tensor, k: Tensor, v: Tensor, cache: AttentionCache, key_lengths: Tensor | None = None
+                      ) -> Tensor:
+    """Sliding-window attention (window W = the cache's capacity) of the next T tokens of every row over a rolling
+    cache, storing their keys and values: q [B, Hq, T, D], k/v [B, Hkv, T, D|Dv] at positions cache.lengths + t ->
+    [B, Hq, T, Dv]; key_lengths [B] (right-padded prompts): only the first key_lengths[b] new tokens are stored.
+
+    T == 1 (decoding): the token goes to row p % W, and since every row then holds one of the last W positions,
+    decode_attention over the first min(p + 1, W) rows (no window, no copy) is the windowed attention.
+    T > 1 (prefill, any T): the W - 1 cached positions before the chunk are gathered in order (a copy of W - 1 rows
+    per chunk) and put before the chunk's keys for ops.attention with window=W; then each row r of the buffer takes
+    the newest stored position that is r mod W, if it is in the chunk.
+    """
+    k_cache, v_cache, lengths = cache.k, cache.v, cache.lengths
+    window, t = k_cache.shape[2], q.shape[2]
+    if t == 1:
+        ops.kv_cache_append(k_cache, v_cache, k, v, lengths % window)
+        return ops.decode_attention(q, k_cache, v_cache, (lengths + 1).clamp(max=window))
+    past = lengths[:, None] + torch.arange(1 - window, 0, device=lengths.device)  # [B, W-1] positions before the chunk
+    rows = (past % window)[:, None, :, None]  # [B, 1, W-1, 1]
+    k_all = torch.cat([k_cache.gather(2, rows.expand(-1, k.shape[1], -1, k.shape[3])), k], 2)  # [B, Hkv, W-1+T, D]
+    v_all = torch.cat([v_cache.gather(2, rows.expand(-1, v.shape[1], -1, v.shape[3])), v], 2)
+    visible = torch.cat([past >= 0, torch.ones_like(past[:, :1], dtype=torch.bool).expand(-1, t)], 1)  # [B, W-1+T]
+    y = ops.attention(q, k_all, v_all, mask=visible[:, None, None, :], window=window)
+    # Row r gets position newest[b, r]: the newest stored position congruent to r (mod W).
+    last = lengths + (t if key_lengths is None else key_lengths) - 1  # [B] newest stored position
+    r = torch.arange(window, device=lengths.device)
+    newest = last[:, None] - (last[:, None] - r) % window  # [B, W]
+    from_chunk = (newest >= lengths[:, None])[:, None, :, None]  # [B, 1, W, 1]
+    index = (newest - lengths[:, None]).clamp(0, t - 1)[:, None, :, None]  # [B, 1, W, 1]: its token in the chunk
+    k_cache.copy_(torch.where(from_chunk, k.gather(2, index.expand(-1, k.shape[1], -1, k.shape[3])), k_cache))
+    v_cache.copy_(torch.where(from_chunk, v.gather(2, index.expand(-1, v.shape[1], -1, v.shape[3])), v_cache))
+    return y

@@ -73,3 +73,9 @@ def decode_attention(q, k_cache, v_cache, cache_lengths, *, scale=None, window=N
         outs.append(attention(q[b:b + 1], k_cache[b:b + 1, :, :n], v_cache[b:b + 1, :, :n], causal=True,
                               window=window, scale=scale))
     return torch.cat(outs)
+
+
+def int8_linear(x, weight, scale, bias=None) -> Tensor:
+    """x [..., K] @ (weight [N, K] * scale[:, None])^T + bias, in x's dtype."""
+    y = x @ (weight.to(x.dtype) * scale.to(x.dtype)[:, None]).T
+    return y if bias is None else y + bias.to(x.dtype)

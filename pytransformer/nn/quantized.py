@@ -1,0 +1,71 @@
+"""Weight-only int8 modules: QuantizedLinear (per-output-channel scales) and QuantizedEmbedding (an embedding tied to
+a quantized LM head). Weights are quantized after training; activations stay in floating point."""
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import ops
+
+
+def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric int8 quantization of each row: weight [out, in] -> int8 [out, in], scale [out] (weight's dtype)."""
+    absmax = weight.detach().float().abs().amax(1)  # [out]
+    scale = (absmax / 127.0).to(weight.dtype)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # all-zero rows quantize to 0 with any scale
+    q = (weight.detach().float() / scale.float()[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+class QuantizedLinear(nn.Module):
+    """y = (x @ weight.T) * scale + bias with int8 weight [out, in] and float scale [out]: weight-only int8 nn.Linear
+    over ops.int8_linear. Buffers, not parameters: the module is for inference (no backward)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, device=None, dtype=None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
+        self.register_buffer("scale", torch.ones(out_features, device=device, dtype=dtype))
+        self.register_buffer("bias", torch.zeros(out_features, device=device, dtype=dtype) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> "QuantizedLinear":
+        """The int8 version of an nn.Linear (its weights quantized per output channel)."""
+        w = linear.weight
+        q = cls(linear.in_features, linear.out_features, linear.bias is not None, device=w.device, dtype=w.dtype)
+        q.weight, q.scale = quantize_per_channel(w)
+        if linear.bias is not None:
+            q.bias = linear.bias.detach().clone()
+        return q
+
+    def dequantized_weight(self) -> Tensor:
+        """The float weight [out, in] that this module multiplies by (weight * scale)."""
+        return self.weight.to(self.scale.dtype) * self.scale[:, None]
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x [..., in] -> [..., out]."""
+        return linear_rows(self, x, slice(None))
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
+
+
+def linear_rows(linear: nn.Module, x: Tensor, rows: slice) -> Tensor:
+    """The output features `rows` of an nn.Linear or QuantizedLinear applied to x [..., in] -> [..., len(rows)]."""
+    bias = None if linear.bias is None else linear.bias[rows]
+    if isinstance(linear, QuantizedLinear):
+        return ops.int8_linear(x, linear.weight[rows], linear.scale[rows], bias)
+    return F.linear(x, linear.weight[rows], bias)
+
+
+class QuantizedEmbedding(nn.Module):
+    """The embedding tied to a QuantizedLinear LM head: row i of the table is the head's int8 row i times scale[i].
+    The head is a submodule (as a tied weight, it appears in the state dict under both names and moves with .to())."""
+
+    def __init__(self, head: QuantizedLinear):
+        super().__init__()
+        self.head = head
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """ids int [...] -> [..., embedding_dim] in the head's float dtype."""
+        scale = self.head.scale
+        return F.embedding(ids, self.head.weight).to(scale.dtype) * scale[ids, None]

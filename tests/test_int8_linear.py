@@ -1,0 +1,108 @@
+"""ops.int8_linear against a float64 reference (both CPU paths: few rows and many rows), dtypes, layouts, edge shapes,
+opcheck, torch.compile, no backward, bad input."""
+import pytest
+import torch
+
+from pytransformer import ops
+from pytransformer.ops import reference
+
+from conftest import tolerance
+
+
+def make(n, k, device, dtype=torch.float32, bias=True):
+    weight = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=device)
+    scale = torch.rand(n, device=device, dtype=dtype) * 0.01 + 1e-3
+    b = torch.randn(n, device=device, dtype=dtype) if bias else None
+    return weight, scale, b
+
+
+def check(x, weight, scale, bias):
+    got = ops.int8_linear(x, weight, scale, bias)
+    want = reference.int8_linear(x.double(), weight, scale.double(), None if bias is None else bias.double())
+    assert got.dtype == x.dtype and got.shape == (*x.shape[:-1], weight.shape[0])
+    atol, rtol = tolerance(x.dtype)
+    magnitude = max(1.0, want.abs().amax().item()) if want.numel() else 1.0  # the half types round the result
+    torch.testing.assert_close(got.double(), want, atol=atol * magnitude, rtol=rtol)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 16, 17, 64])  # <= 16 rows: the row-by-row kernel; more: dequantize + GEMM
+@pytest.mark.parametrize("k,n", [(64, 48), (37, 5), (1, 3), (300, 129)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_matches_reference(device, rows, k, n, bias):
+    weight, scale, b = make(n, k, device, bias=bias)
+    check(torch.randn(rows, k, device=device), weight, scale, b)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_many_weight_blocks(device, bias):
+    """Many rows of x with a weight of two dequantization blocks (16 MiB of float32 each on the CPU)."""
+    weight, scale, b = make(4500, 1024, device, bias=bias)
+    check(torch.randn(17, 1024, device=device), weight, scale, b)
+    with torch.inference_mode():
+        check(torch.randn(17, 1024, device=device), weight, scale, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("rows", [3, 20])
+def test_dtypes(device, dtype, rows):
+    if dtype == torch.float64 and device == "cuda":
+        pytest.skip("float64 is CPU-only")
+    weight, scale, b = make(40, 72, device, dtype)
+    check(torch.randn(2, rows, 72, device=device, dtype=dtype), weight, scale, b)
+    # Scales and bias may have another float dtype than x (e.g. a float32 scale for bfloat16 activations).
+    check(torch.randn(rows, 72, device=device, dtype=dtype), weight, scale.float(), b.float())
+
+
+def test_layouts_and_edge_shapes(device):
+    weight, scale, b = make(24, 40, device)
+    check(torch.randn(40, 6, device=device).t(), weight, scale, b)  # transposed x
+    check(torch.randn(3, 1, 40, device=device).expand(3, 4, 40), weight, scale, b)  # expanded x
+    check(torch.randn(40, device=device), weight, scale, b)  # 1-d x
+    check(torch.randn(2, 0, 40, device=device), weight, scale, b)  # no rows
+    w_rows = torch.randint(-127, 128, (48, 40), dtype=torch.int8, device=device)[8:32]  # a row slice of a weight
+    check(torch.randn(5, 40, device=device), w_rows, scale, b)
+    check(torch.randn(5, 40, device=device), weight.t().contiguous().t().contiguous(), scale, b)
+    empty = ops.int8_linear(torch.randn(3, 0, device=device), weight[:, :0], scale, b)  # K = 0: the bias
+    torch.testing.assert_close(empty, b.expand(3, 24))
+
+
+def test_opcheck():
+    weight, scale, b = make(16, 24, "cpu")
+    for x in (torch.randn(3, 24), torch.randn(2, 12, 24)):
+        torch.library.opcheck(torch.ops.pytransformer.int8_linear, (x, weight, scale, b))
+        torch.library.opcheck(torch.ops.pytransformer.int8_linear, (x, weight, scale, None))
+
+
+def test_compile(device):
+    weight, scale, b = make(16, 24, device)
+    fn = torch.compile(ops.int8_linear, fullgraph=True, backend="aot_eager")
+    for rows in (1, 30):
+        x = torch.randn(rows, 24, device=device)
+        torch.testing.assert_close(fn(x, weight, scale, b), ops.int8_linear(x, weight, scale, b))
+
+
+def test_no_backward():
+    weight, scale, b = make(4, 8, "cpu")
+    x = torch.randn(2, 8, requires_grad=True)
+    y = ops.int8_linear(x, weight, scale, b)
+    with pytest.raises(RuntimeError, match="inference"):
+        y.sum().backward()
+
+
+def test_bad_input():
+    weight, scale, b = make(4, 8, "cpu")
+    x = torch.randn(2, 8)
+    with pytest.raises(ValueError, match="weight"):
+        ops.int8_linear(x, weight.float(), scale, b)
+    with pytest.raises(ValueError, match="weight"):
+        ops.int8_linear(x, weight[:, :6], scale, b)
+    with pytest.raises(ValueError, match="scale"):
+        ops.int8_linear(x, weight, scale[:3], b)
+    with pytest.raises(ValueError, match="scale"):
+        ops.int8_linear(x, weight, scale.to(torch.int32), b)
+    with pytest.raises(ValueError, match="bias"):
+        ops.int8_linear(x, weight, scale, torch.randn(5))
+    with pytest.raises(ValueError, match="x"):
+        ops.int8_linear(x.long(), weight, scale, b)
+    with pytest.raises(ValueError, match="x"):
+        ops.int8_linear(torch.tensor(1.0), weight, scale, b)

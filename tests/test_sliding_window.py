@@ -1,0 +1,108 @@
+"""Sliding-window models with a rolling KV cache (W rows per layer, position i in row i % W): cached generation equals
+uncached generation with the same window for prompts shorter and longer than W, chunks of any size equal the full
+windowed forward, the cache's memory stays fixed, torch.compile, errors."""
+import pytest
+import torch
+
+from pytransformer.models import DecoderLM, gpt2_small
+from pytransformer.nn import KVCache, MultiHeadAttention, RotaryEmbedding
+
+V = 64
+
+
+def tiny(window, **overrides):
+    torch.manual_seed(0)
+    return DecoderLM(gpt2_small(**{"vocab_size": V, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64,
+                                   "max_len": 64, "dropout": 0.0, "window": window, **overrides})).double().eval()
+
+
+@pytest.mark.parametrize("window", [1, 3, 5])
+@pytest.mark.parametrize("overrides", [{}, {"positional": "rotary", "n_kv_heads": 2}, {"norm": "post"}])
+def test_generation_equals_uncached(window, overrides):
+    model = tiny(window, **overrides)
+    cache = model.new_cache(2, 40)
+    assert cache.rolling and cache.capacity == window
+    for length in sorted({1, window, 3 * window + 2}):  # shorter than, equal to and longer than W
+        prompt = torch.randint(0, V, (2, length))
+        out = model.generate(prompt, 12)
+        assert out.shape == (2, length + 12)
+        assert torch.equal(out, model.generate(prompt, 12, use_cache=False))
+
+
+def test_padded_prompts_longer_than_window():
+    model = tiny(4, positional="rotary")
+    lengths = torch.tensor([11, 2, 5, 9])
+    prompt = torch.randint(0, V, (4, 11))
+    out = model.generate(prompt, 10, key_lengths=lengths)
+    for b, n in enumerate(lengths.tolist()):
+        assert torch.equal(out[b, 11:], model.generate(prompt[b:b + 1, :n], 10, use_cache=False)[0, n:])
+
+
+def test_beam_search_and_sampling():
+    model = tiny(3)
+    prompt = torch.randint(0, V, (2, 7))
+    assert torch.equal(model.generate(prompt, 8, beam_size=3), model.generate(prompt, 8, beam_size=3, use_cache=False))
+    sample = lambda **kw: model.generate(prompt, 8, do_sample=True, generator=torch.Generator().manual_seed(5), **kw)  # noqa: E731
+    assert torch.equal(sample(), sample(use_cache=False))
+
+
+@torch.no_grad()
+def test_memory_stays_fixed_and_logits_match():
+    window = 4
+    model = tiny(window)
+    ids = torch.randint(0, V, (3, 30))
+    full = model(ids)  # [3, 30, V]: uncached, windowed
+    cache = model.new_cache(3, 1000)
+    tensors = cache.k + cache.v
+    layout = [(t.data_ptr(), t.shape) for t in tensors]
+    assert all(t.shape == (3, 4, window, 8) for t in tensors)
+    steps = [model.lm_head(model.prefill(ids[:, :10], cache))]  # chunks of W tokens
+    steps += [model(ids[:, t:t + 1], cache=cache) for t in range(10, 30)]
+    assert [(t.data_ptr(), t.shape) for t in cache.k + cache.v] == layout
+    assert cache.lengths.tolist() == [30, 30, 30]
+    torch.testing.assert_close(torch.cat(steps, 1), full)
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 1])
+@torch.no_grad()
+def test_chunks_of_any_size(n_kv_heads):
+    """MultiHeadAttention over a rolling cache fed in chunks shorter and longer than W equals full windowed attention."""
+    window, d = 5, 32
+    attn = MultiHeadAttention(d, 4, n_kv_heads, window=window, rotary=RotaryEmbedding(8, 64)).double().eval()
+    x = torch.randn(2, 40, d, dtype=torch.float64)
+    full = attn(x)
+    kv = KVCache(1, 2, n_kv_heads or 4, 8, window, rolling=True, dtype=torch.float64)
+    out, start = [], 0
+    for size in [1, 3, 1, 7, 5, 2, 12, 1, 8]:
+        out.append(attn(x[:, start:start + size], cache=kv.layer(0).self_attn))
+        kv.advance(size)
+        start += size
+    torch.testing.assert_close(torch.cat(out, 1), full)
+
+
+def test_compile():
+    model = tiny(3)
+    ids = torch.randint(0, V, (2, 9))
+    with torch.no_grad():
+        want = model(ids)
+        cache = model.new_cache(2, 20)
+        step = torch.compile(lambda t: model(t, cache=cache), fullgraph=True, backend="aot_eager")
+        got = [step(ids[:, :3]), step(ids[:, 3:6])] + [step(ids[:, t:t + 1]) for t in range(6, 9)]
+    torch.testing.assert_close(torch.cat(got, 1), want)
+
+
+def test_errors():
+    attn = MultiHeadAttention(16, 2, window=3)
+    cache = KVCache(1, 1, 2, 8, 4, rolling=True)
+    with pytest.raises(ValueError, match="cache"):
+        attn(torch.randn(1, 1, 16), cache=cache.layer(0).self_attn)
+    with pytest.raises(ValueError, match="cache"):
+        MultiHeadAttention(16, 2)(torch.randn(1, 1, 16), cache=cache.layer(0).self_attn)
+
+
+def test_short_generation_keeps_a_plain_cache():
+    model = tiny(8)
+    cache = model.new_cache(1, 8)
+    assert not cache.rolling and cache.capacity == 8
+    prompt = torch.randint(0, V, (1, 3))
+    assert torch.equal(model.generate(prompt, 5), model.generate(prompt, 5, use_cache=False))
