@@ -53,12 +53,19 @@ def test_two_processes_equal_one(wrapper, tmp_path):
     if wrapper == "fsdp":
         pytest.importorskip("torch.distributed.fsdp", reason="no FSDP in this torch build")
     out = tmp_path / "state.pt"
-    try:
-        mp.spawn(_worker, args=(str(tmp_path / "init"), str(out), wrapper), nprocs=WORLD)
-    except mp.ProcessRaisedException as e:
-        if wrapper == "fsdp" and "fully_shard" in str(e) and "cpu" in str(e).lower():
-            pytest.skip(f"FSDP on the CPU is not supported by this torch build: {e}")
-        raise
+    for attempt in range(2):
+        try:
+            mp.spawn(_worker, args=(str(tmp_path / f"init{attempt}"), str(out), wrapper), nprocs=WORLD)
+            break
+        except mp.ProcessRaisedException as e:
+            if wrapper == "fsdp" and "fully_shard" in str(e) and "cpu" in str(e).lower():
+                pytest.skip(f"FSDP on the CPU is not supported by this torch build: {e}")
+            raise
+        except mp.ProcessExitedException:
+            # Seen here about 1 run in 6 with FSDP2 + gloo on the CPU: a worker aborts (SIGABRT) in torch's process
+            # group code. One retry; a second abort fails the test.
+            if attempt == 1:
+                raise
     single = _model()
     _step(single, _batch())
     expected = {k.removeprefix("module."): v for k, v in torch.load(out).items()}
