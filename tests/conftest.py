@@ -42,3 +42,14 @@ def run_under_isa(isa: str, code: str) -> None:
                          text=True, env=dict(os.environ, ATEN_CPU_CAPABILITY=isa))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() in (isa, "default")
+
+
+def assert_compiled_training_step_matches(model, loss_fn, *args) -> None:
+    """torch.compile(loss_fn, fullgraph=True) (Inductor) gives eager's loss and parameter gradients."""
+    params = list(model.parameters())
+    eager = loss_fn(*args)
+    grads = torch.autograd.grad(eager, params)
+    loss = torch.compile(loss_fn, fullgraph=True)(*args)
+    torch.testing.assert_close(loss, eager, atol=1e-5, rtol=1e-5)
+    for g, p in zip(grads, torch.autograd.grad(loss, params)):
+        torch.testing.assert_close(p, g, atol=1e-4, rtol=1e-4)

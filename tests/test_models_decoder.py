@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from pytransformer.models import DecoderLM, gpt2_small
+from conftest import assert_compiled_training_step_matches
 
 V = 64
 
@@ -116,13 +117,7 @@ def test_compile_training_step():
 
     def loss_fn(ids):
         return F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
-    eager = loss_fn(ids)
-    grads = torch.autograd.grad(eager, list(model.parameters()))
-    compiled = torch.compile(loss_fn, fullgraph=True)  # Inductor
-    loss = compiled(ids)
-    torch.testing.assert_close(loss, eager, atol=1e-5, rtol=1e-5)
-    for g, p in zip(grads, torch.autograd.grad(loss, list(model.parameters()))):
-        torch.testing.assert_close(p, g, atol=1e-4, rtol=1e-4)
+    assert_compiled_training_step_matches(model, loss_fn, ids)
 
 
 @torch.no_grad()

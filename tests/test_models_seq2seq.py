@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from pytransformer.models import Seq2SeqTransformer, count_parameters, transformer_base
+from conftest import assert_compiled_training_step_matches
 
 V, BOS, EOS = 16, 1, 2
 
@@ -62,12 +63,7 @@ def test_compile_training_step():
     def loss_fn(src, tgt):
         return F.cross_entropy(model(src, tgt[:, :-1], src_key_lengths=torch.tensor([6, 4])).flatten(0, 1),
                                tgt[:, 1:].flatten())
-    eager = loss_fn(src, tgt)
-    grads = torch.autograd.grad(eager, list(model.parameters()))
-    loss = torch.compile(loss_fn, fullgraph=True)(src, tgt)  # Inductor
-    torch.testing.assert_close(loss, eager, atol=1e-5, rtol=1e-5)
-    for g, p in zip(grads, torch.autograd.grad(loss, list(model.parameters()))):
-        torch.testing.assert_close(p, g, atol=1e-4, rtol=1e-4)
+    assert_compiled_training_step_matches(model, loss_fn, src, tgt)
 
 
 @torch.no_grad()
