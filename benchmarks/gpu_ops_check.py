@@ -1,6 +1,8 @@
 """CUDA check of the row kernels on shapes chosen to reach every path (pack/scalar loads, sub-warp, warp and block row
-groups, rows streamed from memory, misaligned rows, masks of every kind, causal rows with nothing visible), against
-float64 references. Outputs are allocated over freed NaN-filled memory so unwritten elements show up as NaN.
+groups, rows streamed from memory, misaligned rows, masks of every kind, causal rows with nothing visible), and of
+attention (forward out and lse, backward grad q/k/v; every mask, GQA/MQA, odd and unequal head dims, Lq != Lk both
+ways, rows that see no key, misaligned and strided operands), against float64 references. Outputs are allocated over
+freed NaN-filled memory so unwritten elements show up as NaN.
 
 Used by benchmarks/gpu_check.sh, also under compute-sanitizer (--quick). Exit code 1 if any case fails.
 """
@@ -155,6 +157,113 @@ def check_softmax(shapes, dtypes, device) -> None:
                         failures.append(tag)
 
 
+# (B, Hq, Hkv, Lq, Lk, D, Dv): Lq = 1, Lk = 1, Lq != Lk both ways, odd D and Dv != D, D = 128, MQA and GQA 4, head
+# dims past the tensor-core limit (SIMT only), lengths spanning several 32-key chunks.
+ATTENTION_SHAPES = [(2, 4, 4, 1, 37, 64, 64), (2, 2, 1, 5, 1, 16, 16), (2, 4, 1, 19, 45, 33, 20), (2, 8, 2, 70, 40, 128, 128),
+                    (1, 4, 1, 100, 260, 64, 64), (2, 4, 4, 257, 257, 80, 80), (1, 2, 2, 33, 65, 256, 256),
+                    (1, 2, 1, 40, 50, 320, 136), (1, 1, 1, 9, 70, 512, 512), (2, 6, 3, 130, 97, 96, 40)]
+ATTENTION_SHAPES_QUICK = [(2, 2, 2, 1, 37, 16, 16), (2, 2, 1, 5, 1, 8, 8), (2, 4, 1, 19, 45, 33, 20),
+                          (2, 4, 2, 40, 23, 24, 24), (1, 2, 1, 6, 9, 136, 264)]
+ATTENTION_MASKS = ["none", "causal", "window", "key_lengths", "bool [B,1,Lq,Lk]", "bool [Lk]", "bool transposed",
+                   "float [B,Hq,Lq,Lk]", "float [Lq,Lk]", "causal+lengths+bool", "window+float"]
+# Operand layouts: contiguous, misaligned (data one element past 16 bytes), strided (q a transposed view of
+# [B, Lq, Hq, D], k expanded over the batch, v with a non-unit last-dim stride). The quick check runs every mask
+# contiguous and these (mask, layout) pairs besides.
+ATTENTION_LAYOUTS = ["contiguous", "misaligned", "strided"]
+ATTENTION_LAYOUT_CASES_QUICK = [("none", "misaligned"), ("causal+lengths+bool", "misaligned"), ("none", "strided"),
+                                ("float [B,Hq,Lq,Lk]", "strided")]
+
+
+def attention_kwargs(kind, b, hq, lq, lk, dtype, device):
+    """Keyword arguments of attention for one mask kind at [B, Hq, Lq, Lk], freshly random."""
+    lengths = torch.randint(1, lk + 1, (b,), device=device)
+    lengths[0] = 0  # a batch row that sees no key
+    keep = torch.rand(b, 1, lq, lk, device=device) > 0.3
+    keep[..., 0, :] = False  # a fully removed row
+    bias = torch.randn(b, hq, lq, lk, device=device).to(dtype)
+    bias[..., -1, : lk // 2] = float("-inf")
+    return {
+        "none": {},
+        "causal": {"causal": True},
+        "window": {"window": 5},
+        "key_lengths": {"key_lengths": lengths.to(torch.int32)},
+        "bool [B,1,Lq,Lk]": {"mask": keep},
+        "bool [Lk]": {"mask": torch.rand(lk, device=device) > 0.5},
+        "bool transposed": {"mask": (torch.rand(b, 1, lk, lq, device=device) > 0.3).transpose(-1, -2)},
+        "float [B,Hq,Lq,Lk]": {"mask": bias},
+        "float [Lq,Lk]": {"mask": torch.randn(lq, lk, device=device).to(dtype)},
+        "causal+lengths+bool": {"causal": True, "key_lengths": lengths, "mask": keep},
+        "window+float": {"window": 7, "mask": torch.randn(lq, lk, device=device).to(dtype)},
+    }[kind]
+
+
+def attention_operands(shape, dtype, device, layout):
+    """q, k, v with values of N(0, 1) rounded to dtype, in the given layout."""
+    b, hq, hkv, lq, lk, d, dv = shape
+    if layout == "strided":
+        q = torch.randn(b, lq, hq, d, dtype=torch.float64).to(device, dtype).transpose(1, 2)
+        k = torch.randn(1, hkv, lk, d, dtype=torch.float64).to(device, dtype).expand(b, hkv, lk, d)
+        v = torch.randn(b, hkv, dv, lk, dtype=torch.float64).to(device, dtype).transpose(-1, -2)
+        return q, k, v
+    q, k, v = (torch.randn(*s, dtype=torch.float64).to(device, dtype)
+               for s in ((b, hq, lq, d), (b, hkv, lk, d), (b, hkv, lk, dv)))
+    if layout == "misaligned":
+        q, k, v = misaligned(q), misaligned(k), misaligned(v)
+    return q, k, v
+
+
+def check_finite_equal(name, out, ref) -> None:
+    """out == ref where ref is -inf (rows that see nothing), relative error elsewhere (lse)."""
+    out, ref = out.double().cpu(), ref.double().cpu()
+    empty = torch.isneginf(ref)
+    if not torch.equal(torch.isneginf(out), empty):
+        print(f"FAIL {name:70s} -inf rows differ", flush=True)
+        failures.append(name)
+        return
+    check(name, out[~empty], ref[~empty], torch.float32)
+
+
+def check_attention(shapes, dtypes, device, quick: bool) -> None:
+    if quick:
+        cases = [(kind, "contiguous") for kind in ATTENTION_MASKS] + ATTENTION_LAYOUT_CASES_QUICK
+    else:
+        cases = [(kind, layout) for kind in ATTENTION_MASKS for layout in ATTENTION_LAYOUTS]
+    for shape in shapes:
+        b, hq, hkv, lq, lk, d, dv = shape
+        for dtype in dtypes:
+            for kind, layout in cases:
+                q, k, v = attention_operands(shape, dtype, device, layout)
+                kwargs = attention_kwargs(kind, b, hq, lq, lk, dtype, device)
+                scale = d ** -0.5
+                # float64 references of the values the kernels see (inputs rounded to dtype)
+                ref_kwargs = {n: (a.double().cpu() if torch.is_tensor(a) and a.is_floating_point() else
+                                  a.cpu() if torch.is_tensor(a) else a) for n, a in kwargs.items()}
+                qr, kr, vr = (t.double().cpu().requires_grad_() for t in (q, k, v))
+                ref = reference.attention(qr, kr, vr, scale=scale, **ref_kwargs)
+                lse_ref = torch.logsumexp(reference.attention_scores(qr.detach(), kr.detach(), scale=scale,
+                                                                     **ref_kwargs), -1)
+                tag = f"{list(shape)} {str(dtype)[6:]} {kind} {layout}"
+                args = (kwargs.get("mask"), kwargs.get("causal", False), kwargs.get("window"),
+                        kwargs.get("key_lengths"), scale)
+                poison(q)
+                out, lse = ops.attention(q, k, v, *args)
+                check(f"attention fwd {tag}", out, ref, dtype)
+                check_finite_equal(f"attention lse {tag}", lse, lse_ref)
+                g = torch.randn(out.shape, dtype=torch.float64).to(device, dtype)
+                grads_ref = torch.autograd.grad(ref, (qr, kr, vr), g.double().cpu())
+                poison(q)
+                grads = ops.attention_backward(g, q, k, v, out, lse, *args)
+                # A zero reference (rows that see one key: P = 1, dS = 0) is compared with rounding-level values at
+                # the scale of |grad_out| * max|q, k, v|.
+                zero_scale = g.double().norm().item() * max(t.detach().abs().max().item() for t in (qr, kr, vr))
+                for name, grad, grad_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
+                    if grad_ref.norm() > 0:
+                        check(f"attention bwd {name} {tag}", grad, grad_ref, dtype)
+                    elif grad.double().norm().item() > TOL[dtype] * zero_scale:
+                        print(f"FAIL attention bwd {name} {tag}: expected zeros", flush=True)
+                        failures.append(f"attention bwd {name} {tag}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="fewer shapes and float32/bfloat16 only (for sanitizers)")
@@ -167,6 +276,7 @@ def main(argv=None) -> int:
         check_softmax(SOFTMAX_SHAPES_QUICK if args.quick else SOFTMAX_SHAPES, dtypes, device)
     else:
         print("masked_softmax is not registered in this build: skipped")
+    check_attention(ATTENTION_SHAPES_QUICK if args.quick else ATTENTION_SHAPES, dtypes, device, args.quick)
     torch.cuda.synchronize()
     print(f"\n{len(failures)} failures" + "".join(f"\n  {f}" for f in failures))
     return 1 if failures else 0

@@ -78,6 +78,16 @@ PT_HOST_DEVICE inline KeyRange visible_keys(const AttentionParams& p, int64_t b,
   return {lo, hi};
 }
 
+// Queries [lo, hi) that causal and window leave seeing key j (key_lengths and the mask are checked separately): the
+// transpose of visible_keys for one key. lo >= hi: none.
+PT_HOST_DEVICE inline KeyRange visible_queries(const AttentionParams& p, int64_t j) {
+  int64_t lo = 0, hi = p.len_q;
+  const int64_t shift = p.len_k - p.len_q;  // query i sits at position i + shift
+  if (p.causal) lo = j - shift > lo ? j - shift : lo;
+  if (p.window > 0) hi = j - shift + p.window < hi ? j - shift + p.window : hi;
+  return {lo, hi};
+}
+
 // Whether causal/window hide some key of [j0, j1) from some query of [i0, i1) (then per-element masking is needed).
 PT_HOST_DEVICE inline bool block_partially_hidden(const AttentionParams& p, int64_t i0, int64_t i1, int64_t j0,
                                                   int64_t j1) {
@@ -158,6 +168,19 @@ inline void check_attention_backward_args(const at::Tensor& grad_out, const at::
                         lse.sizes() == q.sizes().slice(0, 3),
                     "lse: expected the forward's log-sum-exp, ", attention_acc_dtype(q), " of shape ",
                     q.sizes().slice(0, 3), ", got ", lse.scalar_type(), " of shape ", lse.sizes());
+}
+
+// The mask as [B, Hq, Lq, Lk] strides over its own storage (float masks converted to the accumulation type), or an
+// undefined tensor.
+inline at::Tensor prepare_mask(const std::optional<at::Tensor>& mask, const at::Tensor& q, int64_t len_k) {
+  if (!mask) return at::Tensor();
+  at::Tensor m = mask->scalar_type() == at::kBool ? *mask : mask->to(attention_acc_dtype(q));
+  return m.expand({q.size(0), q.size(1), q.size(2), len_k});
+}
+
+// key_lengths as int64, contiguous, or an undefined tensor.
+inline at::Tensor prepare_key_lengths(const std::optional<at::Tensor>& key_lengths) {
+  return key_lengths ? key_lengths->to(at::kLong).contiguous() : at::Tensor();
 }
 
 // Sets ptr and the [B, H, L] strides of `t` ([B, H, L, *] with a contiguous last dim).

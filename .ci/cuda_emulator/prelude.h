@@ -150,3 +150,10 @@ inline float __expf(float x) { return std::exp(x); }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
+
+// ---- attention (csrc/cuda/attention*.cu*): a barrier of the lanes of `mask` in this warp ----
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  const unsigned warp = emu::linear_tid() / 32;
+  emu::arrive_and_wait(
+      emu::shuffle_barriers.try_emplace({warp, mask}, emu::Barrier{__builtin_popcount(mask)}).first->second);
+}

@@ -1,4 +1,4 @@
-"""Runs the CUDA row kernels (csrc/cuda: norms, masked_softmax) on the CPU, without a GPU, through a host emulator.
+"""Runs the CUDA kernels (csrc/cuda: norms, masked_softmax, attention) on the CPU, without a GPU, through a host emulator.
 
 csrc/cuda/*.cu and *.cuh are rewritten (launches `k<<<g, b, s, st>>>(args)` -> `emu::launcher(k, g, b, s, st)(args)`,
 no device guard or stream, ops registered for the CPU under torch.ops.pytransformer_emu with the schemas of
@@ -84,6 +84,8 @@ def main(argv=None) -> int:
         check.check_norms(check.NORM_SHAPES if args.full else check.NORM_SHAPES_QUICK, dtypes, "cpu")
     if hasattr(emu, "masked_softmax"):
         check.check_softmax(check.SOFTMAX_SHAPES if args.full else check.SOFTMAX_SHAPES_QUICK, dtypes, "cpu")
+    if hasattr(emu, "attention"):
+        check.check_attention(check.ATTENTION_SHAPES_QUICK, dtypes, "cpu", quick=True)  # --full too: fibers are slow
     print(f"\n{len(check.failures)} failures ({time.time() - start:.0f} s)")
     return 1 if check.failures else 0
 

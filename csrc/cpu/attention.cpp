@@ -372,17 +372,6 @@ at::Tensor prepare(const at::Tensor& t, at::ScalarType acc, bool pad) {
   return pad && width != n ? at::constant_pad_nd(r, {0, width - n}) : r;
 }
 
-// The mask as [B, Hq, Lq, Lk] strides over its own storage (float masks converted to the accumulation type).
-at::Tensor prepare_mask(const std::optional<at::Tensor>& mask, const at::Tensor& q, int64_t len_k) {
-  if (!mask) return at::Tensor();
-  at::Tensor m = mask->scalar_type() == at::kBool ? *mask : mask->to(attention_acc_dtype(q));
-  return m.expand({q.size(0), q.size(1), q.size(2), len_k});
-}
-
-at::Tensor prepare_key_lengths(const std::optional<at::Tensor>& key_lengths) {
-  return key_lengths ? key_lengths->to(at::kLong).contiguous() : at::Tensor();
-}
-
 std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                  const std::optional<at::Tensor>& mask, bool causal,
                                                  std::optional<int64_t> window,

@@ -49,11 +49,9 @@ def masked_softmax(scores: Tensor, mask=None, *, scale: float = 1.0, causal: boo
     return softmax_rows(s)
 
 
-def attention(q, k, v, *, mask=None, causal=False, window=None, key_lengths=None, scale=None) -> Tensor:
-    """Materialised attention: q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] -> [B, Hq, Lq, Dv]."""
-    hq, hkv = q.shape[1], k.shape[1]
-    k = k.repeat_interleave(hq // hkv, dim=1)
-    v = v.repeat_interleave(hq // hkv, dim=1)
+def attention_scores(q, k, *, mask=None, causal=False, window=None, key_lengths=None, scale=None) -> Tensor:
+    """Scaled, masked scores [B, Hq, Lq, Lk] of attention (-inf where a key is hidden); logsumexp gives its lse."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = _apply_mask(torch.matmul(q, k.transpose(-1, -2)) * scale, mask)
     lq, lk = q.shape[-2], k.shape[-2]
@@ -62,7 +60,13 @@ def attention(q, k, v, *, mask=None, causal=False, window=None, key_lengths=None
     if key_lengths is not None:
         pad = torch.arange(lk, device=s.device)[None, :] >= key_lengths.to(s.device)[:, None]  # [B, Lk]
         s = s.masked_fill(pad[:, None, None, :], float("-inf"))
-    return torch.matmul(softmax_rows(s), v)
+    return s
+
+
+def attention(q, k, v, *, mask=None, causal=False, window=None, key_lengths=None, scale=None) -> Tensor:
+    """Materialised attention: q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] -> [B, Hq, Lq, Dv]."""
+    s = attention_scores(q, k, mask=mask, causal=causal, window=window, key_lengths=key_lengths, scale=scale)
+    return torch.matmul(softmax_rows(s), v.repeat_interleave(q.shape[1] // v.shape[1], dim=1))
 
 
 def decode_attention(q, k_cache, v_cache, cache_lengths, *, scale=None, window=None) -> Tensor:
