@@ -7,7 +7,8 @@
 #   bash benchmarks/gpu_check.sh                 # every step
 #   bash benchmarks/gpu_check.sh test bench      # only these steps (the build is kept between runs on a warm machine)
 #
-# Steps: env build test opscheck memcheck racecheck synccheck initcheck bandwidth bench alltests
+# Steps: env build test opscheck memcheck racecheck synccheck initcheck bandwidth bench alltests, and `attention` (not
+# in the default list: the attention cases of the path check and the CUDA attention tests alone, for iterating on it).
 # Everything takes longer than one 10-minute device call: run it in parts, e.g. `env build test opscheck`, then
 # `memcheck racecheck synccheck initcheck`, then `bandwidth bench alltests`. Steps stop at TIME_BUDGET seconds from the
 # start (default 570, inside a 600-second call) so that the summary is always written; later steps are skipped.
@@ -88,11 +89,15 @@ for step in "${STEPS[@]}"; do
         "import pytransformer as pt; assert pt.with_cuda(), 'the extension was built without CUDA'; print('with_cuda: True')" \
         || BUILD_OK=0
       ;;
-    test | opscheck | memcheck | racecheck | synccheck | initcheck | bench | alltests)
+    test | opscheck | attention | memcheck | racecheck | synccheck | initcheck | bench | alltests)
       if [ $BUILD_OK -eq 0 ]; then skip_step "$step" "build failed"; continue; fi
       case $step in
         test) run_step test "$PYTHON" -m pytest -q -m cuda tests -rfE --junitxml="$OUT/test.xml" ;;
         opscheck) run_step opscheck "$PYTHON" benchmarks/gpu_ops_check.py ;;
+        attention)
+          run_step attention_opscheck "$PYTHON" benchmarks/gpu_ops_check.py --ops attention
+          run_step attention_test "$PYTHON" -m pytest -q -m cuda tests/test_attention.py -rfE
+          ;;
         memcheck) run_step memcheck "${SANITIZE[@]}" --tool memcheck "${OPS_QUICK[@]}" ;;
         racecheck) run_step racecheck "${SANITIZE[@]}" --tool racecheck --racecheck-report analysis "${OPS_QUICK[@]}" ;;
         synccheck) run_step synccheck "${SANITIZE[@]}" --tool synccheck "${OPS_QUICK[@]}" ;;
@@ -112,6 +117,9 @@ for step in "${STEPS[@]}"; do
               run_step "bench_${name}_$dtype" "$PYTHON" "$script" "${args[@]}"
             done
           done
+          # attention in bf16 only (head dims 64 and 128, L 512..16k, vs SDPA flash and cuDNN)
+          run_step bench_attention_bfloat16 "$PYTHON" benchmarks/bench_attention.py --device cuda --dtype bfloat16 \
+            --runs 10 --record "$OUT/bench_attention_bfloat16.md"
           ;;
         alltests) run_step alltests "$PYTHON" -m pytest -q tests -rfE --junitxml="$OUT/alltests.xml" ;;
       esac

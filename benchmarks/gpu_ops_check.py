@@ -267,16 +267,17 @@ def check_attention(shapes, dtypes, device, quick: bool) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="fewer shapes and float32/bfloat16 only (for sanitizers)")
+    p.add_argument("--ops", nargs="+", choices=["norm", "softmax", "attention"], default=["norm", "softmax", "attention"])
     args = p.parse_args(argv)
     torch.manual_seed(0)
     device = "cuda"
     dtypes = [torch.float32, torch.bfloat16] if args.quick else DTYPES
-    check_norms(NORM_SHAPES_QUICK if args.quick else NORM_SHAPES, dtypes, device)
-    if hasattr(ops, "masked_softmax"):
+    if "norm" in args.ops:
+        check_norms(NORM_SHAPES_QUICK if args.quick else NORM_SHAPES, dtypes, device)
+    if "softmax" in args.ops:
         check_softmax(SOFTMAX_SHAPES_QUICK if args.quick else SOFTMAX_SHAPES, dtypes, device)
-    else:
-        print("masked_softmax is not registered in this build: skipped")
-    check_attention(ATTENTION_SHAPES_QUICK if args.quick else ATTENTION_SHAPES, dtypes, device, args.quick)
+    if "attention" in args.ops:
+        check_attention(ATTENTION_SHAPES_QUICK if args.quick else ATTENTION_SHAPES, dtypes, device, args.quick)
     torch.cuda.synchronize()
     print(f"\n{len(failures)} failures" + "".join(f"\n  {f}" for f in failures))
     return 1 if failures else 0

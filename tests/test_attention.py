@@ -275,3 +275,100 @@ def test_backward_bad_inputs_raise():
 
 def test_exported():
     assert pytransformer.ops.attention is attention
+
+
+# ---- CUDA only (skipped without a GPU and a CUDA build) ----
+cuda = pytest.mark.cuda
+needs_cuda = pytest.mark.skipif(not (torch.cuda.is_available() and pytransformer.with_cuda()),
+                                reason="needs a GPU and a CUDA build")
+
+
+def _rel_err(actual, expected):
+    return ((actual.double() - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+
+
+def _sdpa_mask(kind, b, lq, lk, dtype, device):
+    """(our keyword arguments, the same mask as an SDPA attn_mask [B, 1, Lq, Lk] or None); every row sees a key. A
+    float mask is rounded to dtype for both."""
+    if kind == "none":
+        return {}, None
+    if kind == "causal":
+        return {"causal": True}, reference.causal_mask(lq, lk, device=device)
+    if kind == "bool":
+        keep = torch.rand(b, 1, lq, lk, device=device) < 0.7
+        keep[..., 0] = True
+        return {"mask": keep}, keep
+    if kind == "float":
+        bias = torch.randn(b, 1, lq, lk, device=device).to(dtype)
+        return {"mask": bias}, bias
+    assert kind == "key_lengths"
+    lengths = torch.randint(1, lk + 1, (b,), device=device)
+    return {"key_lengths": lengths}, (torch.arange(lk, device=device) < lengths[:, None])[:, None, None, :]
+
+
+@cuda
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 128, 256])
+@pytest.mark.parametrize("kind", ["none", "causal", "bool", "float", "key_lengths"])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2), (4, 1)], ids=lambda h: f"Hq{h[0]}-Hkv{h[1]}")
+def test_cuda_low_precision_error_within_twice_sdpa(dtype, head_dim, kind, heads):
+    """Forward and gradients in bf16/fp16: error vs float64 at most 2x that of F.scaled_dot_product_attention."""
+    hq, hkv = heads
+    b, lq, lk = 2, 200, 200 if kind == "causal" else 173
+    q, k, v = (torch.randn(b, h, n, head_dim, device="cuda", dtype=dtype, requires_grad=True)
+               for h, n in ((hq, lq), (hkv, lk), (hkv, lk)))
+    kwargs, sdpa_mask = _sdpa_mask(kind, b, lq, lk, dtype, "cuda")
+    grad = torch.randn(b, hq, lq, head_dim, device="cuda", dtype=dtype)
+    out = attention(q, k, v, **kwargs)
+    ours = (out, *torch.autograd.grad(out, (q, k, v), grad))
+    ref_out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, enable_gqa=hkv != hq)
+    theirs = (ref_out, *torch.autograd.grad(ref_out, (q, k, v), grad))
+    expected = _reference(q, k, v, grad, **kwargs)
+    for name, a, t, e in zip(("out", "grad_q", "grad_k", "grad_v"), ours, theirs, expected):
+        ours_err, sdpa_err = _rel_err(a, e), _rel_err(t, e)
+        assert ours_err <= 2 * sdpa_err + 1e-6, f"{name}: error {ours_err:.3g} vs SDPA's {sdpa_err:.3g}"
+
+
+@cuda
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_deterministic_backward_is_bitwise_reproducible(dtype):
+    q, k, v = _inputs((2, 8, 2, 300, 300, 64, 64), dtype, "cuda")
+    grad = torch.randn(2, 8, 300, 64, device="cuda", dtype=dtype)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = [torch.autograd.grad(attention(q, k, v, causal=True), (q, k, v), grad) for _ in range(2)]
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    for first, second in zip(*runs):
+        assert torch.equal(first, second)
+
+
+@cuda
+@needs_cuda
+def test_cuda_compile_fullgraph_forward_backward():
+    q, k, v = _inputs((2, 4, 2, 40, 48, 64, 64), torch.bfloat16, "cuda")
+    lengths = torch.tensor([48, 13], device="cuda")
+
+    def f(q, k, v):
+        return attention(q, k, v, causal=True, key_lengths=lengths).float().square().sum()
+
+    loss = torch.compile(f, fullgraph=True)(q, k, v)
+    grads = torch.autograd.grad(loss, (q, k, v))
+    loss_eager = f(q, k, v)
+    grads_eager = torch.autograd.grad(loss_eager, (q, k, v))
+    torch.testing.assert_close(loss, loss_eager)
+    for g, ge in zip(grads, grads_eager):
+        torch.testing.assert_close(g, ge)
+
+
+@cuda
+@needs_cuda
+def test_cuda_head_dim_limit_raises():
+    q = torch.randn(1, 1, 4, 520, device="cuda")
+    with pytest.raises(ValueError, match="q"):
+        attention(q, q, q)
+    with pytest.raises(ValueError, match="float64"):
+        attention(q.double(), q.double(), q.double())
