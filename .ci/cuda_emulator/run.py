@@ -1,4 +1,5 @@
-"""Runs the CUDA kernels (csrc/cuda: norms, masked_softmax, attention) on the CPU, without a GPU, through a host emulator.
+"""Runs the CUDA kernels (csrc/cuda: norms, masked_softmax, attention) on the CPU, without a GPU, through a host
+emulator.
 
 csrc/cuda/*.cu and *.cuh are rewritten (launches `k<<<g, b, s, st>>>(args)` -> `emu::launcher(k, g, b, s, st)(args)`,
 no device guard or stream, ops registered for the CPU under torch.ops.pytransformer_emu with the schemas of
