@@ -10,7 +10,10 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <array>
 #include <functional>
 #include <map>
 #include <utility>
@@ -74,10 +77,57 @@ inline void fiber_entry() {
   progressed = true;
 }
 
+// ---- warp collectives, dynamic shared memory, cp.async (for the tensor-core kernels, see mma.cuh here) ----
+
+// Every lane of the calling warp passes `mine`; each gets all 32 values, indexed by lane. All 32 lanes must call.
+template <class V>
+std::array<V, 32> warp_exchange(const V& mine) {
+  static std::map<unsigned, std::array<V, 32>> slots;  // per warp
+  const unsigned tid = linear_tid(), warp = tid / 32;
+  Barrier& b = shuffle_barriers.try_emplace({warp, 0xffffffffu}, Barrier{32}).first->second;
+  slots[warp][tid % 32] = mine;
+  arrive_and_wait(b);
+  const std::array<V, 32> all = slots[warp];
+  arrive_and_wait(b);
+  return all;
+}
+
+inline std::map<const void*, size_t> max_dynamic_smem;  // set by cudaFuncSetAttribute (stubs.cpp)
+inline std::vector<unsigned char> dynamic_smem_buffer;
+inline unsigned char* dynamic_smem;
+
+// cp.async: copies queued per thread in commit groups, landing when the thread waits for their group.
+struct AsyncCopy {
+  void* dst;
+  unsigned char bytes[16];
+  size_t n;
+};
+inline std::vector<std::vector<std::vector<AsyncCopy>>> async_groups;  // [thread][group] (last: not committed yet)
+inline std::vector<std::vector<AsyncCopy>>& thread_groups() {
+  const unsigned tid = linear_tid();
+  if (async_groups.size() <= tid) async_groups.resize(tid + 1);
+  if (async_groups[tid].empty()) async_groups[tid].emplace_back();
+  return async_groups[tid];
+}
+inline void async_copy(void* dst, const void* src, size_t n) {  // src == nullptr: zeros
+  AsyncCopy c{dst, {}, n};
+  if (src) std::memcpy(c.bytes, src, n);
+  thread_groups().back().push_back(c);
+}
+inline void async_commit() { thread_groups().emplace_back(); }
+inline void async_wait(int pending) {
+  auto& groups = thread_groups();
+  const int committed = int(groups.size()) - 1;
+  for (int i = 0; i < committed - pending; ++i)
+    for (const AsyncCopy& c : groups[i]) std::memcpy(c.dst, c.bytes, c.n);
+  if (committed > pending) groups.erase(groups.begin(), groups.begin() + (committed - pending));
+}
+
 inline void run_block(dim3 block, uint3 block_idx) {
   const unsigned n = block.x * block.y * block.z;
   while (fibers.size() < n) fibers.push_back({{}, static_cast<char*>(malloc(kStackBytes)), true});
   block_barrier = Barrier{int(n)};
+  async_groups.clear();
   shuffle_barriers.clear();
   blockIdx = block_idx;
   for (unsigned t = 0; t < n; ++t) {
@@ -99,6 +149,14 @@ inline void run_block(dim3 block, uint3 block_idx) {
       swapcontext(&scheduler, &fibers[t].ctx);
       live += !fibers[t].done;
     }
+    if (!live)
+      for (auto& groups : async_groups)
+        for (auto& group : groups)
+          if (!group.empty()) {
+            fprintf(stderr, "emu: block (%u, %u, %u) ended with cp.async copies never waited for\n", block_idx.x,
+                    block_idx.y, block_idx.z);
+            abort();
+          }
     if (live && !progressed) {
       fprintf(stderr, "emu: deadlock in block (%u, %u, %u): %u threads wait forever\n", block_idx.x, block_idx.y,
               block_idx.z, live);
@@ -110,12 +168,16 @@ inline void run_block(dim3 block, uint3 block_idx) {
 template <class... Params, class... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t, Args&&... args) {
   const unsigned n = block.x * block.y * block.z;
-  if (smem != 0 || n == 0 || n > 1024 || n % 32 || !grid.x || !grid.y || !grid.z) {
+  const auto limit = max_dynamic_smem.find(reinterpret_cast<const void*>(kernel));
+  const size_t allowed = limit == max_dynamic_smem.end() ? 48 * 1024 : limit->second;
+  if (smem > allowed || n == 0 || n > 1024 || n % 32 || !grid.x || !grid.y || !grid.z) {
     fprintf(stderr, "emu: unsupported launch: grid (%u, %u, %u), block of %u threads, %zu bytes of dynamic smem\n",
             grid.x, grid.y, grid.z, n, smem);
     abort();
   }
   gridDim = grid, blockDim = block;
+  dynamic_smem_buffer.assign(smem + 16, 0xff);  // NaN-filled for every 16-bit and 32-bit float type
+  dynamic_smem = dynamic_smem_buffer.data() + (16 - reinterpret_cast<uintptr_t>(dynamic_smem_buffer.data()) % 16) % 16;
   body = [&] { kernel(args...); };
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
@@ -156,4 +218,16 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) {
   const unsigned warp = emu::linear_tid() / 32;
   emu::arrive_and_wait(
       emu::shuffle_barriers.try_emplace({warp, mask}, emu::Barrier{__builtin_popcount(mask)}).first->second);
+}
+
+inline float atomicAdd(float* address, float v) {  // fibers never run at once: a plain update is atomic
+  const float old = *address;
+  *address = old + v;
+  return old;
+}
+
+// nvcc's runtime header has this overload for kernels; a host compile sees only the const void* one.
+template <class... Params>
+cudaError_t cudaFuncSetAttribute(void (*kernel)(Params...), cudaFuncAttribute attr, int value) {
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
 }

@@ -30,6 +30,8 @@ def rewrite(text: str) -> str:
     text = LAUNCH.sub(lambda m: f"emu::launcher({m.group(1)}, {m.group(2)})(", text)
     text = re.sub(r"c10::cuda::CUDAGuard guard\([^;]*\);", "", text)
     text = text.replace("c10::cuda::getCurrentCUDAStream()", "cudaStream_t{}")
+    text = re.sub(r"extern __shared__ (?:__align__\(\d+\) )?([\w ]+?) (\w+)\[\];",
+                  r"\1* \2 = reinterpret_cast<\1*>(emu::dynamic_smem);", text)
     text = text.replace("TORCH_LIBRARY_IMPL(pytransformer, CUDA, m)", "TORCH_LIBRARY_IMPL(pytransformer_emu, CPU, m)")
     return re.sub(r"#include <c10/cuda/CUDA(Guard|Stream)\.h>\n", "", text)
 
@@ -55,7 +57,8 @@ def build():
     sources = [HERE / "stubs.cpp"]
     for f in sorted((ROOT / "csrc" / "cuda").iterdir()):
         if f.suffix == ".cuh":
-            (src / "csrc" / "cuda" / f.name).write_text(rewrite(f.read_text()))
+            origin = HERE / f.name if f.name == "mma.cuh" else f  # inline PTX: the emulator's mma.cuh stands in
+            (src / "csrc" / "cuda" / f.name).write_text(rewrite(origin.read_text()))
         elif f.suffix == ".cu":
             sources.append(src / "csrc" / "cuda" / f"{f.stem}_cu.cpp")
             sources[-1].write_text('#include "prelude.h"\n' + rewrite(f.read_text()))

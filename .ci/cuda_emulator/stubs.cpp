@@ -36,3 +36,8 @@ TORCH_LIBRARY_FRAGMENT(pytransformer_emu, m) {
     emu::blocks_per_sm = static_cast<int>(blocks);
   });
 }
+
+extern "C" cudaError_t cudaFuncSetAttribute(const void* func, enum cudaFuncAttribute attr, int value) {
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) emu::max_dynamic_smem[func] = static_cast<size_t>(value);
+  return cudaSuccess;
+}

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <type_traits>
 
 #include "attention_kernels.cuh"
 #include "attention_simt.cuh"
@@ -42,11 +43,8 @@ constexpr int64_t kMmaDimMultiple = 8;
 
 int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
-// Whether the tensor-core kernels take a call: float16/bfloat16 with D and Dv within the largest of kMmaHeadDims.
-bool use_mma(const at::Tensor& q, int64_t dim, int64_t dim_v) {
-  const bool half = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
-  return half && std::max(dim, dim_v) <= std::end(kMmaHeadDims)[-1];
-}
+// Whether the tensor-core kernels take a float16/bfloat16 call: D and Dv within the largest of kMmaHeadDims.
+bool use_mma(int64_t dim, int64_t dim_v) { return std::max(dim, dim_v) <= std::end(kMmaHeadDims)[-1]; }
 
 // The smallest of kMmaHeadDims that holds rows of `dim` elements (dim <= the largest, see use_mma).
 int mma_head_dim(int64_t dim) { return *std::lower_bound(std::begin(kMmaHeadDims), std::end(kMmaHeadDims), dim); }
@@ -99,7 +97,7 @@ void unpad_into(const at::Tensor& out, const at::Tensor& padded) {
 
 // The float32 grad_q accumulator of the tensor-core backward: zeroed [B, Hq, Lq, Dp], or undefined (nullptr for the
 // kernel) in deterministic mode, where a second kernel writes grad_q without atomics. grad_q is then copied from it.
-[[maybe_unused]] at::Tensor mma_dq_accum(const at::Tensor& q, int64_t padded_dim) {
+at::Tensor mma_dq_accum(const at::Tensor& q, int64_t padded_dim) {
   if (at::globalContext().deterministicAlgorithms()) return at::Tensor();
   return at::zeros({q.size(0), q.size(1), q.size(2), padded_dim}, q.options().dtype(at::kFloat));
 }
@@ -124,21 +122,23 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   dispatch_float_types(q.scalar_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if (use_mma(q, D, Dv)) {
-      const int64_t Dp = round_up(D, kMmaDimMultiple), Dvp = round_up(Dv, kMmaDimMultiple);
-      const at::Tensor q_ = mma_operand(q, Dp), k_ = mma_operand(k, Dp), v_ = mma_operand(v, Dvp);
-      const at::Tensor out_ = padded_output(out, Dvp);
-      const AttentionParams p =
-          make_attention_params(q_, k_, v_, out_, lse, mask_, causal, window, lengths, Dp, Dvp, scale);
-      dispatch_mma_head_dim(mma_head_dim(std::max(Dp, Dvp)), [&](auto) {
-        attention_simt_fwd<T>(p, stream);  // until the lead plugs in attention_mma_fwd<T, kHeadDim>(p, stream)
-      });
-      unpad_into(out, out_);
-    } else {
-      const at::Tensor q_ = simt_operand(q), k_ = simt_operand(k), v_ = simt_operand(v);
-      attention_simt_fwd<T>(make_attention_params(q_, k_, v_, out, lse, mask_, causal, window, lengths, D, Dv, scale),
-                            stream);
+    if constexpr (!std::is_same_v<T, float>) {
+      if (use_mma(D, Dv)) {
+        const int64_t Dp = round_up(D, kMmaDimMultiple), Dvp = round_up(Dv, kMmaDimMultiple);
+        const at::Tensor q_ = mma_operand(q, Dp), k_ = mma_operand(k, Dp), v_ = mma_operand(v, Dvp);
+        const at::Tensor out_ = padded_output(out, Dvp);
+        const AttentionParams p =
+            make_attention_params(q_, k_, v_, out_, lse, mask_, causal, window, lengths, Dp, Dvp, scale);
+        dispatch_mma_head_dim(mma_head_dim(std::max(Dp, Dvp)), [&](auto head_dim) {
+          attention_mma_fwd<T, decltype(head_dim)::value>(p, stream);
+        });
+        unpad_into(out, out_);
+        return;
+      }
     }
+    const at::Tensor q_ = simt_operand(q), k_ = simt_operand(k), v_ = simt_operand(v);
+    attention_simt_fwd<T>(make_attention_params(q_, k_, v_, out, lse, mask_, causal, window, lengths, D, Dv, scale),
+                          stream);
   });
   return {out, lse};
 }
@@ -179,24 +179,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
       }
       kernel(bp);
     };
-    if (use_mma(q, D, Dv)) {
-      const int64_t Dp = round_up(D, kMmaDimMultiple), Dvp = round_up(Dv, kMmaDimMultiple);
-      const at::Tensor q_ = mma_operand(q, Dp), k_ = mma_operand(k, Dp), v_ = mma_operand(v, Dvp);
-      const at::Tensor go_ = mma_operand(grad_out, Dvp), out_ = mma_operand(out, Dvp);
-      const at::Tensor gq_ = padded_output(gq, Dp), gk_ = padded_output(gk, Dp), gv_ = padded_output(gv, Dvp);
-      run(q_, k_, v_, go_, out_, gq_, gk_, gv_, Dp, Dvp, [&](const AttentionBackwardParams& bp) {
-        dispatch_mma_head_dim(mma_head_dim(std::max(Dp, Dvp)), [&](auto) {
-          // the lead plugs in attention_mma_bwd<T, kHeadDim>(bp, delta, mma_dq_accum(q, Dp) or nullptr, stream) here
-          attention_simt_bwd<T>(bp, delta.const_data_ptr<float>(), stream);
-        });
-      });
-      unpad_into(gq, gq_), unpad_into(gk, gk_), unpad_into(gv, gv_);
-    } else {
-      run(simt_operand(q), simt_operand(k), simt_operand(v), simt_operand(grad_out), simt_operand(out), gq, gk, gv, D,
-          Dv, [&](const AttentionBackwardParams& bp) {
-            attention_simt_bwd<T>(bp, delta.const_data_ptr<float>(), stream);
+    if constexpr (!std::is_same_v<T, float>) {
+      if (use_mma(D, Dv)) {
+        const int64_t Dp = round_up(D, kMmaDimMultiple), Dvp = round_up(Dv, kMmaDimMultiple);
+        const at::Tensor q_ = mma_operand(q, Dp), k_ = mma_operand(k, Dp), v_ = mma_operand(v, Dvp);
+        const at::Tensor go_ = mma_operand(grad_out, Dvp), out_ = mma_operand(out, Dvp);
+        const at::Tensor gq_ = padded_output(gq, Dp), gk_ = padded_output(gk, Dp), gv_ = padded_output(gv, Dvp);
+        const at::Tensor dq_accum = mma_dq_accum(q, Dp);  // [B, Hq, Lq, Dp] float32, undefined when deterministic
+        run(q_, k_, v_, go_, out_, gq_, gk_, gv_, Dp, Dvp, [&](const AttentionBackwardParams& bp) {
+          dispatch_mma_head_dim(mma_head_dim(std::max(Dp, Dvp)), [&](auto head_dim) {
+            attention_mma_bwd<T, decltype(head_dim)::value>(
+                bp, delta.const_data_ptr<float>(), dq_accum.defined() ? dq_accum.mutable_data_ptr<float>() : nullptr,
+                stream);
           });
+        });
+        if (dq_accum.defined()) gq_.copy_(dq_accum);
+        unpad_into(gq, gq_), unpad_into(gk, gk_), unpad_into(gv, gv_);
+        return;
+      }
     }
+    run(simt_operand(q), simt_operand(k), simt_operand(v), simt_operand(grad_out), simt_operand(out), gq, gk, gv, D,
+        Dv, [&](const AttentionBackwardParams& bp) { attention_simt_bwd<T>(bp, delta.const_data_ptr<float>(), stream); });
   });
   return {gq, gk, gv};
 }

@@ -1,0 +1,525 @@
+#pragma once
+// Tensor-core attention for float16/bfloat16 (FlashAttention-2 style), instantiated per head dim in
+// attention_hdim<D>.cu. Contract (shapes, conventions, alignment): attention_kernels.cuh; masks: attention.h.
+//
+// Every product is warp-level mma.sync m16n8k16 (mma.cuh) on tiles in shared memory (rows padded by 16 bytes, so
+// that the 8 row addresses of an ldmatrix fall in distinct banks), float32 accumulators in registers; operands
+// arrive by cp.async (zero-filled past the ends of the tensors and past D / Dv, so padding contributes zeros).
+// Scores are handled in log2 units: x = s * scale * log2(e) (+ float mask * log2(e)), p = exp2(x - max).
+//
+//   forward      block = kFwdBlockM queries of one (b, h), 16 per warp; loops over key tiles with an online
+//                softmax; K of the next tile is loaded while P V runs, V while Q K^T runs.
+//   backward     block = kBwdBlockN keys of one (b, K/V head), 16 per warp, dK and dV in registers; loops over the
+//                GQA group's query heads and the query tiles that see the keys, recomputing P^T from lse:
+//                  S^T = K Q^T,  P^T = exp2(x - lse),  dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T (dP^T - delta),
+//                  dK += dS^T Q,  and (atomic mode) dQ += dS K through shared memory and float32 atomics.
+//   backward dQ  deterministic mode: block = kFwdBlockM queries, loops over key tiles: dQ = sum dS K, no atomics.
+#include <c10/cuda/CUDAException.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "attention_kernels.cuh"
+#include "common.cuh"
+#include "mma.cuh"
+
+namespace pytransformer::cuda {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Tile shapes of the kernels for one head dim (kHeadDim: the instantiation's head dim, >= D and Dv).
+template <int kHeadDim>
+struct MmaTiles {
+  static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256);
+  static constexpr int kLd = kHeadDim + 8;  // shared-memory row: +16 bytes, conflict-free ldmatrix (kHeadDim % 16 == 0)
+  static constexpr int kFwdWarps = 4;
+  static constexpr int kFwdBlockM = 16 * kFwdWarps;
+  static constexpr int kFwdBlockN = kHeadDim <= 128 ? 64 : 32;
+  static constexpr int kBwdWarps = kHeadDim <= 128 ? 8 : 4;
+  static constexpr int kBwdBlockN = 16 * kBwdWarps;
+  static constexpr int kBwdBlockM = 64;
+  static constexpr int kLdS = kBwdBlockM + 8;  // the dS^T tile [kBwdBlockN][kBwdBlockM] of the atomic-dQ backward
+};
+
+// Rows [0, kRows) x columns [0, kCols) of a tile into shared memory (row pitch ld_s) from global rows g + r * ld_g,
+// asynchronously; rows >= rows_valid and columns >= cols_valid (a multiple of 8) are zero-filled.
+template <int kRows, int kCols, int kThreads, typename T>
+__device__ __forceinline__ void load_tile(T* s, int ld_s, const T* g, int64_t ld_g, int64_t rows_valid,
+                                          int64_t cols_valid) {
+  constexpr int kChunksPerRow = kCols / 8, kChunks = kRows * kChunksPerRow;
+#pragma unroll
+  for (int it = 0; it < (kChunks + kThreads - 1) / kThreads; ++it) {
+    const int c = it * kThreads + threadIdx.x;
+    if (kChunks % kThreads != 0 && c >= kChunks) break;
+    const int r = c / kChunksPerRow, col = c % kChunksPerRow * 8;
+    const bool valid = r < rows_valid && col < cols_valid;
+    cp_async_16(s + r * ld_s + col, valid ? g + r * ld_g + col : g, valid);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ const T* operand_row(const void* base, const int64_t (&stride)[3], int64_t b, int64_t h,
+                                                int64_t i) {
+  return static_cast<const T*>(base) + b * stride[0] + h * stride[1] + i * stride[2];
+}
+
+// Keys past the row's end: min(Lk, key_lengths[b]).
+__device__ __forceinline__ int64_t key_end(const AttentionParams& p, int64_t b) {
+  return p.key_lengths && p.key_lengths[b] < p.len_k ? p.key_lengths[b] : p.len_k;
+}
+
+// Whether the tile of queries [i0, i1) x keys [j0, j1) needs no per-element masking.
+__device__ __forceinline__ bool tile_is_clean(const AttentionParams& p, int64_t b, int64_t i0, int64_t i1, int64_t j0,
+                                              int64_t j1) {
+  return p.mask_kind == MaskKind::kNone && j1 <= key_end(p, b) && !block_partially_hidden(p, i0, i1, j0, j1);
+}
+
+// Score s of query i, key j in log2 units, or -inf where the key is hidden (queries past Lq see nothing).
+__device__ __forceinline__ float masked_score(const AttentionParams& p, float s, float scale_log2, int64_t b,
+                                              int64_t h, int64_t i, int64_t j, int64_t keys_end) {
+  if (i >= p.len_q || j >= keys_end) return -INFINITY;
+  const int64_t pos = query_position(p, i);
+  if (p.causal && (j > pos || (p.window > 0 && j <= pos - p.window))) return -INFINITY;
+  float x = s * scale_log2;
+  if (p.mask_kind != MaskKind::kNone) {
+    const int64_t at = b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2] + j * p.mask_stride[3];
+    if (p.mask_kind == MaskKind::kBool) {
+      if (!static_cast<const bool*>(p.mask)[at]) return -INFINITY;
+    } else {
+      x += static_cast<const float*>(p.mask)[at] * kLog2e;
+    }
+  }
+  return x;
+}
+
+// A warp's score tile acc [16 rows][kNT * 8 columns] (rows row0.., columns col0..) to log2 units, masked unless
+// `clean`. kKeysAreRows: rows are keys and columns queries (the backward's S^T), else the other way round.
+template <bool kKeysAreRows, int kNT>
+__device__ __forceinline__ void scale_and_mask(float (&acc)[kNT][4], const AttentionParams& p, int64_t b, int64_t h,
+                                               int64_t row0, int64_t col0, bool clean, float scale_log2) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  const int64_t keys_end = key_end(p, b);
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t r = row0 + g + 8 * (e / 2), c = col0 + nt * 8 + 2 * t + e % 2;
+      acc[nt][e] = clean ? acc[nt][e] * scale_log2
+                         : masked_score(p, acc[nt][e], scale_log2, b, h, kKeysAreRows ? c : r, kKeysAreRows ? r : c,
+                                        keys_end);
+    }
+}
+
+// acc [16][kNT * 8] += A B^T, A = sA rows a_row0..+15, columns 0..16 * kKS, B = sB rows 0..kNT * 8 (row-major [n][k]).
+template <int kNT, int kKS, typename T>
+__device__ __forceinline__ void warp_gemm_nt(float (&acc)[kNT][4], const T* sA, int lda, int a_row0, const T* sB,
+                                             int ldb) {
+  static_assert(kNT % 2 == 0);
+#pragma unroll
+  for (int ks = 0; ks < kKS; ++ks) {
+    Frag a;
+    load_a(a, sA, lda, a_row0, ks * 16);
+#pragma unroll
+    for (int np = 0; np < kNT / 2; ++np) {
+      Frag bb;
+      load_b_nk(bb, sB, ldb, np * 16, ks * 16);
+      mma_16816<T>(acc[2 * np], a, bb);
+      mma_16816<T>(acc[2 * np + 1], a, bb + 2);
+    }
+  }
+}
+
+// The A fragment of k-step ks from a warp's float32 accumulator tile (its columns become A's k dimension).
+template <typename T, int kNT>
+__device__ __forceinline__ void acc_to_a(Frag& a, const float (&acc)[kNT][4], int ks) {
+  a[0] = pack2<T>(acc[2 * ks][0], acc[2 * ks][1]);
+  a[1] = pack2<T>(acc[2 * ks][2], acc[2 * ks][3]);
+  a[2] = pack2<T>(acc[2 * ks + 1][0], acc[2 * ks + 1][1]);
+  a[3] = pack2<T>(acc[2 * ks + 1][2], acc[2 * ks + 1][3]);
+}
+
+// acc [16][kNT * 8] += P B, P = the warp's accumulator tile p [16][kKS * 16] (rounded to T), B = sB rows 0..16 * kKS,
+// columns b_col0.. (row-major [k][n]).
+template <int kNT, int kKS, typename T>
+__device__ __forceinline__ void warp_gemm_pn(float (&acc)[kNT][4], const float (&p)[2 * kKS][4], const T* sB, int ldb,
+                                             int b_col0) {
+  static_assert(kNT % 2 == 0);
+#pragma unroll
+  for (int ks = 0; ks < kKS; ++ks) {
+    Frag a;
+    acc_to_a<T>(a, p, ks);
+#pragma unroll
+    for (int np = 0; np < kNT / 2; ++np) {
+      Frag bb;
+      load_b_kn(bb, sB, ldb, ks * 16, b_col0 + np * 16);
+      mma_16816<T>(acc[2 * np], a, bb);
+      mma_16816<T>(acc[2 * np + 1], a, bb + 2);
+    }
+  }
+}
+
+// Sum over the 4 threads of a quad (the threads that hold one row of an accumulator tile).
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+// Writes a warp's tile acc [16][kNT * 8] * scale to rows row0.. (< rows) and columns < cols of a T matrix with row
+// pitch ld (two elements per store: cols is a multiple of 8).
+template <typename T, int kNT>
+__device__ __forceinline__ void store_tile(T* out, int64_t ld, const float (&acc)[kNT][4], int64_t row0, int64_t rows,
+                                           int64_t cols, float scale) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = row0 + g + 8 * r;
+    if (row >= rows) continue;
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      const int col = nt * 8 + 2 * t;
+      if (col < cols)
+        *reinterpret_cast<uint32_t*>(out + row * ld + col) =
+            pack2<T>(acc[nt][2 * r] * scale, acc[nt][2 * r + 1] * scale);
+    }
+  }
+}
+
+// log2-unit lse of query i for the backward: +inf for rows past Lq or that saw no key, so that their P is zero.
+__device__ __forceinline__ float lse_log2(const AttentionParams& p, int64_t b, int64_t h, int64_t i) {
+  if (i >= p.len_q) return INFINITY;
+  const float v = static_cast<const float*>(p.lse)[(b * p.heads_q + h) * p.len_q + i];
+  return v == -INFINITY ? INFINITY : v * kLog2e;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
+    attention_mma_fwd_kernel(const AttentionParams p) {
+  using Tiles = MmaTiles<kHeadDim>;
+  constexpr int kM = Tiles::kFwdBlockM, kN = Tiles::kFwdBlockN, kLd = Tiles::kLd;
+  constexpr int kThreads = Tiles::kFwdWarps * 32, kNT = kN / 8, kDT = kHeadDim / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);  // [kM][kLd]
+  T* sK = sQ + kM * kLd;                   // [kN][kLd]
+  T* sV = sK + kN * kLd;                   // [kN][kLd]
+
+  const int64_t m_blocks = (p.len_q + kM - 1) / kM;
+  const int64_t m0 = (m_blocks - 1 - blockIdx.x % m_blocks) * kM;  // the costliest (causal) blocks first
+  const int64_t h = blockIdx.x / m_blocks % p.heads_q, b = blockIdx.x / (m_blocks * p.heads_q);
+  const int64_t hk = h / (p.heads_q / p.heads_kv);
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  const int64_t nq = p.len_q - m0 < kM ? p.len_q - m0 : kM;
+  const KeyRange keys = visible_keys(p, b, m0, m0 + nq);
+  const float scale_log2 = static_cast<float>(p.scale) * kLog2e;
+  const T* k = operand_row<T>(p.k, p.k_stride, b, hk, 0);
+  const T* v = operand_row<T>(p.v, p.v_stride, b, hk, 0);
+
+  float o[kDT][4] = {};
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  if (keys.lo < keys.hi) {
+    const int64_t n_first = keys.lo / kN * kN, tiles = (keys.hi - n_first + kN - 1) / kN;
+    load_tile<kM, kHeadDim, kThreads>(sQ, kLd, operand_row<T>(p.q, p.q_stride, b, h, m0), p.q_stride[2], nq, p.dim);
+    load_tile<kN, kHeadDim, kThreads>(sK, kLd, k + n_first * p.k_stride[2], p.k_stride[2], p.len_k - n_first, p.dim);
+    cp_async_commit();
+    for (int64_t it = 0; it < tiles; ++it) {
+      const int64_t n0 = n_first + it * kN;
+      cp_async_wait<0>();
+      __syncthreads();  // K (and Q) landed; every warp is done with the previous V
+      load_tile<kN, kHeadDim, kThreads>(sV, kLd, v + n0 * p.v_stride[2], p.v_stride[2], p.len_k - n0, p.dim_v);
+      cp_async_commit();
+
+      float s[kNT][4] = {};
+      warp_gemm_nt<kNT, kHeadDim / 16>(s, sQ, kLd, warp * 16, sK, kLd);
+      scale_and_mask<false>(s, p, b, h, m0 + warp * 16, n0, tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN),
+                            scale_log2);
+      // Online softmax for the thread's two rows (g and g + 8 of the warp's 16).
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = row_max[r];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+        mx = quad_max(mx);
+        const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet keeps p = 0
+        const float alpha = exp2f(row_max[r] - base);
+        row_max[r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            s[nt][e] = exp2f(s[nt][e] - base);
+            sum += s[nt][e];
+          }
+        row_sum[r] = row_sum[r] * alpha + sum;  // per-thread partial sums; the quad's are added at the end
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) o[dt][2 * r] *= alpha, o[dt][2 * r + 1] *= alpha;
+      }
+      cp_async_wait<0>();
+      __syncthreads();  // V landed; every warp is done with K
+      if (it + 1 < tiles) {
+        load_tile<kN, kHeadDim, kThreads>(sK, kLd, k + (n0 + kN) * p.k_stride[2], p.k_stride[2], p.len_k - n0 - kN,
+                                          p.dim);
+        cp_async_commit();
+      }
+      warp_gemm_pn<kDT, kN / 16>(o, s, sV, kLd, 0);
+    }
+  }
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_sum[r] = quad_sum(row_sum[r]);
+    inv[r] = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) o[dt][2 * r] *= inv[r], o[dt][2 * r + 1] *= inv[r];
+    const int64_t i = m0 + warp * 16 + g + 8 * r;
+    if (t == 0 && i < p.len_q)
+      static_cast<float*>(p.lse)[(b * p.heads_q + h) * p.len_q + i] =
+          row_sum[r] > 0.f ? (row_max[r] + log2f(row_sum[r])) * kLn2 : -INFINITY;
+  }
+  T* out = static_cast<T*>(p.out) + b * p.o_stride[0] + h * p.o_stride[1] + m0 * p.o_stride[2];
+  store_tile(out, p.o_stride[2], o, warp * 16, nq, p.dim_v, 1.f);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+template <typename T, int kHeadDim, bool kAtomicDq>
+__global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
+    attention_mma_bwd_kernel(const AttentionBackwardParams bp, const float* delta, float* dq_accum) {
+  using Tiles = MmaTiles<kHeadDim>;
+  constexpr int kWarps = Tiles::kBwdWarps, kThreads = kWarps * 32;
+  constexpr int kN = Tiles::kBwdBlockN, kM = Tiles::kBwdBlockM, kLd = Tiles::kLd, kLdS = Tiles::kLdS;
+  constexpr int kMT = kM / 8, kDT = kHeadDim / 8;
+  const AttentionParams& p = bp.fwd;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw);  // [kN][kLd]
+  T* sV = sK + kN * kLd;                   // [kN][kLd]
+  T* sQ = sV + kN * kLd;                   // [kM][kLd]
+  T* sdO = sQ + kM * kLd;                  // [kM][kLd]
+  float* sLse = reinterpret_cast<float*>(sdO + kM * kLd);  // [kM]
+  float* sDelta = sLse + kM;                               // [kM]
+  T* sdS = reinterpret_cast<T*>(sDelta + kM);              // [kN][kLdS] (atomic dQ only)
+
+  const int64_t n_blocks = (p.len_k + kN - 1) / kN;
+  const int64_t n0 = blockIdx.x % n_blocks * kN, hk = blockIdx.x / n_blocks % p.heads_kv;
+  const int64_t b = blockIdx.x / (n_blocks * p.heads_kv), group = p.heads_q / p.heads_kv;
+  const int warp = threadIdx.x / 32;
+  const float scale_log2 = static_cast<float>(p.scale) * kLog2e;
+  // Queries [i_lo, i_hi) that may see a key of [n0, n0 + kN) (before key padding and masks).
+  const int64_t shift = p.len_k - p.len_q;
+  int64_t i_lo = 0, i_hi = n0 < key_end(p, b) ? p.len_q : 0;
+  if (p.causal) i_lo = n0 - shift > 0 ? n0 - shift : 0;
+  if (p.window > 0 && n0 + kN - 1 - shift + p.window < i_hi) i_hi = n0 + kN - 1 - shift + p.window;
+
+  float dk[kDT][4] = {}, dv[kDT][4] = {};
+  if (i_lo < i_hi) {
+    load_tile<kN, kHeadDim, kThreads>(sK, kLd, operand_row<T>(p.k, p.k_stride, b, hk, n0), p.k_stride[2],
+                                      p.len_k - n0, p.dim);
+    load_tile<kN, kHeadDim, kThreads>(sV, kLd, operand_row<T>(p.v, p.v_stride, b, hk, n0), p.v_stride[2],
+                                      p.len_k - n0, p.dim_v);
+    for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
+      for (int64_t m0 = i_lo / kM * kM; m0 < i_hi; m0 += kM) {
+        __syncthreads();  // every warp is done with the previous step's tiles
+        load_tile<kM, kHeadDim, kThreads>(sQ, kLd, operand_row<T>(p.q, p.q_stride, b, h, m0), p.q_stride[2],
+                                          p.len_q - m0, p.dim);
+        load_tile<kM, kHeadDim, kThreads>(sdO, kLd, operand_row<T>(bp.grad_out, bp.go_stride, b, h, m0),
+                                          bp.go_stride[2], p.len_q - m0, p.dim_v);
+        cp_async_commit();
+        for (int i = threadIdx.x; i < kM; i += kThreads) {
+          sLse[i] = lse_log2(p, b, h, m0 + i);
+          sDelta[i] = m0 + i < p.len_q ? delta[(b * p.heads_q + h) * p.len_q + m0 + i] : 0.f;
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+
+        // P^T [16 keys][kM queries] of this warp's keys.
+        float pt[kMT][4] = {};
+        warp_gemm_nt<kMT, kHeadDim / 16>(pt, sK, kLd, warp * 16, sQ, kLd);
+        scale_and_mask<true>(pt, p, b, h, n0 + warp * 16, m0, tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN),
+                             scale_log2);
+        const int t = threadIdx.x % 4;
+#pragma unroll
+        for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) pt[nt][e] = exp2f(pt[nt][e] - sLse[nt * 8 + 2 * t + e % 2]);
+        warp_gemm_pn<kDT, kM / 16>(dv, pt, sdO, kLd, 0);  // dV += P^T dO
+        // dS^T = P^T (dP^T - delta), dP^T = V dO^T
+        float ds[kMT][4] = {};
+        warp_gemm_nt<kMT, kHeadDim / 16>(ds, sV, kLd, warp * 16, sdO, kLd);
+#pragma unroll
+        for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) ds[nt][e] = pt[nt][e] * (ds[nt][e] - sDelta[nt * 8 + 2 * t + e % 2]);
+        warp_gemm_pn<kDT, kM / 16>(dk, ds, sQ, kLd, 0);  // dK += dS^T Q
+        if constexpr (kAtomicDq) {
+          // dQ [kM][D] += dS K: dS^T goes through shared memory; warp w computes query rows 16 * (w % kQT) of the
+          // column slice w / kQT (the warps split the head dim when there are more warps than query row tiles).
+          constexpr int kQT = kM / 16, kSplit = kWarps / kQT, kCols = kHeadDim / kSplit;
+          static_assert(kWarps % kQT == 0 && kCols % 16 == 0);
+          const int g = threadIdx.x % 32 / 4;
+#pragma unroll
+          for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+              *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g + 8 * r) * kLdS + nt * 8 + 2 * t) =
+                  pack2<T>(ds[nt][2 * r], ds[nt][2 * r + 1]);
+          __syncthreads();
+          const int qt = warp % kQT, col0 = warp / kQT * kCols;
+          float dq[kCols / 8][4] = {};
+#pragma unroll
+          for (int ks = 0; ks < kN / 16; ++ks) {
+            Frag a;
+            load_a_t(a, sdS, kLdS, ks * 16, qt * 16);
+#pragma unroll
+            for (int np = 0; np < kCols / 16; ++np) {
+              Frag bb;
+              load_b_kn(bb, sK, kLd, ks * 16, col0 + np * 16);
+              mma_16816<T>(dq[2 * np], a, bb);
+              mma_16816<T>(dq[2 * np + 1], a, bb + 2);
+            }
+          }
+          const float scale = static_cast<float>(p.scale);
+          float* dq_rows = dq_accum + ((b * p.heads_q + h) * p.len_q + m0) * p.dim;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int64_t row = qt * 16 + g + 8 * r;
+            if (m0 + row >= p.len_q) continue;
+#pragma unroll
+            for (int nt = 0; nt < kCols / 8; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int col = col0 + nt * 8 + 2 * t + e;
+                if (col < p.dim) atomicAdd(dq_rows + row * p.dim + col, dq[nt][2 * r + e] * scale);
+              }
+          }
+        }
+      }
+  }
+  const int64_t rows = p.len_k - n0;
+  store_tile(static_cast<T*>(bp.grad_k) + b * bp.gk_stride[0] + hk * bp.gk_stride[1] + n0 * bp.gk_stride[2],
+             bp.gk_stride[2], dk, warp * 16, rows, p.dim, static_cast<float>(p.scale));
+  store_tile(static_cast<T*>(bp.grad_v) + b * bp.gv_stride[0] + hk * bp.gv_stride[1] + n0 * bp.gv_stride[2],
+             bp.gv_stride[2], dv, warp * 16, rows, p.dim_v, 1.f);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
+    attention_mma_bwd_dq_kernel(const AttentionBackwardParams bp, const float* delta) {
+  using Tiles = MmaTiles<kHeadDim>;
+  constexpr int kM = Tiles::kFwdBlockM, kN = Tiles::kFwdBlockN, kLd = Tiles::kLd;
+  constexpr int kThreads = Tiles::kFwdWarps * 32, kNT = kN / 8, kDT = kHeadDim / 8;
+  const AttentionParams& p = bp.fwd;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);  // [kM][kLd]
+  T* sdO = sQ + kM * kLd;                  // [kM][kLd]
+  T* sK = sdO + kM * kLd;                  // [kN][kLd]
+  T* sV = sK + kN * kLd;                   // [kN][kLd]
+
+  const int64_t m_blocks = (p.len_q + kM - 1) / kM;
+  const int64_t m0 = (m_blocks - 1 - blockIdx.x % m_blocks) * kM;
+  const int64_t h = blockIdx.x / m_blocks % p.heads_q, b = blockIdx.x / (m_blocks * p.heads_q);
+  const int64_t hk = h / (p.heads_q / p.heads_kv);
+  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4;
+  const int64_t nq = p.len_q - m0 < kM ? p.len_q - m0 : kM;
+  const KeyRange keys = visible_keys(p, b, m0, m0 + nq);
+  const float scale_log2 = static_cast<float>(p.scale) * kLog2e;
+  const T* k = operand_row<T>(p.k, p.k_stride, b, hk, 0);
+  const T* v = operand_row<T>(p.v, p.v_stride, b, hk, 0);
+  float lse[2], dlt[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int64_t i = m0 + warp * 16 + g + 8 * r;
+    lse[r] = lse_log2(p, b, h, i);
+    dlt[r] = i < p.len_q ? delta[(b * p.heads_q + h) * p.len_q + i] : 0.f;
+  }
+
+  float dq[kDT][4] = {};
+  if (keys.lo < keys.hi) {
+    load_tile<kM, kHeadDim, kThreads>(sQ, kLd, operand_row<T>(p.q, p.q_stride, b, h, m0), p.q_stride[2], nq, p.dim);
+    load_tile<kM, kHeadDim, kThreads>(sdO, kLd, operand_row<T>(bp.grad_out, bp.go_stride, b, h, m0), bp.go_stride[2],
+                                      nq, p.dim_v);
+    for (int64_t n0 = keys.lo / kN * kN; n0 < keys.hi; n0 += kN) {
+      __syncthreads();  // every warp is done with the previous K and V
+      load_tile<kN, kHeadDim, kThreads>(sK, kLd, k + n0 * p.k_stride[2], p.k_stride[2], p.len_k - n0, p.dim);
+      load_tile<kN, kHeadDim, kThreads>(sV, kLd, v + n0 * p.v_stride[2], p.v_stride[2], p.len_k - n0, p.dim_v);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+      float s[kNT][4] = {}, ds[kNT][4] = {};
+      warp_gemm_nt<kNT, kHeadDim / 16>(s, sQ, kLd, warp * 16, sK, kLd);
+      scale_and_mask<false>(s, p, b, h, m0 + warp * 16, n0, tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN),
+                            scale_log2);
+      warp_gemm_nt<kNT, kHeadDim / 16>(ds, sdO, kLd, warp * 16, sV, kLd);  // dP = dO V^T
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ds[nt][e] = exp2f(s[nt][e] - lse[e / 2]) * (ds[nt][e] - dlt[e / 2]);
+      warp_gemm_pn<kDT, kN / 16>(dq, ds, sK, kLd, 0);  // dQ += dS K
+    }
+  }
+  T* gq = static_cast<T*>(bp.grad_q) + b * bp.gq_stride[0] + h * bp.gq_stride[1] + m0 * bp.gq_stride[2];
+  store_tile(gq, bp.gq_stride[2], dq, warp * 16, nq, p.dim, static_cast<float>(p.scale));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+
+// Launches `kernel` over `blocks` blocks of `threads` with `smem` bytes of dynamic shared memory.
+template <class Kernel, class... Args>
+void launch_with_smem(Kernel kernel, int64_t blocks, int threads, size_t smem, cudaStream_t stream, Args... args) {
+  TORCH_CHECK(blocks < (int64_t(1) << 31), "attention: too many blocks (", blocks, ")");
+  if (blocks == 0) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(args...);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+template <typename T, int kHeadDim>
+void attention_mma_fwd(const AttentionParams& p, cudaStream_t stream) {
+  using Tiles = MmaTiles<kHeadDim>;
+  const size_t smem = size_t(Tiles::kFwdBlockM + 2 * Tiles::kFwdBlockN) * Tiles::kLd * sizeof(T);
+  const int64_t m_blocks = (p.len_q + Tiles::kFwdBlockM - 1) / Tiles::kFwdBlockM;
+  launch_with_smem(attention_mma_fwd_kernel<T, kHeadDim>, m_blocks * p.heads_q * p.batch, Tiles::kFwdWarps * 32,
+                   smem, stream, p);
+}
+
+template <typename T, int kHeadDim>
+void attention_mma_bwd(const AttentionBackwardParams& bp, const float* delta, float* dq_accum, cudaStream_t stream) {
+  using Tiles = MmaTiles<kHeadDim>;
+  const AttentionParams& p = bp.fwd;
+  const size_t tiles = size_t(2 * Tiles::kBwdBlockN + 2 * Tiles::kBwdBlockM) * Tiles::kLd * sizeof(T) +
+                       2 * Tiles::kBwdBlockM * sizeof(float);
+  const int64_t n_blocks = (p.len_k + Tiles::kBwdBlockN - 1) / Tiles::kBwdBlockN;
+  const int64_t blocks = n_blocks * p.heads_kv * p.batch;
+  if (dq_accum) {
+    const size_t smem = tiles + size_t(Tiles::kBwdBlockN) * Tiles::kLdS * sizeof(T);
+    launch_with_smem(attention_mma_bwd_kernel<T, kHeadDim, true>, blocks, Tiles::kBwdWarps * 32, smem, stream, bp,
+                     delta, dq_accum);
+    return;
+  }
+  launch_with_smem(attention_mma_bwd_kernel<T, kHeadDim, false>, blocks, Tiles::kBwdWarps * 32, tiles, stream, bp,
+                   delta, dq_accum);
+  const size_t smem = size_t(2 * Tiles::kFwdBlockM + 2 * Tiles::kFwdBlockN) * Tiles::kLd * sizeof(T);
+  const int64_t m_blocks = (p.len_q + Tiles::kFwdBlockM - 1) / Tiles::kFwdBlockM;
+  launch_with_smem(attention_mma_bwd_dq_kernel<T, kHeadDim>, m_blocks * p.heads_q * p.batch, Tiles::kFwdWarps * 32,
+                   smem, stream, bp, delta);
+}
+
+}  // namespace pytransformer::cuda
+
+// Explicit instantiations of the launchers for one head dim (used by attention_hdim<D>.cu).
+#define PT_INSTANTIATE_ATTENTION_MMA(D)                                                                           \
+  template void pytransformer::cuda::attention_mma_fwd<__half, D>(const pytransformer::AttentionParams&,         \
+                                                                   cudaStream_t);                                \
+  template void pytransformer::cuda::attention_mma_fwd<__nv_bfloat16, D>(const pytransformer::AttentionParams&, \
+                                                                          cudaStream_t);                         \
+  template void pytransformer::cuda::attention_mma_bwd<__half, D>(const pytransformer::AttentionBackwardParams&, \
+                                                                   const float*, float*, cudaStream_t);          \
+  template void pytransformer::cuda::attention_mma_bwd<__nv_bfloat16, D>(                                       \
+      const pytransformer::AttentionBackwardParams&, const float*, float*, cudaStream_t);
