@@ -36,3 +36,16 @@ TORCH_LIBRARY_FRAGMENT(pytransformer_emu, m) {
     emu::blocks_per_sm = static_cast<int>(blocks);
   });
 }
+
+// ---- KV cache (kv_cache_append, decode_attention): graph capture, pretended with set_capturing ----
+namespace emu {
+bool capturing = false;
+}
+extern "C" cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* status) {
+  *status = emu::capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+TORCH_LIBRARY_FRAGMENT(pytransformer_emu, m) {
+  m.def("set_capturing(bool capturing) -> ()", [](bool on) { emu::capturing = on; });
+}

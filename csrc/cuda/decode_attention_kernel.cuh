@@ -191,38 +191,38 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(DecodeArgs
     }
     merge_state(mx, l, o, mx2, l2, o2);
   }
-  // Merge the warps one after another through shared memory; the last warp ends with the block's state.
+  // Merge the warps one after another through shared memory; the last warp ends with the block's state. (A warp
+  // reads the state before any of its lanes overwrites it: a barrier between the two.)
   __shared__ float smem_o[kRows][kDecodeMaxHeadDim];
   __shared__ float smem_ml[kRows][2];
   for (int w = 0; w < kDecodeWarps; ++w) {
-    if (warp == w && group == 0) {
-      if (w > 0) {
-        float mx2[kRows], l2[kRows], o2[kRows][kC][kVec];
+    if (warp == w && group == 0 && w > 0) {
+      float mx2[kRows], l2[kRows], o2[kRows][kC][kVec];
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          mx2[r] = smem_ml[r][0], l2[r] = smem_ml[r][1];
+      for (int r = 0; r < kRows; ++r) {
+        mx2[r] = smem_ml[r][0], l2[r] = smem_ml[r][1];
 #pragma unroll
-          for (int c = 0; c < kC; ++c)
+        for (int c = 0; c < kC; ++c)
 #pragma unroll
-            for (int e = 0; e < kVec; ++e) {
-              const int64_t d = (sub + int64_t(c) * L) * kVec + e;
-              o2[r][c][e] = d < Dv ? smem_o[r][d] : 0.f;
-            }
-        }
-        merge_state(mx, l, o, mx2, l2, o2);
+          for (int e = 0; e < kVec; ++e) {
+            const int64_t d = (sub + int64_t(c) * L) * kVec + e;
+            o2[r][c][e] = d < Dv ? smem_o[r][d] : 0.f;
+          }
       }
-      if (w + 1 < kDecodeWarps) {
+      merge_state(mx, l, o, mx2, l2, o2);
+    }
+    __syncthreads();
+    if (warp == w && group == 0 && w + 1 < kDecodeWarps) {
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          if (sub == 0) smem_ml[r][0] = mx[r], smem_ml[r][1] = l[r];
+      for (int r = 0; r < kRows; ++r) {
+        if (sub == 0) smem_ml[r][0] = mx[r], smem_ml[r][1] = l[r];
 #pragma unroll
-          for (int c = 0; c < kC; ++c)
+        for (int c = 0; c < kC; ++c)
 #pragma unroll
-            for (int e = 0; e < kVec; ++e) {
-              const int64_t d = (sub + int64_t(c) * L) * kVec + e;
-              if (d < Dv) smem_o[r][d] = o[r][c][e];
-            }
-        }
+          for (int e = 0; e < kVec; ++e) {
+            const int64_t d = (sub + int64_t(c) * L) * kVec + e;
+            if (d < Dv) smem_o[r][d] = o[r][c][e];
+          }
       }
     }
     __syncthreads();
