@@ -32,9 +32,10 @@ __host__ __device__ __forceinline__ int append_row_threads(int64_t chunks) {
   return t;
 }
 
-template <typename E, int kVec>
+// U: the unit copied, uint4 (a 16-byte pack: one vector load and store) or E.
+template <typename E, typename U>
 __global__ void __launch_bounds__(kAppendThreads) kv_cache_append_kernel(AppendArgs<E> a) {
-  using P = Pack<E, kVec>;
+  constexpr int kVec = sizeof(U) / sizeof(E);
   const KvCacheAppendParams& p = a.p;
   const bool values = blockIdx.z == 1;
   const int64_t* cs = values ? p.v_cache_stride : p.k_cache_stride;  // [B, Hkv, L, D] element strides
@@ -51,16 +52,16 @@ __global__ void __launch_bounds__(kAppendThreads) kv_cache_append_kernel(AppendA
     for (int64_t t = blockIdx.x * rows_per_block + threadIdx.x / row_threads; t < p.new_len;
          t += kAppendUnroll * row_step) {
       for (int64_t c = lane; c < chunks; c += row_threads) {
-        P v[kAppendUnroll];
+        U v[kAppendUnroll];
 #pragma unroll
         for (int u = 0; u < kAppendUnroll; ++u) {
           const int64_t tu = t + u * row_step;
-          if (tu < p.new_len) v[u] = *reinterpret_cast<const P*>(src + tu * ns[2] + c * kVec * ns[3]);
+          if (tu < p.new_len) v[u] = *reinterpret_cast<const U*>(src + tu * ns[2] + c * kVec * ns[3]);
         }
 #pragma unroll
         for (int u = 0; u < kAppendUnroll; ++u) {
           const int64_t tu = t + u * row_step;
-          if (tu < p.new_len) *reinterpret_cast<P*>(dst + tu * cs[2] + c * kVec * cs[3]) = v[u];
+          if (tu < p.new_len) *reinterpret_cast<U*>(dst + tu * cs[2] + c * kVec * cs[3]) = v[u];
         }
       }
     }
@@ -80,9 +81,9 @@ void launch_kv_cache_append(const AppendArgs<E>& a, bool packed, cudaStream_t st
                                                  (rows_per_block * kAppendUnroll), int64_t(1) << 20)),
                   unsigned(std::min<int64_t>(planes, 65535)), 2);
   if (packed) {
-    kv_cache_append_kernel<E, kPack><<<grid, kAppendThreads, 0, stream>>>(a);
+    kv_cache_append_kernel<E, uint4><<<grid, kAppendThreads, 0, stream>>>(a);
   } else {
-    kv_cache_append_kernel<E, 1><<<grid, kAppendThreads, 0, stream>>>(a);
+    kv_cache_append_kernel<E, E><<<grid, kAppendThreads, 0, stream>>>(a);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
