@@ -1,8 +1,8 @@
-"""CUDA check of the row kernels on shapes chosen to reach every path (pack/scalar loads, sub-warp, warp and block row
-groups, rows streamed from memory, misaligned rows, masks of every kind, causal rows with nothing visible), and of
-attention (forward out and lse, backward grad q/k/v; every mask, GQA/MQA, odd and unequal head dims, Lq != Lk both
-ways, rows that see no key, misaligned and strided operands), against float64 references. Outputs are allocated over
-freed NaN-filled memory so unwritten elements show up as NaN.
+"""CUDA check of the row kernels, attention and the KV-cache kernels on shapes chosen to reach every path (pack/scalar
+loads, sub-warp, warp and block row groups, rows streamed from memory, misaligned rows, masks of every kind, causal
+rows with nothing visible; attention forward out and lse, backward grad q/k/v over every mask, GQA/MQA, odd and
+unequal head dims, Lq != Lk both ways, misaligned and strided operands; KV-cache append and split-KV decode), against
+float64 references. Outputs are allocated over freed NaN-filled memory so unwritten elements show up as NaN.
 
 Used by benchmarks/gpu_check.sh, also under compute-sanitizer (--quick). Exit code 1 if any case fails.
 """
@@ -28,6 +28,17 @@ NORM_SHAPES_QUICK = [(5, 3), (33, 64), (40, 1001), (16, 4096), (3, 8196), (2, 32
 SOFTMAX_SHAPES = [(1, 1, 1, 1), (2, 3, 5, 7), (2, 2, 16, 64), (1, 2, 33, 77), (2, 1, 8, 1000), (1, 1, 4, 4096),
                   (1, 1, 3, 8192), (1, 1, 3, 8196), (1, 1, 2, 16388), (1, 1, 2, 10001)]
 SOFTMAX_SHAPES_QUICK = [(2, 3, 5, 7), (1, 2, 33, 77), (1, 1, 4, 4096), (1, 1, 2, 16388), (1, 1, 2, 10001)]
+# kv_cache_append (B, Hkv, T, D, Dv, capacity): packed and odd head dims (scalar path), T = 1 and prefills.
+APPEND_SHAPES = [(2, 3, 5, 64, 64, 20), (2, 2, 1, 37, 37, 9), (3, 2, 17, 128, 48, 40), (1, 1, 1, 8, 8, 1),
+                 (2, 4, 70, 128, 128, 80)]
+APPEND_SHAPES_QUICK = [(2, 2, 1, 37, 37, 9), (3, 2, 17, 128, 48, 40)]
+# decode_attention (B, Hq, Hkv, T, D, Dv, capacity, window): MHA, GQA 4, MQA, T > 1 (several passes of query rows),
+# odd D (scalar path), Dv != D, the largest head dim, windows, and caches long enough for several splits.
+DECODE_SHAPES = [(2, 4, 4, 1, 64, 64, 50, None), (3, 8, 2, 1, 128, 128, 700, None), (2, 6, 1, 3, 37, 37, 90, None),
+                 (2, 8, 2, 2, 128, 64, 300, 40), (2, 2, 2, 1, 256, 256, 200, None), (2, 4, 1, 4, 16, 16, 33, 5),
+                 (2, 32, 8, 1, 128, 128, 1100, None), (2, 4, 2, 1, 40, 24, 1500, 700)]
+DECODE_SHAPES_QUICK = [(3, 8, 2, 1, 128, 128, 700, None), (2, 6, 1, 3, 37, 37, 90, None),
+                       (2, 8, 2, 2, 128, 64, 300, 40)]
 
 failures = []
 
@@ -264,10 +275,94 @@ def check_attention(shapes, dtypes, device, quick: bool) -> None:
                         failures.append(f"attention bwd {name} {tag}")
 
 
+def layouts(t: torch.Tensor, extra: int = 3):
+    """(name, tensor) pairs holding t's values [B, H, L, E]: contiguous, one element past a 16-byte boundary
+    (scalar path), and a slice of a bigger buffer (strided, still 16-byte aligned rows when E allows)."""
+    b, h, length, e = t.shape
+    big = torch.empty(b, h + 1, length + extra, e, dtype=t.dtype, device=t.device)
+    view = big[:, 1:, extra:]
+    view.copy_(t)
+    return [("contiguous", t.clone()), ("misaligned", misaligned(t)), ("slice", view)]
+
+
+def check_kv_cache(shapes, dtypes, device) -> None:
+    """kv_cache_append: bit-exact against slice assignment; other cache rows untouched."""
+    for b, hkv, t, d, dv, cap in shapes:
+        for dtype in dtypes:
+            k0, v0 = (torch.randn(b, hkv, cap, e, dtype=torch.float64).to(device, dtype) for e in (d, dv))
+            k_new, v_new = (torch.randn(b, hkv, t, e, dtype=torch.float64).to(device, dtype) for e in (d, dv))
+            positions = torch.randint(0, cap - t + 1, (b,))
+            positions[0] = cap - t  # the last rows of the cache
+            expected_k, expected_v = k0.clone(), v0.clone()
+            for i, p in enumerate(positions.tolist()):
+                expected_k[i, :, p:p + t], expected_v[i, :, p:p + t] = k_new[i], v_new[i]
+            for (name, kc), (_, vc), (_, kn), (_, vn) in zip(layouts(k0), layouts(v0), layouts(k_new), layouts(v_new)):
+                ops.kv_cache_append(kc, vc, kn, vn, positions.to(device, torch.int32))
+                ok = torch.equal(kc, expected_k) and torch.equal(vc, expected_v)
+                tag = f"kv_cache_append [B{b} Hkv{hkv} T{t} D{d} Dv{dv} cap{cap}] {str(dtype)[6:]} {name}"
+                print(f"{'ok  ' if ok else 'FAIL'} {tag}", flush=True)
+                if not ok:
+                    failures.append(tag)
+
+
+def check_decode(shapes, dtypes, device) -> None:
+    """decode_attention against float64 references, with a full row, an unused row (length 0) and random lengths."""
+    for b, hq, hkv, t, d, dv, cap, window in shapes:
+        for dtype in dtypes:
+            q = torch.randn(b, hq, t, d, dtype=torch.float64).to(device, dtype)
+            k0, v0 = (torch.randn(b, hkv, cap, e, dtype=torch.float64).to(device, dtype) for e in (d, dv))
+            lengths = torch.randint(t, cap + 1, (b,))
+            lengths[0] = cap
+            lengths[-1] = 0 if b > 1 else lengths[-1]
+            ref = reference.decode_attention(q.double().cpu(), k0.double().cpu(), v0.double().cpu(), lengths,
+                                             window=window, scale=0.3)
+            for (name, k), (_, v) in zip(layouts(k0), layouts(v0)):
+                poison(q)
+                out = ops.decode_attention(q, k, v, lengths.to(device), 0.3, window)
+                tag = f"decode_attention [B{b} Hq{hq} Hkv{hkv} T{t} D{d} Dv{dv} cap{cap} w{window}] {str(dtype)[6:]} {name}"
+                check(tag, out, ref, dtype)
+
+
+def check_kv_device_checks(device, captured) -> None:
+    """The values the kernels check themselves when the host cannot (graph capture): an append row whose positions
+    do not fit writes nothing, a decode row with an out-of-range length gives zeros, the other rows are right.
+    `captured(fn)` runs fn as it would run under capture and returns its result."""
+    k0, v0 = torch.randn(3, 2, 10, 8, device=device), torch.randn(3, 2, 10, 8, device=device)
+    k_new, v_new = torch.randn(3, 2, 4, 8, device=device), torch.randn(3, 2, 4, 8, device=device)
+    k, v = k0.clone(), v0.clone()
+    captured(lambda: ops.kv_cache_append(k, v, k_new, v_new, torch.tensor([7, 2, -1], device=device)))
+    expected_k, expected_v = k0.clone(), v0.clone()
+    expected_k[1, :, 2:6], expected_v[1, :, 2:6] = k_new[1], v_new[1]
+    ok = torch.equal(k, expected_k) and torch.equal(v, expected_v)
+    print(f"{'ok  ' if ok else 'FAIL'} kv_cache_append device check: rows that do not fit write nothing", flush=True)
+    if not ok:
+        failures.append("kv_cache_append device check")
+    q = torch.randn(3, 4, 2, 8, device=device)
+    lengths = torch.tensor([11, 6, 1], device=device)  # over capacity, good, under T
+    out = captured(lambda: ops.decode_attention(q, k0, v0, lengths, 0.5, None))
+    ref = reference.decode_attention(q[1:2].double().cpu(), k0[1:2].double().cpu(), v0[1:2].double().cpu(),
+                                     torch.tensor([6]), scale=0.5)
+    check("decode_attention device check: good row", out[1:2], ref, torch.float32)
+    ok = torch.equal(out[0::2], torch.zeros_like(out[0::2]))
+    print(f"{'ok  ' if ok else 'FAIL'} decode_attention device check: rows with bad lengths give zeros", flush=True)
+    if not ok:
+        failures.append("decode_attention device check")
+
+
+def cuda_graph_captured(fn):
+    """Runs fn captured in a CUDA graph, then replays the graph once; returns what fn returned (filled by the replay)."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="fewer shapes and float32/bfloat16 only (for sanitizers)")
-    families = ["norm", "softmax", "attention"]
+    families = ["norm", "softmax", "attention", "kv_cache"]
     p.add_argument("--ops", nargs="+", choices=families, default=families, help="op families to check (default: all)")
     args = p.parse_args(argv)
     torch.manual_seed(0)
@@ -279,6 +374,10 @@ def main(argv=None) -> int:
         check_softmax(SOFTMAX_SHAPES_QUICK if args.quick else SOFTMAX_SHAPES, dtypes, device)
     if "attention" in args.ops:
         check_attention(ATTENTION_SHAPES_QUICK if args.quick else ATTENTION_SHAPES, dtypes, device, args.quick)
+    if "kv_cache" in args.ops:
+        check_kv_cache(APPEND_SHAPES_QUICK if args.quick else APPEND_SHAPES, dtypes, device)
+        check_decode(DECODE_SHAPES_QUICK if args.quick else DECODE_SHAPES, dtypes, device)
+        check_kv_device_checks(device, cuda_graph_captured)
     torch.cuda.synchronize()
     print(f"\n{len(failures)} failures" + "".join(f"\n  {f}" for f in failures))
     return 1 if failures else 0

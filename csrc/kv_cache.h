@@ -58,6 +58,12 @@ inline bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   return status == at::MemOverlapStatus::Full || status == at::MemOverlapStatus::Partial;
 }
 
+// `t` itself when its rows (last dim) are contiguous, as the decode kernels need; else a contiguous copy (a cache laid
+// out with a strided last dim is copied, every usual layout is read in place).
+inline at::Tensor unit_last_stride(const at::Tensor& t) {
+  return t.dim() == 0 || t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
+}
+
 template <size_t N>
 void copy_strides(const at::Tensor& t, int64_t (&out)[N]) {
   for (size_t i = 0; i < N; ++i) out[i] = t.stride(i);

@@ -292,3 +292,102 @@ def _bad_append_cases():
 def test_kv_cache_append_bad_inputs_raise(match, args):
     with pytest.raises(ValueError, match=match):
         pt.ops.kv_cache_append(*args)
+
+
+# ---- CUDA only: CUDA graphs (positions / cache_lengths are then checked on the device), Inductor, limits ----
+
+def cuda_only(test):
+    marks = [pytest.mark.cuda, pytest.mark.skipif(not (torch.cuda.is_available() and pt.with_cuda()),
+                                                  reason="needs a GPU and a CUDA build")]
+    for mark in marks:
+        test = mark(test)
+    return test
+
+
+def _captured(fn):
+    """fn() captured in a CUDA graph (after a warm-up run on a side stream); returns (graph, fn's result)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_step_replayed_in_a_cuda_graph(dtype):
+    """A decode step (append + decode_attention, GQA, long enough to split) captured once and replayed with new
+    inputs and advancing positions matches the CPU ops run step by step."""
+    b, hq, hkv, d, cap = 2, 8, 2, 64, 1500
+    k_cache, v_cache = _caches(b, hkv, cap, d, d, dtype, "cuda")
+    q, k_new, v_new = (_randn(b, h, 1, d, dtype=dtype, device="cuda") for h in (hq, hkv, hkv))
+    positions = torch.tensor([1000, 3], device="cuda")
+
+    def step():
+        pt.ops.kv_cache_append(k_cache, v_cache, k_new, v_new, positions)
+        return pt.ops.decode_attention(q, k_cache, v_cache, positions + 1)
+
+    graph, out = _captured(step)
+    k_ref, v_ref = k_cache.cpu(), v_cache.cpu()
+    for _ in range(3):
+        for t in (q, k_new, v_new):
+            t.copy_(_randn(*t.shape, dtype=dtype))
+        positions += 7
+        graph.replay()
+        pt.ops.kv_cache_append(k_ref, v_ref, k_new.cpu(), v_new.cpu(), positions.cpu())
+        expected = pt.ops.decode_attention(q.cpu(), k_ref, v_ref, positions.cpu() + 1)
+        torch.cuda.synchronize()
+        assert torch.equal(k_cache.cpu(), k_ref) and torch.equal(v_cache.cpu(), v_ref)
+        atol, rtol = tolerance(dtype)
+        torch.testing.assert_close(out.cpu(), expected, atol=atol * 10, rtol=rtol)
+
+
+@cuda_only
+def test_values_are_checked_on_the_device_under_capture():
+    """Captured, bad positions / lengths cannot raise: an append row that does not fit writes nothing, a decode row
+    with a length out of range gives zeros; the other rows are right."""
+    k_cache, v_cache = _caches(2, 2, 10, 8, 8, torch.float32, "cuda")
+    k_new, v_new = _randn(2, 2, 4, 8, device="cuda"), _randn(2, 2, 4, 8, device="cuda")
+    q = _randn(2, 4, 1, 8, device="cuda")
+    positions, lengths = torch.tensor([0, 0], device="cuda"), torch.tensor([1, 1], device="cuda")
+    graph, _ = _captured(lambda: pt.ops.kv_cache_append(k_cache, v_cache, k_new, v_new, positions))
+    decode_graph, out = _captured(lambda: pt.ops.decode_attention(q, k_cache, v_cache, lengths))
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    positions.copy_(torch.tensor([7, 6]))  # row 0 would write 7..10, past the capacity 10
+    graph.replay()
+    assert torch.equal(k_cache[0], before_k[0]) and torch.equal(v_cache[0], before_v[0])
+    assert torch.equal(k_cache[1, :, 6:], k_new[1]) and torch.equal(v_cache[1, :, 6:], v_new[1])
+    lengths.copy_(torch.tensor([11, 10]))  # row 0 over the capacity
+    decode_graph.replay()
+    assert torch.equal(out[0], torch.zeros_like(out[0]))
+    torch.testing.assert_close(out[1:], pt.ops.decode_attention(q[1:], k_cache[1:], v_cache[1:], lengths[1:]))
+
+
+@cuda_only
+def test_compiled_decode_step_with_inductor_on_cuda():
+    """The decode step under torch.compile(fullgraph=True) with the default backend (Inductor) on CUDA."""
+    def step(q, k_new, v_new, k_cache, v_cache, lengths):
+        pt.ops.kv_cache_append(k_cache, v_cache, k_new, v_new, lengths)
+        return pt.ops.decode_attention(q, k_cache, v_cache, lengths + 1, window=100)
+
+    compiled = torch.compile(step, fullgraph=True)
+    k_cache, v_cache = _caches(2, 2, 600, 64, 64, torch.bfloat16, "cuda")
+    k_eager, v_eager = k_cache.clone(), v_cache.clone()
+    lengths = torch.tensor([500, 9], device="cuda")
+    for _ in range(3):
+        q, k_new, v_new = (_randn(2, h, 1, 64, dtype=torch.bfloat16, device="cuda") for h in (8, 2, 2))
+        out = compiled(q, k_new, v_new, k_cache, v_cache, lengths)
+        torch.testing.assert_close(out, step(q, k_new, v_new, k_eager, v_eager, lengths))
+        lengths = lengths + 1
+    assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager)
+
+
+@cuda_only
+def test_cuda_head_dim_limit_raises():
+    q, k, v = _randn(1, 2, 1, 300, device="cuda"), _randn(1, 2, 5, 300, device="cuda"), _randn(1, 2, 5, 8, device="cuda")
+    with pytest.raises(ValueError, match="q: the CUDA decode_attention supports head dims"):
+        pt.ops.decode_attention(q, k, v, torch.tensor([5], device="cuda"))

@@ -1,5 +1,5 @@
-"""Runs the CUDA kernels (csrc/cuda: norms, masked_softmax, attention) on the CPU, without a GPU, through a host
-emulator.
+"""Runs the CUDA kernels (csrc/cuda: norms, masked_softmax, attention, kv_cache_append, decode_attention) on the CPU,
+without a GPU, through a host emulator.
 
 csrc/cuda/*.cu and *.cuh are rewritten (launches `k<<<g, b, s, st>>>(args)` -> `emu::launcher(k, g, b, s, st)(args)`,
 no device guard or stream, ops registered for the CPU under torch.ops.pytransformer_emu with the schemas of
@@ -8,7 +8,7 @@ stubs.cpp, and checked with the cases of benchmarks/gpu_ops_check.py, for severa
 the launch logic and the kernels run unchanged; what the emulator cannot show is timing, memory-model races and
 anything about real hardware (sanitizers on the GPU do that: benchmarks/gpu_check.sh).
 
-    PYTHONPATH=. python .ci/cuda_emulator/run.py [--full]     # needs the CPU extension built (make build)
+    PYTHONPATH=. python .ci/cuda_emulator/run.py [--full] [--only FAMILY ...]   # needs the CPU extension built (make build)
 """
 import argparse
 import re
@@ -70,9 +70,13 @@ def build():
          extra_cflags=["-O1", "-std=c++20", "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", "-w"], is_python_module=False)
 
 
+FAMILIES = ("norm", "softmax", "attention", "kv_cache")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--full", action="store_true", help="every shape of gpu_ops_check.py (about 5 minutes)")
+    p.add_argument("--only", nargs="+", choices=FAMILIES, default=list(FAMILIES), help="op families to check")
     args = p.parse_args(argv)
     start = time.time()
     build()
@@ -83,13 +87,28 @@ def main(argv=None) -> int:
     check.ops = emu
     dtypes = check.DTYPES
     # Small device: persistent grids loop over many rows; large device: many partial rows, a row group per block.
-    for sms, blocks in ((2, 2), (64, 8)):
+    for sms, blocks in ((2, 2), (64, 8)) if "norm" in args.only else ():
         emu.set_device(sms, blocks)
         check.check_norms(check.NORM_SHAPES if args.full else check.NORM_SHAPES_QUICK, dtypes, "cpu")
-    if hasattr(emu, "masked_softmax"):
+    if hasattr(emu, "masked_softmax") and "softmax" in args.only:
         check.check_softmax(check.SOFTMAX_SHAPES if args.full else check.SOFTMAX_SHAPES_QUICK, dtypes, "cpu")
-    if hasattr(emu, "attention"):
+    if hasattr(emu, "attention") and "attention" in args.only:
         check.check_attention(check.ATTENTION_SHAPES_QUICK, dtypes, "cpu", quick=True)  # --full too: fibers are slow
+    # KV cache: a small device (one split a row) and a large one (several splits and the combine kernel); then the
+    # checks the kernels make themselves while the stream pretends to be captured into a CUDA graph.
+    for sms, blocks in ((2, 2), (64, 8)) if "kv_cache" in args.only else ():
+        emu.set_device(sms, blocks)
+        check.check_kv_cache(check.APPEND_SHAPES if args.full else check.APPEND_SHAPES_QUICK, dtypes, "cpu")
+        check.check_decode(check.DECODE_SHAPES if args.full else check.DECODE_SHAPES_QUICK, dtypes, "cpu")
+
+    def captured(fn):
+        emu.set_capturing(True)
+        try:
+            return fn()
+        finally:
+            emu.set_capturing(False)
+    if "kv_cache" in args.only:
+        check.check_kv_device_checks("cpu", captured)
     print(f"\n{len(check.failures)} failures ({time.time() - start:.0f} s)")
     return 1 if check.failures else 0
 

@@ -41,3 +41,15 @@ extern "C" cudaError_t cudaFuncSetAttribute(const void* func, enum cudaFuncAttri
   if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) emu::max_dynamic_smem[func] = static_cast<size_t>(value);
   return cudaSuccess;
 }
+// ---- KV cache (kv_cache_append, decode_attention): graph capture, pretended with set_capturing ----
+namespace emu {
+bool capturing = false;
+}
+extern "C" cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* status) {
+  *status = emu::capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+TORCH_LIBRARY_FRAGMENT(pytransformer_emu, m) {
+  m.def("set_capturing(bool capturing) -> ()", [](bool on) { emu::capturing = on; });
+}

@@ -249,12 +249,6 @@ namespace pytransformer::cpu {
 KernelTable<DecodeAttentionFn> decode_attention_kernel;
 
 namespace {
-// `t` itself when its rows (last dim) are contiguous, as the kernel needs; else a contiguous copy (a cache laid out
-// with a strided last dim is copied, every usual layout is read in place).
-at::Tensor unit_last_stride(const at::Tensor& t) {
-  return t.dim() == 0 || t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
-}
-
 at::Tensor decode_attention_cpu(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                                 const at::Tensor& cache_lengths, double scale, std::optional<int64_t> window) {
   const at::Tensor q = unit_last_stride(q_in), k = unit_last_stride(k_in), v = unit_last_stride(v_in);

@@ -1,5 +1,6 @@
-"""KV-cache decoding: decode_attention vs F.scaled_dot_product_attention on K/V already expanded to all query heads
-(the repeat_interleave is done outside the timing), and kv_cache_append vs a sliced copy_."""
+"""KV-cache decoding: decode_attention vs F.scaled_dot_product_attention (the faster of SDPA on K/V already expanded
+to all query heads, the repeat_interleave done outside the timing, and SDPA with enable_gqa=True on the cache itself),
+and kv_cache_append vs a sliced copy_."""
 import argparse
 import sys
 
@@ -11,7 +12,9 @@ from . import Row, interleaved_median_times, new_report, record
 
 # (B, Hq, Hkv, cache length, D): the first is the acceptance case (one query over a 4096-token cache).
 DECODE_CASES = [(1, 32, 8, 4096, 128), (8, 32, 8, 1024, 128), (1, 32, 32, 4096, 128), (1, 32, 8, 16384, 128)]
-# (B, Hkv, T, D): a 2048-token prefill and one decode step.
+# On CUDA also the acceptance case of the CUDA kernel: B=8, Hq=32, Hkv=8, an 8192-token cache (bfloat16 run).
+CUDA_DECODE_CASES = [(8, 32, 8, 8192, 128)]
+# (B, Hkv, T, D): a 2048-token prefill (the CUDA acceptance case in bfloat16) and one decode step.
 APPEND_CASES = [(8, 8, 2048, 128), (8, 8, 1, 128)]
 
 
@@ -23,9 +26,10 @@ def bench_decode(report, case, dtype, device, runs=30):
     lengths = torch.full((b,), length, dtype=torch.int32, device=device)
     k_all, v_all = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
     with torch.no_grad():
-        times = interleaved_median_times([lambda: ops.decode_attention(q, k, v, lengths),
-                                          lambda: F.scaled_dot_product_attention(q, k_all, v_all)], device, runs)
-    report.add(Row("decode_attention", f"B{b} Hq{hq} Hkv{hkv} L{length} D{d} {str(dtype)[6:]}", *times,
+        ours, expanded, gqa = interleaved_median_times([
+            lambda: ops.decode_attention(q, k, v, lengths), lambda: F.scaled_dot_product_attention(q, k_all, v_all),
+            lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)], device, runs)
+    report.add(Row("decode_attention", f"B{b} Hq{hq} Hkv{hkv} L{length} D{d} {str(dtype)[6:]}", ours, min(expanded, gqa),
                    bytes=(k.numel() + v.numel()) * k.element_size(), variant=f"Hq/Hkv={hq // hkv}"))
 
 
@@ -46,7 +50,9 @@ def bench_append(report, case, dtype, device, runs=30):
                    bytes=2 * (k_new.numel() + v_new.numel()) * k_new.element_size()))
 
 
-def bench(report, device, dtype=torch.float32, decode_cases=DECODE_CASES, append_cases=APPEND_CASES, runs=30):
+def bench(report, device, dtype=torch.float32, decode_cases=None, append_cases=APPEND_CASES, runs=30):
+    if decode_cases is None:
+        decode_cases = DECODE_CASES + (CUDA_DECODE_CASES if torch.device(device).type == "cuda" else [])
     for case in decode_cases:
         bench_decode(report, case, dtype, device, runs)
     for case in append_cases:

@@ -1,0 +1,55 @@
+// CUDA glue of kv_cache_append: the shared checks of kv_cache.h, the positions checked on the host unless the stream
+// is capturing a CUDA graph (then the kernel skips rows that do not fit: see kv_cache.cuh), then the copy kernel of
+// kv_cache_append_kernel.cuh on the current stream of the caches' device.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <initializer_list>
+
+#include "kv_cache_append_kernel.cuh"
+
+namespace pytransformer::cuda {
+namespace {
+
+// Whether every row of `t` ([B, H, L, n]) can be copied in 16-byte packs.
+bool rows_packable(const at::Tensor& t) {
+  const int64_t pack = 16 / t.element_size();
+  if (!aligned16(t.const_data_ptr()) || t.size(3) % pack != 0) return false;
+  if (t.size(3) > 1 && t.stride(3) != 1) return false;
+  for (int d = 0; d < 3; ++d)
+    if (t.size(d) > 1 && t.stride(d) % pack != 0) return false;
+  return true;
+}
+
+void kv_cache_append(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_new,
+                     const at::Tensor& v_new, const at::Tensor& positions) {
+  const KvCacheAppendParams p = check_kv_cache_append_args(k_cache, v_cache, k_new, v_new, positions);
+  c10::cuda::CUDAGuard guard(k_cache.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  check_on_host_unless_capturing(positions, stream, [&](const int64_t* pos) { check_append_positions(pos, p); });
+  if (p.new_len == 0 || p.batch * p.kv_heads == 0) return;
+  at::Tensor pos_keep;
+  const IndexVector pos = index_vector(positions, pos_keep);
+  bool packed = true;
+  for (const at::Tensor* t : {&k_cache, &v_cache, &k_new, &v_new}) packed = packed && rows_packable(*t);
+  auto launch = [&](auto tag) {
+    using E = typename decltype(tag)::type;
+    AppendArgs<E> a{p,
+                    pos,
+                    {static_cast<E*>(k_cache.data_ptr()), static_cast<E*>(v_cache.data_ptr())},
+                    {static_cast<const E*>(k_new.const_data_ptr()), static_cast<const E*>(v_new.const_data_ptr())}};
+    launch_kv_cache_append(a, packed, stream);
+  };
+  if (k_cache.element_size() == 2) {  // float16 / bfloat16, copied bit for bit
+    launch(std::type_identity<uint16_t>{});
+  } else {
+    launch(std::type_identity<uint32_t>{});
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pytransformer, CUDA, m) { m.impl("kv_cache_append", &kv_cache_append); }
+
+}  // namespace pytransformer::cuda
