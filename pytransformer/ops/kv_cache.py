@@ -4,6 +4,11 @@ Both are inference ops. kv_cache_append stores values, not autograd history (its
 csrc/registration.cpp). decode_attention runs on inputs that require grad (e.g. generating without torch.no_grad())
 but has no backward: differentiating through it raises, as does tracing it with torch.compile while grad is needed;
 call it under torch.no_grad() / torch.inference_mode(), and train with pytransformer.ops.attention.
+
+Bad positions / cache_lengths raise ValueError before anything is written. On CUDA that check reads the values on
+the host, which a stream being captured into a CUDA graph cannot do: under capture the kernels check them on the
+device instead, an append row that does not fit writes nothing and a decode row whose length is out of range gives
+zeros, and nothing raises.
 """
 import math
 
