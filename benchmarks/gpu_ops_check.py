@@ -1,6 +1,6 @@
 """CUDA check of the row kernels on shapes chosen to reach every path (pack/scalar loads, sub-warp, warp and block row
-groups, rows streamed from memory, misaligned rows, masks of every kind, causal rows with nothing visible), against
-float64 references. Outputs are allocated over freed NaN-filled memory so unwritten elements show up as NaN.
+groups, rows streamed from memory, misaligned rows, masks of every kind, causal rows with nothing visible) and of
+int8_linear (GEMV rows per block, split-K, tiled GEMM, 16-byte and byte weight loads), against float64 references. Outputs are allocated over freed NaN-filled memory so unwritten elements show up as NaN.
 
 Used by benchmarks/gpu_check.sh, also under compute-sanitizer (--quick). Exit code 1 if any case fails.
 """
@@ -26,6 +26,10 @@ NORM_SHAPES_QUICK = [(5, 3), (33, 64), (40, 1001), (16, 4096), (3, 8196), (2, 32
 SOFTMAX_SHAPES = [(1, 1, 1, 1), (2, 3, 5, 7), (2, 2, 16, 64), (1, 2, 33, 77), (2, 1, 8, 1000), (1, 1, 4, 4096),
                   (1, 1, 3, 8192), (1, 1, 3, 8196), (1, 1, 2, 16388), (1, 1, 2, 10001)]
 SOFTMAX_SHAPES_QUICK = [(2, 3, 5, 7), (1, 2, 33, 77), (1, 1, 4, 4096), (1, 1, 2, 16388), (1, 1, 2, 10001)]
+# int8_linear (M, K, N): M reaches each rows-per-block of the GEMV (1, 4, 16) and the tiled GEMM (M > 64); K = 16 and
+# 4096 take 16-byte weight loads (4096: several K slices), K = 1, 15 and 4104 byte loads with a tail.
+INT8_SHAPES = [(m, k, n) for m in (1, 3, 64, 200) for k in (1, 15, 16, 4096, 4104) for n in (1, 7, 512)]
+INT8_SHAPES_QUICK = [(1, 4104, 512), (3, 15, 7), (1, 1, 1), (64, 16, 512), (16, 4096, 7), (200, 100, 130)]
 
 failures = []
 
@@ -155,6 +159,29 @@ def check_softmax(shapes, dtypes, device) -> None:
                         failures.append(tag)
 
 
+def check_int8_linear(shapes, dtypes, device) -> None:
+    for m, k, n in shapes:
+        for dtype in dtypes:
+            for variant in ("bias", "plain", "misaligned"):
+                # "bias": scale and bias in x's dtype; "plain": no bias, a float32 scale; "misaligned": x, weight,
+                # scale and a float32 bias each one element past a 16-byte boundary.
+                x = torch.randn(m, k, dtype=torch.float64).to(device, dtype)
+                weight = torch.randint(-128, 128, (n, k), dtype=torch.int8, device=device)
+                sdtype = torch.float32 if variant == "plain" else dtype
+                scale = (torch.rand(n, dtype=torch.float64) * 0.02 + 1e-3).to(device, sdtype)
+                bias = None
+                if variant != "plain":
+                    bias = torch.randn(n, dtype=torch.float64).to(device, dtype if variant == "bias" else torch.float32)
+                if variant == "misaligned":
+                    x, weight, scale, bias = misaligned(x), misaligned(weight), misaligned(scale), misaligned(bias)
+                ref = x.double().cpu() @ (weight.double().cpu() * scale.double().cpu()[:, None]).t()  # [M, N]
+                if bias is not None:
+                    ref += bias.double().cpu()
+                poison(x)
+                out = ops.int8_linear(x, weight, scale, bias)
+                check(f"int8_linear [M {m}, K {k}, N {n}] {str(dtype)[6:]} {variant}", out, ref, dtype)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="fewer shapes and float32/bfloat16 only (for sanitizers)")
@@ -167,6 +194,7 @@ def main(argv=None) -> int:
         check_softmax(SOFTMAX_SHAPES_QUICK if args.quick else SOFTMAX_SHAPES, dtypes, device)
     else:
         print("masked_softmax is not registered in this build: skipped")
+    check_int8_linear(INT8_SHAPES_QUICK if args.quick else INT8_SHAPES, dtypes, device)
     torch.cuda.synchronize()
     print(f"\n{len(failures)} failures" + "".join(f"\n  {f}" for f in failures))
     return 1 if failures else 0

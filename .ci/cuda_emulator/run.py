@@ -1,4 +1,5 @@
-"""Runs the CUDA row kernels (csrc/cuda: norms, masked_softmax) on the CPU, without a GPU, through a host emulator.
+"""Runs the CUDA kernels (csrc/cuda: norms, masked_softmax, int8_linear) on the CPU, without a GPU, through a host
+emulator.
 
 csrc/cuda/*.cu and *.cuh are rewritten (launches `k<<<g, b, s, st>>>(args)` -> `emu::launcher(k, g, b, s, st)(args)`,
 no device guard or stream, ops registered for the CPU under torch.ops.pytransformer_emu with the schemas of
@@ -82,6 +83,8 @@ def main(argv=None) -> int:
     for sms, blocks in ((2, 2), (64, 8)):
         emu.set_device(sms, blocks)
         check.check_norms(check.NORM_SHAPES if args.full else check.NORM_SHAPES_QUICK, dtypes, "cpu")
+        # int8_linear: few K slices on the small device, many (split-K partial sums) on the large one
+        check.check_int8_linear(check.INT8_SHAPES if args.full else check.INT8_SHAPES_QUICK, dtypes, "cpu")
     if hasattr(emu, "masked_softmax"):
         check.check_softmax(check.SOFTMAX_SHAPES if args.full else check.SOFTMAX_SHAPES_QUICK, dtypes, "cpu")
     print(f"\n{len(check.failures)} failures ({time.time() - start:.0f} s)")
