@@ -1,6 +1,7 @@
 """CUDA check of the row kernels on shapes chosen to reach every path (pack/scalar loads, sub-warp, warp and block row
 groups, rows streamed from memory, misaligned rows, masks of every kind, causal rows with nothing visible) and of
-int8_linear (GEMV rows per block, split-K, tiled GEMM, 16-byte and byte weight loads), against float64 references. Outputs are allocated over freed NaN-filled memory so unwritten elements show up as NaN.
+int8_linear (GEMV rows per block, split-K, tiled GEMM, 16-byte and byte weight loads), against float64 references.
+Outputs are allocated over freed NaN-filled memory so unwritten elements show up as NaN.
 
 Used by benchmarks/gpu_check.sh, also under compute-sanitizer (--quick). Exit code 1 if any case fails.
 """

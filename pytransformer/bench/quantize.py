@@ -36,7 +36,8 @@ def bench_ops(report, device, cases=OP_CASES, runs=20):
             ours, theirs = interleaved_median_times([lambda: ops.int8_linear(x, q, scale, bias),
                                                      lambda: F.linear(x, weight, bias)], device, runs)
         report.add(Row("int8_linear", f"M{m} N{n} K{k} {str(dtype)[6:]}", ours, theirs,
-                       bytes=q.numel() + x.element_size() * (x.numel() + m * n), flops=2 * m * n * k if m > 16 else 0.0))
+                       bytes=q.numel() + x.element_size() * (x.numel() + m * n),
+                       flops=2 * m * n * k if m > 16 else 0.0))
 
 
 def logits_error(model, quantized, ids) -> dict:
