@@ -104,7 +104,7 @@ for step in "${STEPS[@]}"; do
         initcheck) run_step initcheck "${SANITIZE[@]}" --tool initcheck "${OPS_QUICK[@]}" ;;
         bench)
           # The benchmark scripts are others'; their --dtype and --record options are used when they have them.
-          for name in norm softmax decode; do
+          for name in norm softmax decode quantize; do
             script=benchmarks/bench_$name.py
             if [ ! -f "$script" ]; then skip_step "bench_$name" "$script not present"; continue; fi
             usage=$("$PYTHON" "$script" --help 2>/dev/null)

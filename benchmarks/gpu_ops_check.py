@@ -1,8 +1,9 @@
-"""CUDA check of the row kernels, attention and the KV-cache kernels on shapes chosen to reach every path (pack/scalar
-loads, sub-warp, warp and block row groups, rows streamed from memory, misaligned rows, masks of every kind, causal
-rows with nothing visible; attention forward out and lse, backward grad q/k/v over every mask, GQA/MQA, odd and
-unequal head dims, Lq != Lk both ways, misaligned and strided operands; KV-cache append and split-KV decode), against
-float64 references. Outputs are allocated over freed NaN-filled memory so unwritten elements show up as NaN.
+"""CUDA check of every kernel on shapes chosen to reach every path, against float64 references: the row kernels
+(pack/scalar loads, sub-warp, warp and block row groups, rows streamed from memory, misaligned rows, masks of every
+kind, causal rows with nothing visible), attention (forward out and lse, backward grad q/k/v over every mask, GQA/MQA,
+odd and unequal head dims, Lq != Lk both ways, misaligned and strided operands), the KV-cache append and split-KV
+decode, and int8_linear (GEMV rows per block, split-K, tiled GEMM, 16-byte and byte weight loads). Outputs are
+allocated over freed NaN-filled memory so unwritten elements show up as NaN.
 
 Used by benchmarks/gpu_check.sh, also under compute-sanitizer (--quick). Exit code 1 if any case fails.
 """
@@ -18,6 +19,8 @@ ops = torch.ops.pytransformer
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Relative error ||out - ref|| / ||ref|| allowed per dtype.
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+# Error of a float32 sum allowed relative to the magnitude of its terms.
+SUM_TOL = 1e-6
 
 # [rows, n]: n reaches each geometry of common.cuh for float32 (4-element packs) and 16-bit types (8-element packs):
 # 1..32 threads a row, block rows (64..512 threads), streaming (> 512 threads' worth), and odd n (scalar loads).
@@ -40,6 +43,11 @@ DECODE_SHAPES = [(2, 4, 4, 1, 64, 64, 50, None), (3, 8, 2, 1, 128, 128, 700, Non
 DECODE_SHAPES_QUICK = [(3, 8, 2, 1, 128, 128, 700, None), (2, 6, 1, 3, 37, 37, 90, None),
                        (2, 8, 2, 2, 128, 64, 300, 40)]
 
+# int8_linear (M, K, N): M reaches each rows-per-block of the GEMV (1, 4, 16) and the tiled GEMM (M > 64); K = 16 and
+# 4096 take 16-byte weight loads (4096: several K slices), K = 1, 15 and 4104 byte loads with a tail.
+INT8_SHAPES = [(m, k, n) for m in (1, 3, 64, 200) for k in (1, 15, 16, 4096, 4104) for n in (1, 7, 512)]
+INT8_SHAPES_QUICK = [(1, 4104, 512), (3, 15, 7), (1, 1, 1), (64, 16, 512), (16, 4096, 7), (200, 100, 130)]
+
 failures = []
 
 
@@ -50,18 +58,23 @@ def poison(like: torch.Tensor, count: int = 4) -> None:
     del bufs
 
 
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+def rel_err(out: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor | None = None) -> float:
+    """||out - ref|| / ||magnitude|| (default: ref)."""
     out, ref = out.double().cpu(), ref.double().cpu()
     if out.shape != ref.shape:
         return float("inf")
     if out.isnan().any() and not ref.isnan().any():
         return float("nan")
-    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    magnitude = ref if magnitude is None else magnitude.double().cpu()
+    return ((out - ref).norm() / magnitude.norm().clamp_min(1e-30)).item()
 
 
-def check(name: str, out: torch.Tensor, ref: torch.Tensor, dtype) -> None:
+def check(name: str, out: torch.Tensor, ref: torch.Tensor, dtype, terms: torch.Tensor | None = None) -> None:
+    """Passes within TOL[dtype] of ref, or, for sums given the sum of their terms' magnitudes `terms`, within float32
+    rounding of those (a sum may cancel to far below its terms: one dot product of 4096 terms has no other outputs to
+    average that out)."""
     err = rel_err(out, ref)
-    ok = err <= TOL[dtype]  # NaN fails
+    ok = err <= TOL[dtype] or (terms is not None and rel_err(out, ref, terms) <= SUM_TOL)  # NaN fails
     print(f"{'ok  ' if ok else 'FAIL'} {name:70s} rel err {err:.2e}", flush=True)
     if not ok:
         failures.append(name)
@@ -358,11 +371,34 @@ def cuda_graph_captured(fn):
     torch.cuda.synchronize()
     return out
 
+def check_int8_linear(shapes, dtypes, device) -> None:
+    for m, k, n in shapes:
+        for dtype in dtypes:
+            for variant in ("bias", "plain", "misaligned"):
+                # "bias": scale and bias in x's dtype; "plain": no bias, a float32 scale; "misaligned": x, weight,
+                # scale and a float32 bias each one element past a 16-byte boundary.
+                x = torch.randn(m, k, dtype=torch.float64).to(device, dtype)
+                weight = torch.randint(-128, 128, (n, k), dtype=torch.int8, device=device)
+                sdtype = torch.float32 if variant == "plain" else dtype
+                scale = (torch.rand(n, dtype=torch.float64) * 0.02 + 1e-3).to(device, sdtype)
+                bias = None
+                if variant != "plain":
+                    bias = torch.randn(n, dtype=torch.float64).to(device, dtype if variant == "bias" else torch.float32)
+                if variant == "misaligned":
+                    x, weight, scale, bias = misaligned(x), misaligned(weight), misaligned(scale), misaligned(bias)
+                x64, w64 = x.double().cpu(), weight.double().cpu() * scale.double().cpu()[:, None]
+                b64 = torch.zeros(n, dtype=torch.float64) if bias is None else bias.double().cpu()
+                ref = x64 @ w64.t() + b64  # [M, N]
+                terms = x64.abs() @ w64.abs().t() + b64.abs()
+                poison(x)
+                out = ops.int8_linear(x, weight, scale, bias)
+                check(f"int8_linear [M {m}, K {k}, N {n}] {str(dtype)[6:]} {variant}", out, ref, dtype, terms)
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true", help="fewer shapes and float32/bfloat16 only (for sanitizers)")
-    families = ["norm", "softmax", "attention", "kv_cache"]
+    families = ["norm", "softmax", "attention", "kv_cache", "int8_linear"]
     p.add_argument("--ops", nargs="+", choices=families, default=families, help="op families to check (default: all)")
     args = p.parse_args(argv)
     torch.manual_seed(0)
@@ -378,6 +414,8 @@ def main(argv=None) -> int:
         check_kv_cache(APPEND_SHAPES_QUICK if args.quick else APPEND_SHAPES, dtypes, device)
         check_decode(DECODE_SHAPES_QUICK if args.quick else DECODE_SHAPES, dtypes, device)
         check_kv_device_checks(device, cuda_graph_captured)
+    if "int8_linear" in args.ops:
+        check_int8_linear(INT8_SHAPES_QUICK if args.quick else INT8_SHAPES, dtypes, device)
     torch.cuda.synchronize()
     print(f"\n{len(failures)} failures" + "".join(f"\n  {f}" for f in failures))
     return 1 if failures else 0

@@ -1,5 +1,5 @@
-"""ops.int8_linear against a float64 reference (both CPU paths: few rows and many rows), dtypes, layouts, edge shapes,
-opcheck, torch.compile, no backward, bad input."""
+"""ops.int8_linear against a float64 reference (every path: CPU few and many rows, CUDA GEMV and tiled GEMM), dtypes,
+layouts, edge shapes, opcheck, torch.compile, no backward, bad input."""
 import pytest
 import torch
 
@@ -25,7 +25,8 @@ def check(x, weight, scale, bias):
     torch.testing.assert_close(got.double(), want, atol=atol * magnitude, rtol=rtol)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, 16, 17, 64])  # <= 16 rows: the row-by-row kernel; more: dequantize + GEMM
+# CPU: <= 16 rows the row-by-row kernel, more dequantize + GEMM; CUDA: <= 64 rows the GEMV, more the tiled GEMM
+@pytest.mark.parametrize("rows", [1, 2, 5, 16, 17, 64, 65])
 @pytest.mark.parametrize("k,n", [(64, 48), (37, 5), (1, 3), (300, 129)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_matches_reference(device, rows, k, n, bias):
@@ -66,9 +67,9 @@ def test_layouts_and_edge_shapes(device):
     torch.testing.assert_close(empty, b.expand(3, 24))
 
 
-def test_opcheck():
-    weight, scale, b = make(16, 24, "cpu")
-    for x in (torch.randn(3, 24), torch.randn(2, 12, 24)):
+def test_opcheck(device):
+    weight, scale, b = make(16, 24, device)
+    for x in (torch.randn(3, 24, device=device), torch.randn(2, 12, 24, device=device)):
         torch.library.opcheck(torch.ops.pytransformer.int8_linear, (x, weight, scale, b))
         torch.library.opcheck(torch.ops.pytransformer.int8_linear, (x, weight, scale, None))
 
@@ -81,17 +82,17 @@ def test_compile(device):
         torch.testing.assert_close(fn(x, weight, scale, b), ops.int8_linear(x, weight, scale, b))
 
 
-def test_no_backward():
-    weight, scale, b = make(4, 8, "cpu")
-    x = torch.randn(2, 8, requires_grad=True)
+def test_no_backward(device):
+    weight, scale, b = make(4, 8, device)
+    x = torch.randn(2, 8, device=device, requires_grad=True)
     y = ops.int8_linear(x, weight, scale, b)
     with pytest.raises(RuntimeError, match="inference"):
         y.sum().backward()
 
 
-def test_bad_input():
-    weight, scale, b = make(4, 8, "cpu")
-    x = torch.randn(2, 8)
+def test_bad_input(device):
+    weight, scale, b = make(4, 8, device)
+    x = torch.randn(2, 8, device=device)
     with pytest.raises(ValueError, match="weight"):
         ops.int8_linear(x, weight.float(), scale, b)
     with pytest.raises(ValueError, match="weight"):
@@ -101,8 +102,13 @@ def test_bad_input():
     with pytest.raises(ValueError, match="scale"):
         ops.int8_linear(x, weight, scale.to(torch.int32), b)
     with pytest.raises(ValueError, match="bias"):
-        ops.int8_linear(x, weight, scale, torch.randn(5))
+        ops.int8_linear(x, weight, scale, torch.randn(5, device=device))
     with pytest.raises(ValueError, match="x"):
         ops.int8_linear(x.long(), weight, scale, b)
     with pytest.raises(ValueError, match="x"):
-        ops.int8_linear(torch.tensor(1.0), weight, scale, b)
+        ops.int8_linear(torch.tensor(1.0, device=device), weight, scale, b)
+    if device == "cuda":
+        with pytest.raises(ValueError, match="x"):
+            ops.int8_linear(x.double(), weight, scale, b)  # float64 is CPU-only
+        with pytest.raises(ValueError, match="weight"):
+            ops.int8_linear(x, weight.cpu(), scale, b)

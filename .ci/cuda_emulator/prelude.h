@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <ucontext.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
@@ -231,3 +232,13 @@ template <class... Params>
 cudaError_t cudaFuncSetAttribute(void (*kernel)(Params...), cudaFuncAttribute attr, int value) {
   return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
 }
+
+// ---- int8_linear: byte permute and float bit casts of the int8 dequantization ----
+
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const unsigned long long bytes = (static_cast<unsigned long long>(y) << 32) | x;  // bytes 0-3: x, 4-7: y
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<unsigned>((bytes >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+}
+inline float __int_as_float(int v) { return std::bit_cast<float>(v); }

@@ -1,5 +1,5 @@
-"""Runs the CUDA kernels (csrc/cuda: norms, masked_softmax, attention, kv_cache_append, decode_attention) on the CPU,
-without a GPU, through a host emulator.
+"""Runs the CUDA kernels (csrc/cuda: norms, masked_softmax, attention, kv_cache_append, decode_attention,
+int8_linear) on the CPU, without a GPU, through a host emulator.
 
 csrc/cuda/*.cu and *.cuh are rewritten (launches `k<<<g, b, s, st>>>(args)` -> `emu::launcher(k, g, b, s, st)(args)`,
 no device guard or stream, ops registered for the CPU under torch.ops.pytransformer_emu with the schemas of
@@ -70,7 +70,7 @@ def build():
          extra_cflags=["-O1", "-std=c++20", "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", "-w"], is_python_module=False)
 
 
-FAMILIES = ("norm", "softmax", "attention", "kv_cache")
+FAMILIES = ("norm", "softmax", "attention", "kv_cache", "int8_linear")
 
 
 def main(argv=None) -> int:
@@ -87,12 +87,16 @@ def main(argv=None) -> int:
     check.ops = emu
     dtypes = check.DTYPES
     # Small device: persistent grids loop over many rows; large device: many partial rows, a row group per block.
-    for sms, blocks in ((2, 2), (64, 8)) if "norm" in args.only else ():
+    # int8_linear: few K slices on the small device, many (split-K partial sums) on the large one.
+    for sms, blocks in ((2, 2), (64, 8)):
         emu.set_device(sms, blocks)
-        check.check_norms(check.NORM_SHAPES if args.full else check.NORM_SHAPES_QUICK, dtypes, "cpu")
-    if hasattr(emu, "masked_softmax") and "softmax" in args.only:
+        if "norm" in args.only:
+            check.check_norms(check.NORM_SHAPES if args.full else check.NORM_SHAPES_QUICK, dtypes, "cpu")
+        if "int8_linear" in args.only:
+            check.check_int8_linear(check.INT8_SHAPES if args.full else check.INT8_SHAPES_QUICK, dtypes, "cpu")
+    if "softmax" in args.only:
         check.check_softmax(check.SOFTMAX_SHAPES if args.full else check.SOFTMAX_SHAPES_QUICK, dtypes, "cpu")
-    if hasattr(emu, "attention") and "attention" in args.only:
+    if "attention" in args.only:
         check.check_attention(check.ATTENTION_SHAPES_QUICK, dtypes, "cpu", quick=True)  # --full too: fibers are slow
     # KV cache: a small device (one split a row) and a large one (several splits and the combine kernel); then the
     # checks the kernels make themselves while the stream pretends to be captured into a CUDA graph.

@@ -81,6 +81,22 @@ __device__ __forceinline__ void for_chunks(int lane, int row_threads, int64_t ch
   }
 }
 
+// regs[it] = row[c] for each (regs, row) pair of arguments.
+template <class P, int kSlots, class... More>
+__device__ __forceinline__ void load_chunk(int it, int64_t c, P (&regs)[kSlots], const P* row, More&&... more) {
+  regs[it] = row[c];
+  if constexpr (sizeof...(More) > 0) load_chunk(it, c, more...);
+}
+
+// The row loader: load_chunks<kIters>(lane, row_threads, chunks, regs, row, ...) loads this thread's chunks of each
+// row (a P* of `chunks` packs) into the register slots `regs` (P[kSlots]), chunk by chunk for all the rows at once,
+// when rows are held in registers (kIters > 0); streamed rows (kIters == 0) stay in memory (read them by chunk_at).
+template <int kIters, class... Rows>
+__device__ __forceinline__ void load_chunks(int lane, int row_threads, int64_t chunks, Rows&&... rows) {
+  if constexpr (kIters > 0)
+    for_chunks<kIters>(lane, row_threads, chunks, [&](int it, int64_t c) { load_chunk(it, c, rows...); });
+}
+
 // Chunk c of a row: from its register slot `it` when the row is held in registers, else from memory.
 template <int kIters, class P, int kSlots>
 __device__ __forceinline__ P chunk_at(const P (&regs)[kSlots], int it, const P* row, int64_t c) {

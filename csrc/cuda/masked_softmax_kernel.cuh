@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kIters > 0 ? kSoftmaxMaxRowThreads : kStreamTh
     float e[kSlots][kVec];                    // in registers: exp(v - ms.x)
     if constexpr (kIters > 0) {
       P sr[kSlots];
-      for_chunks<kIters>(g.lane, row_threads, visible_chunks, [&](int it, int64_t c) { sr[it] = srow[c]; });
+      load_chunks<kIters>(g.lane, row_threads, visible_chunks, sr, srow);
       for_chunks<kIters>(g.lane, row_threads, visible_chunks, [&](int it, int64_t c) {
         masked_values(p, sr[it], c, cols, mask_row, e[it]);
 #pragma unroll
@@ -154,12 +154,7 @@ __global__ void __launch_bounds__(kIters > 0 ? kSoftmaxMaxRowThreads : kStreamTh
     const P* grow = reinterpret_cast<const P*>(p.grad_out + row * p.lk);
     const P* orow = reinterpret_cast<const P*>(p.out + row * p.lk);
     P gr[kSlots], outr[kSlots];
-    if constexpr (kIters > 0) {
-      for_chunks<kIters>(g.lane, row_threads, chunks, [&](int it, int64_t c) {
-        gr[it] = grow[c];
-        outr[it] = orow[c];
-      });
-    }
+    load_chunks<kIters>(g.lane, row_threads, chunks, gr, grow, outr, orow);
     float dot = 0.f;
     for_chunks<kIters>(g.lane, row_threads, chunks, [&](int it, int64_t c) {
       const P gv = chunk_at<kIters>(gr, it, grow, c), ov = chunk_at<kIters>(outr, it, orow, c);

@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(kIters > 0 ? kNormMaxRowThreads : kStreamThrea
   for (int64_t row = blockIdx.x * groups + g.group; row < p.rows; row += gridDim.x * groups) {
     const P* xrow = reinterpret_cast<const P*>(p.x + row * p.n);
     P xr[kSlots];
-    if constexpr (kIters > 0) for_chunks<kIters>(g.lane, row_threads, chunks, [&](int it, int64_t c) { xr[it] = xrow[c]; });
+    load_chunks<kIters>(g.lane, row_threads, chunks, xr, xrow);
     const float shift = p.center ? to_float(p.x[row * p.n]) : 0.f;
     float2 s = make_float2(0.f, 0.f);
     for_chunks<kIters>(g.lane, row_threads, chunks, [&](int it, int64_t c) {
@@ -117,12 +117,7 @@ __global__ void __launch_bounds__(kIters > 0 ? kNormMaxRowThreads : kStreamThrea
     const P* xrow = reinterpret_cast<const P*>(p.x + row * p.n);
     const P* grow = reinterpret_cast<const P*>(p.grad_out + row * p.n);
     P xr[kSlots], gr[kSlots];
-    if constexpr (kIters > 0) {
-      for_chunks<kIters>(g.lane, row_threads, chunks, [&](int it, int64_t c) {
-        xr[it] = xrow[c];
-        gr[it] = grow[c];
-      });
-    }
+    load_chunks<kIters>(g.lane, row_threads, chunks, xr, xrow, gr, grow);
     const float mu = p.mean ? p.mean[row] : 0.f, rstd = p.rstd[row];
     float2 s = make_float2(0.f, 0.f);  // sum(gw), sum(gw * xhat)
     for_chunks<kIters>(g.lane, row_threads, chunks, [&](int it, int64_t c) {

@@ -17,23 +17,27 @@ from ..quantization import state_dict_bytes
 from . import Row, device_name, interleaved_median_times, matmul_ceiling, new_report
 from .generate import timed
 
-# (rows M, out features N, in features K): GPT-2 small's LM head and MLP input at one decoding row, 8 rows (a batch
-# of 8 decoding) and a 512-token prefill.
-OP_CASES = [(1, 50257, 768), (1, 3072, 768), (8, 50257, 768), (8, 3072, 768), (512, 3072, 768)]
+# (rows M, out features N, in features K, dtype): GPT-2 small's LM head and MLP input at one decoding row, 8 rows (a
+# batch of 8 decoding) and a 512-token prefill in float32; a 4096 x 4096 layer decoding 1 and 8 rows in bfloat16 (the
+# weight-bound case: int8 reads half the bytes of the bfloat16 weight).
+OP_CASES = [(1, 50257, 768, torch.float32), (1, 3072, 768, torch.float32), (8, 50257, 768, torch.float32),
+            (8, 3072, 768, torch.float32), (512, 3072, 768, torch.float32), (1, 4096, 4096, torch.bfloat16),
+            (8, 4096, 4096, torch.bfloat16)]
 
 
 def bench_ops(report, device, cases=OP_CASES, runs=20):
     """int8_linear vs F.linear with the float weight; bytes = int8 weight + x + out (ours), FLOPs for many rows."""
-    for m, n, k in cases:
-        weight = torch.randn(n, k, device=device) * 0.02
+    for m, n, k, dtype in cases:
+        weight = torch.randn(n, k, device=device, dtype=dtype) * 0.02
         q, scale = quantize_per_channel(weight)
-        bias = torch.zeros(n, device=device)
-        x = torch.randn(m, k, device=device)
+        bias = torch.zeros(n, device=device, dtype=dtype)
+        x = torch.randn(m, k, device=device, dtype=dtype)
         with torch.no_grad():
             ours, theirs = interleaved_median_times([lambda: ops.int8_linear(x, q, scale, bias),
                                                      lambda: F.linear(x, weight, bias)], device, runs)
-        report.add(Row("int8_linear", f"M{m} N{n} K{k} float32", ours, theirs,
-                       bytes=q.numel() + 4 * (x.numel() + m * n), flops=2 * m * n * k if m > 16 else 0.0))
+        report.add(Row("int8_linear", f"M{m} N{n} K{k} {str(dtype)[6:]}", ours, theirs,
+                       bytes=q.numel() + x.element_size() * (x.numel() + m * n),
+                       flops=2 * m * n * k if m > 16 else 0.0))
 
 
 def logits_error(model, quantized, ids) -> dict:

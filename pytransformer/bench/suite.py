@@ -30,5 +30,5 @@ def run(device, dtype=torch.float32, families=FAMILIES, runs: int | None = None,
         decode.bench(report, device, dtype, decode_cases=[(1, 4, 2, 32, 16)] if quick else None,
                      append_cases=[(1, 2, 4, 16)] if quick else decode.APPEND_CASES, runs=n(30))
     if "quantize" in families:
-        quantize.bench_ops(report, device, cases=[(1, 64, 32)] if quick else quantize.OP_CASES, runs=n(20))
+        quantize.bench_ops(report, device, cases=[(1, 64, 32, dtype)] if quick else quantize.OP_CASES, runs=n(20))
     return report

@@ -1,8 +1,8 @@
-"""int8_linear: weight-only int8 linear layer (inference): wrapper and fake kernel over the pytransformer kernel.
+"""int8_linear: weight-only int8 linear layer (inference): wrapper and fake kernel over the pytransformer kernels (CPU
+and CUDA: float32 accumulation; on CUDA float32/float16/bfloat16 x, on the CPU float64 too).
 
 Like decode_attention it has no backward: differentiating through it raises (quantized models are for inference)."""
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 _ops = torch.ops.pytransformer
@@ -23,9 +23,4 @@ torch.library.register_autograd("pytransformer::int8_linear", _int8_linear_backw
 
 def int8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
     """(x [..., K] @ weight int8 [N, K]^T) * scale [N] + bias [N] -> [..., N] in x's dtype; no backward."""
-    if x.device.type == "cpu":
-        return _ops.int8_linear(x, weight, scale, bias)
-    # No kernel of ours on this device yet: PyTorch ops (torch.compile fuses the conversion into the product).
-    y = F.linear(x, weight.to(x.dtype))
-    y = y * scale.to(y.dtype)
-    return y if bias is None else y + bias.to(y.dtype)
+    return _ops.int8_linear(x, weight, scale, bias)
