@@ -262,18 +262,25 @@ inline unsigned simt_grid(int64_t rows) {
 }
 
 // Calls f(std::integral_constant<int, kVec>, std::integral_constant<int, kIters>): kVec the pack width when `packs`
-// (else 1), kIters the dims a lane owns for rows of up to `dim` elements (a power of two, 1 .. 16).
+// (else 1), kIters the dims a lane owns for rows of up to `dim` elements (a power of two, 1 .. 16). float16/bfloat16
+// reach these kernels only when a head dim is past the tensor-core limit (attention.cu), a rare case: they get the
+// widest tile alone, which halves the kernels this file instantiates (and the build time).
 template <typename T, class F>
 void dispatch_simt(int64_t dim, bool packs, F&& f) {
   static_assert(kSimtMaxHeadDim == 16 * kWarpSize, "kIters cases below cover 1 .. 16 dims a lane");
+  TORCH_CHECK(dim <= kSimtMaxHeadDim, "internal error: head dim ", dim, " exceeds the SIMT kernels' ",
+              kSimtMaxHeadDim);
   auto with_vec = [&](auto vec) {
-    switch (next_pow2((dim + kWarpSize - 1) / kWarpSize)) {
-      case 1: return f(vec, std::integral_constant<int, 1>{});
-      case 2: return f(vec, std::integral_constant<int, 2>{});
-      case 4: return f(vec, std::integral_constant<int, 4>{});
-      case 8: return f(vec, std::integral_constant<int, 8>{});
-      case 16: return f(vec, std::integral_constant<int, 16>{});
-      default: TORCH_CHECK(false, "internal error: head dim ", dim, " exceeds the SIMT kernels' ", kSimtMaxHeadDim);
+    if constexpr (!std::is_same_v<T, float>) {
+      return f(vec, std::integral_constant<int, 16>{});
+    } else {
+      switch (next_pow2((dim + kWarpSize - 1) / kWarpSize)) {
+        case 1: return f(vec, std::integral_constant<int, 1>{});
+        case 2: return f(vec, std::integral_constant<int, 2>{});
+        case 4: return f(vec, std::integral_constant<int, 4>{});
+        case 8: return f(vec, std::integral_constant<int, 8>{});
+        default: return f(vec, std::integral_constant<int, 16>{});
+      }
     }
   };
   if (packs) {
