@@ -181,6 +181,17 @@ def test_opcheck():
                            0.25))
 
 
+def _assert_compiled_matches(f, inputs, **compile_kwargs):
+    """f (a scalar loss of `inputs`) compiled with fullgraph=True gives the eager loss and gradients."""
+    loss = torch.compile(f, fullgraph=True, **compile_kwargs)(*inputs)
+    grads = torch.autograd.grad(loss, inputs)
+    loss_eager = f(*inputs)
+    grads_eager = torch.autograd.grad(loss_eager, inputs)
+    torch.testing.assert_close(loss, loss_eager)
+    for g, ge in zip(grads, grads_eager):
+        torch.testing.assert_close(g, ge)
+
+
 def test_compile_fullgraph_forward_backward():
     q, k, v = _inputs((2, 4, 2, 20, 24, 16, 16), torch.float32, "cpu")
     mask = torch.rand(2, 1, 20, 24) < 0.9
@@ -190,14 +201,7 @@ def test_compile_fullgraph_forward_backward():
         out = attention(q, k, v, mask=mask, causal=True, window=9, key_lengths=lengths)
         return out.square().sum()
 
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
-    loss = compiled(q, k, v)
-    grads = torch.autograd.grad(loss, (q, k, v))
-    loss_eager = f(q, k, v)
-    grads_eager = torch.autograd.grad(loss_eager, (q, k, v))
-    torch.testing.assert_close(loss, loss_eager)
-    for g, ge in zip(grads, grads_eager):
-        torch.testing.assert_close(g, ge)
+    _assert_compiled_matches(f, (q, k, v), backend="aot_eager")
 
 
 def test_compile_fullgraph_dropout_path():
@@ -355,13 +359,7 @@ def test_cuda_compile_fullgraph_forward_backward():
     def f(q, k, v):
         return attention(q, k, v, causal=True, key_lengths=lengths).float().square().sum()
 
-    loss = torch.compile(f, fullgraph=True)(q, k, v)
-    grads = torch.autograd.grad(loss, (q, k, v))
-    loss_eager = f(q, k, v)
-    grads_eager = torch.autograd.grad(loss_eager, (q, k, v))
-    torch.testing.assert_close(loss, loss_eager)
-    for g, ge in zip(grads, grads_eager):
-        torch.testing.assert_close(g, ge)
+    _assert_compiled_matches(f, (q, k, v))
 
 
 @cuda

@@ -111,23 +111,32 @@ __device__ __forceinline__ void scale_and_mask(float (&acc)[kNT][4], const Atten
     }
 }
 
-// acc [16][kNT * 8] += A B^T, A = sA rows a_row0..+15, columns 0..16 * kKS, B = sB rows 0..kNT * 8 (row-major [n][k]).
-template <int kNT, int kKS, typename T>
-__device__ __forceinline__ void warp_gemm_nt(float (&acc)[kNT][4], const T* sA, int lda, int a_row0, const T* sB,
-                                             int ldb) {
+// A warp's product acc [16][kNT * 8] += A B over kKS k-steps of 16: a_frag(a, ks) loads A's fragment of k-step ks,
+// b_frags(b, ks, n0) B's fragments of the n-tiles n0 and n0 + 8 of that k-step.
+template <int kNT, int kKS, typename T, class AFrag, class BFrags>
+__device__ __forceinline__ void warp_gemm(float (&acc)[kNT][4], AFrag&& a_frag, BFrags&& b_frags) {
   static_assert(kNT % 2 == 0);
 #pragma unroll
   for (int ks = 0; ks < kKS; ++ks) {
     Frag a;
-    load_a(a, sA, lda, a_row0, ks * 16);
+    a_frag(a, ks);
 #pragma unroll
     for (int np = 0; np < kNT / 2; ++np) {
       Frag bb;
-      load_b_nk(bb, sB, ldb, np * 16, ks * 16);
+      b_frags(bb, ks, np * 16);
       mma_16816<T>(acc[2 * np], a, bb);
       mma_16816<T>(acc[2 * np + 1], a, bb + 2);
     }
   }
+}
+
+// acc [16][kNT * 8] += A B^T, A = sA rows a_row0..+15, columns 0..16 * kKS, B = sB rows 0..kNT * 8 (row-major [n][k]).
+template <int kNT, int kKS, typename T>
+__device__ __forceinline__ void warp_gemm_nt(float (&acc)[kNT][4], const T* sA, int lda, int a_row0, const T* sB,
+                                             int ldb) {
+  warp_gemm<kNT, kKS, T>(
+      acc, [&](Frag& a, int ks) { load_a(a, sA, lda, a_row0, ks * 16); },
+      [&](Frag& b, int ks, int n0) { load_b_nk(b, sB, ldb, n0, ks * 16); });
 }
 
 // The A fragment of k-step ks from a warp's float32 accumulator tile (its columns become A's k dimension).
@@ -144,19 +153,9 @@ __device__ __forceinline__ void acc_to_a(Frag& a, const float (&acc)[kNT][4], in
 template <int kNT, int kKS, typename T>
 __device__ __forceinline__ void warp_gemm_pn(float (&acc)[kNT][4], const float (&p)[2 * kKS][4], const T* sB, int ldb,
                                              int b_col0) {
-  static_assert(kNT % 2 == 0);
-#pragma unroll
-  for (int ks = 0; ks < kKS; ++ks) {
-    Frag a;
-    acc_to_a<T>(a, p, ks);
-#pragma unroll
-    for (int np = 0; np < kNT / 2; ++np) {
-      Frag bb;
-      load_b_kn(bb, sB, ldb, ks * 16, b_col0 + np * 16);
-      mma_16816<T>(acc[2 * np], a, bb);
-      mma_16816<T>(acc[2 * np + 1], a, bb + 2);
-    }
-  }
+  warp_gemm<kNT, kKS, T>(
+      acc, [&](Frag& a, int ks) { acc_to_a<T>(a, p, ks); },
+      [&](Frag& b, int ks, int n0) { load_b_kn(b, sB, ldb, ks * 16, b_col0 + n0); });
 }
 
 // Sum over the 4 threads of a quad (the threads that hold one row of an accumulator tile).
@@ -371,18 +370,9 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
           __syncthreads();
           const int qt = warp % kQT, col0 = warp / kQT * kCols;
           float dq[kCols / 8][4] = {};
-#pragma unroll
-          for (int ks = 0; ks < kN / 16; ++ks) {
-            Frag a;
-            load_a_t(a, sdS, kLdS, ks * 16, qt * 16);
-#pragma unroll
-            for (int np = 0; np < kCols / 16; ++np) {
-              Frag bb;
-              load_b_kn(bb, sK, kLd, ks * 16, col0 + np * 16);
-              mma_16816<T>(dq[2 * np], a, bb);
-              mma_16816<T>(dq[2 * np + 1], a, bb + 2);
-            }
-          }
+          warp_gemm<kCols / 8, kN / 16, T>(
+              dq, [&](Frag& a, int ks) { load_a_t(a, sdS, kLdS, ks * 16, qt * 16); },
+              [&](Frag& b, int ks, int n0) { load_b_kn(b, sK, kLd, ks * 16, col0 + n0); });
           const float scale = static_cast<float>(p.scale);
           float* dq_rows = dq_accum + ((b * p.heads_q + h) * p.len_q + m0) * p.dim;
 #pragma unroll

@@ -75,23 +75,21 @@ __device__ __forceinline__ void load_b_kn(Frag& b, const T* s, int ld, int k0, i
 }
 
 // c += a * b for one 16x8 tile; b points at the tile's {b0, b1}.
+#define PT_MMA_16816(TYPE)                                                                                  \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE                                      \
+               ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"                    \
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                            \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
 template <typename T>
 __device__ __forceinline__ void mma_16816(float (&c)[4], const Frag& a, const uint32_t* b) {
   if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    PT_MMA_16816("f16");
   } else {
     static_assert(std::is_same_v<T, __nv_bfloat16>);
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    PT_MMA_16816("bf16");
   }
 }
+#undef PT_MMA_16816
 
 // Two float32 values as a register of two T (lo in the low half).
 template <typename T>
