@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pytransformer-deps
 
-.PHONY: run demo test build bench cuda-check clean
+.PHONY: run demo test build bench cuda-check cuda-emulate clean
 
 run: demo
 
@@ -30,6 +30,9 @@ $(STAMP):
 
 cuda-check: $(STAMP)
 	PYTHON=$(PY) bash .ci/check_cuda.sh
+
+cuda-emulate: $(STAMP)  # after make build: the emulator imports the built CPU extension
+	PYTHONPATH=. $(PY) .ci/cuda_emulator/run.py
 
 clean:
 	rm -rf build pytransformer/_C*.so *.egg-info

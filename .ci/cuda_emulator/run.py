@@ -83,6 +83,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import gpu_ops_check as check
 
+    torch.manual_seed(0)  # the same cases on every run, as gpu_ops_check.py does on the GPU
     emu = torch.ops.pytransformer_emu
     check.ops = emu
     dtypes = check.DTYPES
