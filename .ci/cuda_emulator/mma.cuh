@@ -17,6 +17,7 @@ using Frag = uint32_t[4];
 
 template <bool kTrans>
 inline void ldmatrix_x4(uint32_t (&r)[4], const void* row_addr) {
+  emu::check_smem_access(row_addr, 16, "ldmatrix row");
   const auto rows = emu::warp_exchange(static_cast<const uint16_t*>(row_addr));  // [lane] -> its row of 8 values
   const unsigned lane = emu::linear_tid() % 32, g = lane / 4, t = lane % 4;
   for (int i = 0; i < 4; ++i) {
@@ -96,7 +97,14 @@ inline uint32_t pack2(float lo, float hi) {
   return r;
 }
 
-inline void cp_async_16(void* dst, const void* src, bool valid) { emu::async_copy(dst, valid ? src : nullptr, 16); }
+inline void cp_async_16(void* dst, const void* src, bool valid) {
+  emu::check_smem_access(dst, 16, "cp.async destination");
+  if (valid && reinterpret_cast<uintptr_t>(src) % 16) {
+    fprintf(stderr, "emu: cp.async source %p not 16-byte aligned\n", src);
+    abort();
+  }
+  emu::async_copy(dst, valid ? src : nullptr, 16);
+}
 inline void cp_async_commit() { emu::async_commit(); }
 template <int kPending>
 inline void cp_async_wait() {

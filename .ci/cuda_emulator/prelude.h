@@ -96,6 +96,18 @@ std::array<V, 32> warp_exchange(const V& mine) {
 inline std::map<const void*, size_t> max_dynamic_smem;  // set by cudaFuncSetAttribute (stubs.cpp)
 inline std::vector<unsigned char> dynamic_smem_buffer;
 inline unsigned char* dynamic_smem;
+inline size_t dynamic_smem_bytes;
+
+// Aborts unless [p, p + n) lies in this launch's dynamic shared memory and p is 16-byte aligned (what ldmatrix row
+// addresses and cp.async destinations must be on the GPU; the tensor-core kernels use dynamic shared memory only).
+inline void check_smem_access(const void* p, size_t n, const char* what) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  if (c < dynamic_smem || c + n > dynamic_smem + dynamic_smem_bytes || reinterpret_cast<uintptr_t>(c) % 16) {
+    fprintf(stderr, "emu: %s at byte %td of %zu bytes of dynamic shared memory (or misaligned)\n", what,
+            c - dynamic_smem, dynamic_smem_bytes);
+    abort();
+  }
+}
 
 // cp.async: copies queued per thread in commit groups, landing when the thread waits for their group.
 struct AsyncCopy {
@@ -179,6 +191,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   gridDim = grid, blockDim = block;
   dynamic_smem_buffer.assign(smem + 16, 0xff);  // NaN-filled for every 16-bit and 32-bit float type
   dynamic_smem = dynamic_smem_buffer.data() + (16 - reinterpret_cast<uintptr_t>(dynamic_smem_buffer.data()) % 16) % 16;
+  dynamic_smem_bytes = smem;
   body = [&] { kernel(args...); };
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
