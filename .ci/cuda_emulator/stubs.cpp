@@ -13,8 +13,8 @@ cudaError_t cudaGetDevice(int* device) {
   *device = 0;
   return cudaSuccess;
 }
-cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr, int) {
-  *value = emu::sm_count;
+cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int) {
+  *value = attr == cudaDevAttrMaxSharedMemoryPerBlockOptin ? 227 * 1024 : emu::sm_count;  // an H100's opt-in limit
   return cudaSuccess;
 }
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, const void*, int, size_t,

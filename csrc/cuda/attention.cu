@@ -1,7 +1,7 @@
 // CUDA glue of attention (forward and backward): the checks of attention.h shared with the CPU, operand preparation,
 // delta = rowsum(grad_out * out), and the choice between the kernel families of attention_kernels.cuh, on the current
-// stream of q's device. float16/bfloat16 with D, Dv <= 256 take the tensor-core path (operands padded to a multiple
-// of 8 dims, rows 16-byte aligned); everything else takes the SIMT kernels.
+// stream of q's device. float16/bfloat16 with D, Dv <= 256 take the tensor-core path when its shared memory fits the
+// device (operands padded to a multiple of 8 dims, rows 16-byte aligned); everything else takes the SIMT kernels.
 #include <ATen/Context.h>
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
@@ -43,9 +43,6 @@ constexpr int64_t kMmaDimMultiple = 8;
 
 int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
-// Whether the tensor-core kernels take a float16/bfloat16 call: D and Dv within the largest of kMmaHeadDims.
-bool use_mma(int64_t dim, int64_t dim_v) { return std::max(dim, dim_v) <= std::end(kMmaHeadDims)[-1]; }
-
 // The smallest of kMmaHeadDims that holds rows of `dim` elements (dim <= the largest, see use_mma).
 int mma_head_dim(int64_t dim) { return *std::lower_bound(std::begin(kMmaHeadDims), std::end(kMmaHeadDims), dim); }
 
@@ -64,6 +61,20 @@ void dispatch_mma_head_dim(int head_dim, F&& f) {
     case kMmaHeadDims[7]: return f(std::integral_constant<int, kMmaHeadDims[7]>{});
     default: TORCH_CHECK(false, "internal error: no tensor-core kernel for head dim ", head_dim);
   }
+}
+
+// Whether the tensor-core kernels take a float16/bfloat16 call: D and Dv within the largest of kMmaHeadDims, and
+// the shared memory of the forward (or backward) kernels within the device's per-block limit (sm_80/sm_90 fit every
+// head dim; GPUs with ~100 KB a block, e.g. sm_86/sm_89, take the SIMT kernels for the larger head dims' backward).
+bool use_mma(int64_t dim, int64_t dim_v, bool backward) {
+  const int64_t width = std::max(round_up(dim, kMmaDimMultiple), round_up(dim_v, kMmaDimMultiple));
+  if (width > std::end(kMmaHeadDims)[-1]) return false;
+  size_t smem = 0;
+  dispatch_mma_head_dim(mma_head_dim(width), [&](auto head_dim) {
+    using Tiles = MmaTiles<decltype(head_dim)::value>;
+    smem = backward ? Tiles::kBwdSmem : Tiles::kFwdSmem;
+  });
+  return smem <= static_cast<size_t>(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
 }
 
 // t with a unit last-dim stride (the SIMT kernels' only layout requirement; no copy when it has one).
@@ -123,7 +134,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
   dispatch_float_types(q.scalar_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (!std::is_same_v<T, float>) {
-      if (use_mma(D, Dv)) {
+      if (use_mma(D, Dv, /*backward=*/false)) {
         const int64_t Dp = round_up(D, kMmaDimMultiple), Dvp = round_up(Dv, kMmaDimMultiple);
         const at::Tensor q_ = mma_operand(q, Dp), k_ = mma_operand(k, Dp), v_ = mma_operand(v, Dvp);
         const at::Tensor out_ = padded_output(out, Dvp);
@@ -180,7 +191,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
       kernel(bp);
     };
     if constexpr (!std::is_same_v<T, float>) {
-      if (use_mma(D, Dv)) {
+      if (use_mma(D, Dv, /*backward=*/true)) {
         const int64_t Dp = round_up(D, kMmaDimMultiple), Dvp = round_up(Dv, kMmaDimMultiple);
         const at::Tensor q_ = mma_operand(q, Dp), k_ = mma_operand(k, Dp), v_ = mma_operand(v, Dvp);
         const at::Tensor go_ = mma_operand(grad_out, Dvp), out_ = mma_operand(out, Dvp);

@@ -9,6 +9,9 @@
 // gk_stride / gv_stride (the kernels sum each GQA group themselves: no per-query-head copies).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstddef>
+
 #include "../attention.h"
 
 namespace pytransformer::cuda {
@@ -23,6 +26,30 @@ void attention_simt_bwd(const AttentionBackwardParams& p, const float* delta, cu
 // ---- tensor cores: T = __half or __nv_bfloat16; D and Dv multiples of 8 and at most kHeadDim; every row of q, k,
 // v, out, grad_out, grad_q, grad_k, grad_v 16-byte aligned (base pointers and row strides) ----
 constexpr int kMmaHeadDims[] = {32, 64, 96, 128, 160, 192, 224, 256};
+constexpr size_t kMmaElemBytes = 2;
+
+// Tile shapes of the tensor-core kernels for one head dim (kHeadDim: the instantiation's head dim, >= D and Dv) and
+// the dynamic shared memory each kernel takes (the glue compares it with the device's limit before choosing them).
+template <int kHeadDim>
+struct MmaTiles {
+  static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256);
+  static constexpr int kLd = kHeadDim + 8;  // shared-memory row: +16 bytes, conflict-free ldmatrix (kHeadDim % 16 == 0)
+  static constexpr int kFwdWarps = 4;
+  static constexpr int kFwdBlockM = 16 * kFwdWarps;
+  static constexpr int kFwdBlockN = kHeadDim <= 128 ? 64 : 32;
+  static constexpr int kBwdWarps = kHeadDim <= 128 ? 8 : 4;
+  static constexpr int kBwdBlockN = 16 * kBwdWarps;
+  static constexpr int kBwdBlockM = 64;
+  static constexpr int kLdS = kBwdBlockM + 8;  // the dS^T tile [kBwdBlockN][kBwdBlockM] of the atomic-dQ backward
+  // forward: Q, K, V tiles; backward dK/dV: K, V, Q, dO tiles, lse and delta (+ dS^T with atomic dQ); dQ kernel:
+  // Q, dO, K, V tiles.
+  static constexpr size_t kFwdSmem = size_t(kFwdBlockM + 2 * kFwdBlockN) * kLd * kMmaElemBytes;
+  static constexpr size_t kBwdTilesSmem =
+      size_t(2 * kBwdBlockN + 2 * kBwdBlockM) * kLd * kMmaElemBytes + 2 * kBwdBlockM * sizeof(float);
+  static constexpr size_t kBwdDsSmem = size_t(kBwdBlockN) * kLdS * kMmaElemBytes;
+  static constexpr size_t kDqSmem = size_t(2 * kFwdBlockM + 2 * kFwdBlockN) * kLd * kMmaElemBytes;
+  static constexpr size_t kBwdSmem = std::max(kBwdTilesSmem + kBwdDsSmem, kDqSmem);  // the most of either mode
+};
 template <typename T, int kHeadDim>
 void attention_mma_fwd(const AttentionParams& p, cudaStream_t stream);
 // dq_accum: float32 [B, Hq, Lq, D] contiguous and zeroed; the kernel adds grad_q into it with atomics (the glue

@@ -28,20 +28,6 @@ namespace pytransformer::cuda {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Tile shapes of the kernels for one head dim (kHeadDim: the instantiation's head dim, >= D and Dv).
-template <int kHeadDim>
-struct MmaTiles {
-  static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256);
-  static constexpr int kLd = kHeadDim + 8;  // shared-memory row: +16 bytes, conflict-free ldmatrix (kHeadDim % 16 == 0)
-  static constexpr int kFwdWarps = 4;
-  static constexpr int kFwdBlockM = 16 * kFwdWarps;
-  static constexpr int kFwdBlockN = kHeadDim <= 128 ? 64 : 32;
-  static constexpr int kBwdWarps = kHeadDim <= 128 ? 8 : 4;
-  static constexpr int kBwdBlockN = 16 * kBwdWarps;
-  static constexpr int kBwdBlockM = 64;
-  static constexpr int kLdS = kBwdBlockM + 8;  // the dS^T tile [kBwdBlockN][kBwdBlockM] of the atomic-dQ backward
-};
-
 // Rows [0, kRows) x columns [0, kCols) of a tile into shared memory (row pitch ld_s) from global rows g + r * ld_g,
 // asynchronously; rows >= rows_valid and columns >= cols_valid (a multiple of 8) are zero-filled.
 template <int kRows, int kCols, int kThreads, typename T>
@@ -473,32 +459,29 @@ void launch_with_smem(Kernel kernel, int64_t blocks, int threads, size_t smem, c
 template <typename T, int kHeadDim>
 void attention_mma_fwd(const AttentionParams& p, cudaStream_t stream) {
   using Tiles = MmaTiles<kHeadDim>;
-  const size_t smem = size_t(Tiles::kFwdBlockM + 2 * Tiles::kFwdBlockN) * Tiles::kLd * sizeof(T);
+  static_assert(sizeof(T) == kMmaElemBytes);
   const int64_t m_blocks = (p.len_q + Tiles::kFwdBlockM - 1) / Tiles::kFwdBlockM;
   launch_with_smem(attention_mma_fwd_kernel<T, kHeadDim>, m_blocks * p.heads_q * p.batch, Tiles::kFwdWarps * 32,
-                   smem, stream, p);
+                   Tiles::kFwdSmem, stream, p);
 }
 
 template <typename T, int kHeadDim>
 void attention_mma_bwd(const AttentionBackwardParams& bp, const float* delta, float* dq_accum, cudaStream_t stream) {
   using Tiles = MmaTiles<kHeadDim>;
   const AttentionParams& p = bp.fwd;
-  const size_t tiles = size_t(2 * Tiles::kBwdBlockN + 2 * Tiles::kBwdBlockM) * Tiles::kLd * sizeof(T) +
-                       2 * Tiles::kBwdBlockM * sizeof(float);
+  static_assert(sizeof(T) == kMmaElemBytes);
   const int64_t n_blocks = (p.len_k + Tiles::kBwdBlockN - 1) / Tiles::kBwdBlockN;
   const int64_t blocks = n_blocks * p.heads_kv * p.batch;
   if (dq_accum) {
-    const size_t smem = tiles + size_t(Tiles::kBwdBlockN) * Tiles::kLdS * sizeof(T);
-    launch_with_smem(attention_mma_bwd_kernel<T, kHeadDim, true>, blocks, Tiles::kBwdWarps * 32, smem, stream, bp,
-                     delta, dq_accum);
+    launch_with_smem(attention_mma_bwd_kernel<T, kHeadDim, true>, blocks, Tiles::kBwdWarps * 32,
+                     Tiles::kBwdTilesSmem + Tiles::kBwdDsSmem, stream, bp, delta, dq_accum);
     return;
   }
-  launch_with_smem(attention_mma_bwd_kernel<T, kHeadDim, false>, blocks, Tiles::kBwdWarps * 32, tiles, stream, bp,
-                   delta, dq_accum);
-  const size_t smem = size_t(2 * Tiles::kFwdBlockM + 2 * Tiles::kFwdBlockN) * Tiles::kLd * sizeof(T);
+  launch_with_smem(attention_mma_bwd_kernel<T, kHeadDim, false>, blocks, Tiles::kBwdWarps * 32, Tiles::kBwdTilesSmem,
+                   stream, bp, delta, dq_accum);
   const int64_t m_blocks = (p.len_q + Tiles::kFwdBlockM - 1) / Tiles::kFwdBlockM;
   launch_with_smem(attention_mma_bwd_dq_kernel<T, kHeadDim>, m_blocks * p.heads_q * p.batch, Tiles::kFwdWarps * 32,
-                   smem, stream, bp, delta);
+                   Tiles::kDqSmem, stream, bp, delta);
 }
 
 }  // namespace pytransformer::cuda

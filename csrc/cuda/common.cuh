@@ -225,12 +225,15 @@ inline unsigned grid_for_rows(int64_t rows, const RowConfig& cfg) {
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-inline int multiprocessor_count() {
-  int device = 0, count = 0;
+// An attribute of the current device.
+inline int device_attribute(cudaDeviceAttr attr) {
+  int device = 0, value = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-  return count;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
+  return value;
 }
+
+inline int multiprocessor_count() { return device_attribute(cudaDevAttrMultiProcessorCount); }
 
 // Calls f(std::type_identity<T>) with T the CUDA storage type of a float32/float16/bfloat16 tensor.
 template <class F>
