@@ -63,12 +63,13 @@ void dispatch_mma_head_dim(int head_dim, F&& f) {
   }
 }
 
-// Whether the tensor-core kernels take a float16/bfloat16 call: D and Dv within the largest of kMmaHeadDims, and
-// the shared memory of the forward (or backward) kernels within the device's per-block limit (sm_80/sm_90 fit every
-// head dim; GPUs with ~100 KB a block, e.g. sm_86/sm_89, take the SIMT kernels for the larger head dims' backward).
-bool use_mma(int64_t dim, int64_t dim_v, bool backward) {
-  const int64_t width = std::max(round_up(dim, kMmaDimMultiple), round_up(dim_v, kMmaDimMultiple));
-  if (width > std::end(kMmaHeadDims)[-1]) return false;
+// Whether the tensor-core kernels take a float16/bfloat16 call: D and Dv within the largest of kMmaHeadDims, lengths
+// that 32-bit positions hold, and the shared memory of the forward (or backward) kernels within the device's
+// per-block limit (sm_80/sm_90 fit every head dim; GPUs with ~100 KB a block, e.g. sm_86/sm_89, take the SIMT
+// kernels for the larger head dims' backward).
+bool use_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool backward) {
+  const int64_t width = std::max(round_up(q.size(3), kMmaDimMultiple), round_up(v.size(3), kMmaDimMultiple));
+  if (width > std::end(kMmaHeadDims)[-1] || std::max(q.size(2), k.size(2)) >= (int64_t(1) << 30)) return false;
   size_t smem = 0;
   dispatch_mma_head_dim(mma_head_dim(width), [&](auto head_dim) {
     using Tiles = MmaTiles<decltype(head_dim)::value>;
@@ -134,7 +135,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
   dispatch_float_types(q.scalar_type(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (!std::is_same_v<T, float>) {
-      if (use_mma(D, Dv, /*backward=*/false)) {
+      if (use_mma(q, k, v, /*backward=*/false)) {
         const int64_t Dp = round_up(D, kMmaDimMultiple), Dvp = round_up(Dv, kMmaDimMultiple);
         const at::Tensor q_ = mma_operand(q, Dp), k_ = mma_operand(k, Dp), v_ = mma_operand(v, Dvp);
         const at::Tensor out_ = padded_output(out, Dvp);
@@ -191,7 +192,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
       kernel(bp);
     };
     if constexpr (!std::is_same_v<T, float>) {
-      if (use_mma(D, Dv, /*backward=*/true)) {
+      if (use_mma(q, k, v, /*backward=*/true)) {
         const int64_t Dp = round_up(D, kMmaDimMultiple), Dvp = round_up(Dv, kMmaDimMultiple);
         const at::Tensor q_ = mma_operand(q, Dp), k_ = mma_operand(k, Dp), v_ = mma_operand(v, Dvp);
         const at::Tensor go_ = mma_operand(grad_out, Dvp), out_ = mma_operand(out, Dvp);

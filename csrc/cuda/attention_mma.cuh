@@ -7,13 +7,14 @@
 // arrive by cp.async (zero-filled past the ends of the tensors and past D / Dv, so padding contributes zeros).
 // Scores are handled in log2 units: x = s * scale * log2(e) (+ float mask * log2(e)), p = exp2(x - max).
 //
-//   forward      block = kFwdBlockM queries of one (b, h), 16 per warp; loops over key tiles with an online
+//   forward      block = kFwdBlockM queries of one (b, h), 16 * kFwdRowTiles per warp (the row tiles share each
+//                K / V fragment a warp loads); loops over key tiles with an online
 //                softmax; K of the next tile is loaded while P V runs, V while Q K^T runs.
 //   backward     block = kBwdBlockN keys of one (b, K/V head), 16 per warp, dK and dV in registers; loops over the
 //                GQA group's query heads and the query tiles that see the keys, recomputing P^T from lse:
 //                  S^T = K Q^T,  P^T = exp2(x - lse),  dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T (dP^T - delta),
 //                  dK += dS^T Q,  and (atomic mode) dQ += dS K through shared memory and float32 atomics.
-//   backward dQ  deterministic mode: block = kFwdBlockM queries, loops over key tiles: dQ = sum dS K, no atomics.
+//   backward dQ  deterministic mode: block = kDqBlockM queries, loops over key tiles: dQ = sum dS K, no atomics.
 #include <c10/cuda/CUDAException.h>
 
 #include <cmath>
@@ -61,19 +62,20 @@ __device__ __forceinline__ bool tile_is_clean(const AttentionParams& p, int64_t 
   return p.mask_kind == MaskKind::kNone && j1 <= key_end(p, b) && !block_partially_hidden(p, i0, i1, j0, j1);
 }
 
-// Score s of query i, key j in log2 units, or -inf where the key is hidden (queries past Lq see nothing).
-__device__ __forceinline__ float masked_score(const AttentionParams& p, float s, float scale_log2, int64_t b,
-                                              int64_t h, int64_t i, int64_t j, int64_t keys_end) {
-  if (i >= p.len_q || j >= keys_end) return -INFINITY;
-  const int64_t pos = query_position(p, i);
-  if (p.causal && (j > pos || (p.window > 0 && j <= pos - p.window))) return -INFINITY;
+// Score s of query i, key j in log2 units, or -inf where the key is hidden (queries past Lq see nothing). Positions
+// are 32-bit (the glue sends only Lq, Lk < 2^30 here); `mask` points at the (b, h) plane of the mask.
+__device__ __forceinline__ float masked_score(const AttentionParams& p, const void* mask, float s, float scale_log2,
+                                              int i, int j, int keys_end) {
+  const int pos = i + static_cast<int>(p.len_k - p.len_q);
+  if (i >= p.len_q || j >= keys_end || (p.causal && (j > pos || (p.window > 0 && j <= pos - p.window))))
+    return -INFINITY;
   float x = s * scale_log2;
   if (p.mask_kind != MaskKind::kNone) {
-    const int64_t at = b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2] + j * p.mask_stride[3];
+    const int64_t at = i * p.mask_stride[2] + j * p.mask_stride[3];
     if (p.mask_kind == MaskKind::kBool) {
-      if (!static_cast<const bool*>(p.mask)[at]) return -INFINITY;
+      if (!static_cast<const bool*>(mask)[at]) return -INFINITY;
     } else {
-      x += static_cast<const float*>(p.mask)[at] * kLog2e;
+      x += static_cast<const float*>(mask)[at] * kLog2e;
     }
   }
   return x;
@@ -82,65 +84,78 @@ __device__ __forceinline__ float masked_score(const AttentionParams& p, float s,
 // A warp's score tile acc [16 rows][kNT * 8 columns] (rows row0.., columns col0..) to log2 units, masked unless
 // `clean`. kKeysAreRows: rows are keys and columns queries (the backward's S^T), else the other way round.
 template <bool kKeysAreRows, int kNT>
-__device__ __forceinline__ void scale_and_mask(float (&acc)[kNT][4], const AttentionParams& p, int64_t b, int64_t h,
+__device__ __forceinline__ void scale_and_mask(float (*acc)[4], const AttentionParams& p, int64_t b, int64_t h,
                                                int64_t row0, int64_t col0, bool clean, float scale_log2) {
+  if (clean) {
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][e] *= scale_log2;
+    return;
+  }
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  const int64_t keys_end = key_end(p, b);
+  const int keys_end = static_cast<int>(key_end(p, b));
+  const void* mask = p.mask_kind == MaskKind::kNone
+                         ? nullptr
+                         : static_cast<const char*>(p.mask) + (b * p.mask_stride[0] + h * p.mask_stride[1]) *
+                                                                  (p.mask_kind == MaskKind::kBool ? 1 : 4);
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int64_t r = row0 + g + 8 * (e / 2), c = col0 + nt * 8 + 2 * t + e % 2;
-      acc[nt][e] = clean ? acc[nt][e] * scale_log2
-                         : masked_score(p, acc[nt][e], scale_log2, b, h, kKeysAreRows ? c : r, kKeysAreRows ? r : c,
-                                        keys_end);
+      const int r = static_cast<int>(row0) + g + 8 * (e / 2), c = static_cast<int>(col0) + nt * 8 + 2 * t + e % 2;
+      acc[nt][e] = masked_score(p, mask, acc[nt][e], scale_log2, kKeysAreRows ? c : r, kKeysAreRows ? r : c, keys_end);
     }
 }
 
-// A warp's product acc [16][kNT * 8] += A B over kKS k-steps of 16: a_frag(a, ks) loads A's fragment of k-step ks,
-// b_frags(b, ks, n0) B's fragments of the n-tiles n0 and n0 + 8 of that k-step.
-template <int kNT, int kKS, typename T, class AFrag, class BFrags>
-__device__ __forceinline__ void warp_gemm(float (&acc)[kNT][4], AFrag&& a_frag, BFrags&& b_frags) {
+// A warp's product over kRT row tiles of 16: acc [kRT * 16][kNT * 8] (row tile rt at acc[rt * kNT..]) += A B over kKS
+// k-steps of 16. a_frag(a, rt, ks) loads A's fragment of row tile rt and k-step ks, b_frags(b, ks, n0) B's fragments
+// of the n-tiles n0 and n0 + 8 of that k-step, which all the row tiles use.
+template <int kRT, int kNT, int kKS, typename T, class AFrag, class BFrags>
+__device__ __forceinline__ void warp_gemm(float (*acc)[4], AFrag&& a_frag, BFrags&& b_frags) {
   static_assert(kNT % 2 == 0);
 #pragma unroll
   for (int ks = 0; ks < kKS; ++ks) {
-    Frag a;
-    a_frag(a, ks);
+    Frag a[kRT];
+#pragma unroll
+    for (int rt = 0; rt < kRT; ++rt) a_frag(a[rt], rt, ks);
 #pragma unroll
     for (int np = 0; np < kNT / 2; ++np) {
       Frag bb;
       b_frags(bb, ks, np * 16);
-      mma_16816<T>(acc[2 * np], a, bb);
-      mma_16816<T>(acc[2 * np + 1], a, bb + 2);
+#pragma unroll
+      for (int rt = 0; rt < kRT; ++rt) {
+        mma_16816<T>(acc[rt * kNT + 2 * np], a[rt], bb);
+        mma_16816<T>(acc[rt * kNT + 2 * np + 1], a[rt], bb + 2);
+      }
     }
   }
 }
 
-// acc [16][kNT * 8] += A B^T, A = sA rows a_row0..+15, columns 0..16 * kKS, B = sB rows 0..kNT * 8 (row-major [n][k]).
-template <int kNT, int kKS, typename T>
-__device__ __forceinline__ void warp_gemm_nt(float (&acc)[kNT][4], const T* sA, int lda, int a_row0, const T* sB,
-                                             int ldb) {
-  warp_gemm<kNT, kKS, T>(
-      acc, [&](Frag& a, int ks) { load_a(a, sA, lda, a_row0, ks * 16); },
+// acc [kRT * 16][kNT * 8] += A B^T, A = sA rows a_row0.. + 16 * kRT, columns 0..16 * kKS, B = sB rows 0..kNT * 8
+// (row-major [n][k]).
+template <int kRT, int kNT, int kKS, typename T>
+__device__ __forceinline__ void warp_gemm_nt(float (*acc)[4], const T* sA, int lda, int a_row0, const T* sB, int ldb) {
+  warp_gemm<kRT, kNT, kKS, T>(
+      acc, [&](Frag& a, int rt, int ks) { load_a(a, sA, lda, a_row0 + 16 * rt, ks * 16); },
       [&](Frag& b, int ks, int n0) { load_b_nk(b, sB, ldb, n0, ks * 16); });
 }
 
-// The A fragment of k-step ks from a warp's float32 accumulator tile (its columns become A's k dimension).
-template <typename T, int kNT>
-__device__ __forceinline__ void acc_to_a(Frag& a, const float (&acc)[kNT][4], int ks) {
+// The A fragment of k-step ks from a warp's float32 accumulator tile of 16 rows (its columns become A's k dimension).
+template <typename T>
+__device__ __forceinline__ void acc_to_a(Frag& a, const float (*acc)[4], int ks) {
   a[0] = pack2<T>(acc[2 * ks][0], acc[2 * ks][1]);
   a[1] = pack2<T>(acc[2 * ks][2], acc[2 * ks][3]);
   a[2] = pack2<T>(acc[2 * ks + 1][0], acc[2 * ks + 1][1]);
   a[3] = pack2<T>(acc[2 * ks + 1][2], acc[2 * ks + 1][3]);
 }
 
-// acc [16][kNT * 8] += P B, P = the warp's accumulator tile p [16][kKS * 16] (rounded to T), B = sB rows 0..16 * kKS,
-// columns b_col0.. (row-major [k][n]).
-template <int kNT, int kKS, typename T>
-__device__ __forceinline__ void warp_gemm_pn(float (&acc)[kNT][4], const float (&p)[2 * kKS][4], const T* sB, int ldb,
-                                             int b_col0) {
-  warp_gemm<kNT, kKS, T>(
-      acc, [&](Frag& a, int ks) { acc_to_a<T>(a, p, ks); },
+// acc [kRT * 16][kNT * 8] += P B, P = the warp's accumulator tiles p [kRT * 16][kKS * 16] (row tile rt at
+// p[rt * 2 * kKS..], rounded to T), B = sB rows 0..16 * kKS, columns b_col0.. (row-major [k][n]).
+template <int kRT, int kNT, int kKS, typename T>
+__device__ __forceinline__ void warp_gemm_pn(float (*acc)[4], const float (*p)[4], const T* sB, int ldb, int b_col0) {
+  warp_gemm<kRT, kNT, kKS, T>(
+      acc, [&](Frag& a, int rt, int ks) { acc_to_a<T>(a, p + rt * 2 * kKS, ks); },
       [&](Frag& b, int ks, int n0) { load_b_kn(b, sB, ldb, ks * 16, b_col0 + n0); });
 }
 
@@ -156,8 +171,8 @@ __device__ __forceinline__ float quad_max(float v) {
 
 // Writes a warp's tile acc [16][kNT * 8] * scale to rows row0.. (< rows) and columns < cols of a T matrix with row
 // pitch ld (two elements per store: cols is a multiple of 8).
-template <typename T, int kNT>
-__device__ __forceinline__ void store_tile(T* out, int64_t ld, const float (&acc)[kNT][4], int64_t row0, int64_t rows,
+template <int kNT, typename T>
+__device__ __forceinline__ void store_tile(T* out, int64_t ld, const float (*acc)[4], int64_t row0, int64_t rows,
                                            int64_t cols, float scale) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 #pragma unroll
@@ -187,7 +202,7 @@ template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
     attention_mma_fwd_kernel(const AttentionParams p) {
   using Tiles = MmaTiles<kHeadDim>;
-  constexpr int kM = Tiles::kFwdBlockM, kN = Tiles::kFwdBlockN, kLd = Tiles::kLd;
+  constexpr int kM = Tiles::kFwdBlockM, kN = Tiles::kFwdBlockN, kLd = Tiles::kLd, kRT = Tiles::kFwdRowTiles;
   constexpr int kThreads = Tiles::kFwdWarps * 32, kNT = kN / 8, kDT = kHeadDim / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);  // [kM][kLd]
@@ -205,8 +220,12 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
   const T* k = operand_row<T>(p.k, p.k_stride, b, hk, 0);
   const T* v = operand_row<T>(p.v, p.v_stride, b, hk, 0);
 
-  float o[kDT][4] = {};
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  // The warp's kRT row tiles of 16 queries, rows row0..; the thread holds rows g and g + 8 of each (index 2 rt + r).
+  const int row0 = warp * 16 * kRT;
+  float o[kRT * kDT][4] = {};
+  float row_max[2 * kRT], row_sum[2 * kRT];
+#pragma unroll
+  for (int i = 0; i < 2 * kRT; ++i) row_max[i] = -INFINITY, row_sum[i] = 0.f;
   if (keys.lo < keys.hi) {
     const int64_t n_first = keys.lo / kN * kN, tiles = (keys.hi - n_first + kN - 1) / kN;
     load_tile<kM, kHeadDim, kThreads>(sQ, kLd, operand_row<T>(p.q, p.q_stride, b, h, m0), p.q_stride[2], nq, p.dim);
@@ -219,31 +238,35 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
       load_tile<kN, kHeadDim, kThreads>(sV, kLd, v + n0 * p.v_stride[2], p.v_stride[2], p.len_k - n0, p.dim_v);
       cp_async_commit();
 
-      float s[kNT][4] = {};
-      warp_gemm_nt<kNT, kHeadDim / 16>(s, sQ, kLd, warp * 16, sK, kLd);
-      scale_and_mask<false>(s, p, b, h, m0 + warp * 16, n0, tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN),
-                            scale_log2);
-      // Online softmax for the thread's two rows (g and g + 8 of the warp's 16).
+      float s[kRT * kNT][4] = {};
+      warp_gemm_nt<kRT, kNT, kHeadDim / 16>(s, sQ, kLd, row0, sK, kLd);
+      const bool clean = tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = row_max[r];
+      for (int rt = 0; rt < kRT; ++rt)
+        scale_and_mask<false, kNT>(s + rt * kNT, p, b, h, m0 + row0 + 16 * rt, n0, clean, scale_log2);
+      // Online softmax for the thread's rows.
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+      for (int i = 0; i < 2 * kRT; ++i) {
+        float(*srow)[4] = s + i / 2 * kNT;
+        const int r = i % 2;
+        float mx = row_max[i];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(srow[nt][2 * r], srow[nt][2 * r + 1]));
         mx = quad_max(mx);
         const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet keeps p = 0
-        const float alpha = exp2f(row_max[r] - base);
-        row_max[r] = mx;
+        const float alpha = exp2f(row_max[i] - base);
+        row_max[i] = mx;
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
           for (int e = 2 * r; e < 2 * r + 2; ++e) {
-            s[nt][e] = exp2f(s[nt][e] - base);
-            sum += s[nt][e];
+            srow[nt][e] = exp2f(srow[nt][e] - base);
+            sum += srow[nt][e];
           }
-        row_sum[r] = row_sum[r] * alpha + sum;  // per-thread partial sums; the quad's are added at the end
+        row_sum[i] = row_sum[i] * alpha + sum;  // per-thread partial sums; the quad's are added at the end
 #pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) o[dt][2 * r] *= alpha, o[dt][2 * r + 1] *= alpha;
+        for (int dt = 0; dt < kDT; ++dt) o[i / 2 * kDT + dt][2 * r] *= alpha, o[i / 2 * kDT + dt][2 * r + 1] *= alpha;
       }
       cp_async_wait<0>();
       __syncthreads();  // V landed; every warp is done with K
@@ -252,23 +275,24 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
                                           p.dim);
         cp_async_commit();
       }
-      warp_gemm_pn<kDT, kN / 16>(o, s, sV, kLd, 0);
+      warp_gemm_pn<kRT, kDT, kN / 16>(o, s, sV, kLd, 0);
     }
   }
-  float inv[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    row_sum[r] = quad_sum(row_sum[r]);
-    inv[r] = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
+  for (int i = 0; i < 2 * kRT; ++i) {
+    const int r = i % 2;
+    row_sum[i] = quad_sum(row_sum[i]);
+    const float inv = row_sum[i] > 0.f ? 1.f / row_sum[i] : 0.f;
 #pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) o[dt][2 * r] *= inv[r], o[dt][2 * r + 1] *= inv[r];
-    const int64_t i = m0 + warp * 16 + g + 8 * r;
-    if (t == 0 && i < p.len_q)
-      static_cast<float*>(p.lse)[(b * p.heads_q + h) * p.len_q + i] =
-          row_sum[r] > 0.f ? (row_max[r] + log2f(row_sum[r])) * kLn2 : -INFINITY;
+    for (int dt = 0; dt < kDT; ++dt) o[i / 2 * kDT + dt][2 * r] *= inv, o[i / 2 * kDT + dt][2 * r + 1] *= inv;
+    const int64_t q_row = m0 + row0 + 16 * (i / 2) + g + 8 * r;
+    if (t == 0 && q_row < p.len_q)
+      static_cast<float*>(p.lse)[(b * p.heads_q + h) * p.len_q + q_row] =
+          row_sum[i] > 0.f ? (row_max[i] + log2f(row_sum[i])) * kLn2 : -INFINITY;
   }
   T* out = static_cast<T*>(p.out) + b * p.o_stride[0] + h * p.o_stride[1] + m0 * p.o_stride[2];
-  store_tile(out, p.o_stride[2], o, warp * 16, nq, p.dim_v, 1.f);
+#pragma unroll
+  for (int rt = 0; rt < kRT; ++rt) store_tile<kDT>(out, p.o_stride[2], o + rt * kDT, row0 + 16 * rt, nq, p.dim_v, 1.f);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -324,23 +348,23 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
 
         // P^T [16 keys][kM queries] of this warp's keys.
         float pt[kMT][4] = {};
-        warp_gemm_nt<kMT, kHeadDim / 16>(pt, sK, kLd, warp * 16, sQ, kLd);
-        scale_and_mask<true>(pt, p, b, h, n0 + warp * 16, m0, tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN),
+        warp_gemm_nt<1, kMT, kHeadDim / 16>(pt, sK, kLd, warp * 16, sQ, kLd);
+        scale_and_mask<true, kMT>(pt, p, b, h, n0 + warp * 16, m0, tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN),
                              scale_log2);
         const int t = threadIdx.x % 4;
 #pragma unroll
         for (int nt = 0; nt < kMT; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) pt[nt][e] = exp2f(pt[nt][e] - sLse[nt * 8 + 2 * t + e % 2]);
-        warp_gemm_pn<kDT, kM / 16>(dv, pt, sdO, kLd, 0);  // dV += P^T dO
+        warp_gemm_pn<1, kDT, kM / 16>(dv, pt, sdO, kLd, 0);  // dV += P^T dO
         // dS^T = P^T (dP^T - delta), dP^T = V dO^T
         float ds[kMT][4] = {};
-        warp_gemm_nt<kMT, kHeadDim / 16>(ds, sV, kLd, warp * 16, sdO, kLd);
+        warp_gemm_nt<1, kMT, kHeadDim / 16>(ds, sV, kLd, warp * 16, sdO, kLd);
 #pragma unroll
         for (int nt = 0; nt < kMT; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) ds[nt][e] = pt[nt][e] * (ds[nt][e] - sDelta[nt * 8 + 2 * t + e % 2]);
-        warp_gemm_pn<kDT, kM / 16>(dk, ds, sQ, kLd, 0);  // dK += dS^T Q
+        warp_gemm_pn<1, kDT, kM / 16>(dk, ds, sQ, kLd, 0);  // dK += dS^T Q
         if constexpr (kAtomicDq) {
           // dQ [kM][D] += dS K: dS^T goes through shared memory; warp w computes query rows 16 * (w % kQT) of the
           // column slice w / kQT (the warps split the head dim when there are more warps than query row tiles).
@@ -356,8 +380,8 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
           __syncthreads();
           const int qt = warp % kQT, col0 = warp / kQT * kCols;
           float dq[kCols / 8][4] = {};
-          warp_gemm<kCols / 8, kN / 16, T>(
-              dq, [&](Frag& a, int ks) { load_a_t(a, sdS, kLdS, ks * 16, qt * 16); },
+          warp_gemm<1, kCols / 8, kN / 16, T>(
+              dq, [&](Frag& a, int, int ks) { load_a_t(a, sdS, kLdS, ks * 16, qt * 16); },
               [&](Frag& b, int ks, int n0) { load_b_kn(b, sK, kLd, ks * 16, col0 + n0); });
           const float scale = static_cast<float>(p.scale);
           float* dq_rows = dq_accum + ((b * p.heads_q + h) * p.len_q + m0) * p.dim;
@@ -377,20 +401,20 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
       }
   }
   const int64_t rows = p.len_k - n0;
-  store_tile(static_cast<T*>(bp.grad_k) + b * bp.gk_stride[0] + hk * bp.gk_stride[1] + n0 * bp.gk_stride[2],
+  store_tile<kDT>(static_cast<T*>(bp.grad_k) + b * bp.gk_stride[0] + hk * bp.gk_stride[1] + n0 * bp.gk_stride[2],
              bp.gk_stride[2], dk, warp * 16, rows, p.dim, static_cast<float>(p.scale));
-  store_tile(static_cast<T*>(bp.grad_v) + b * bp.gv_stride[0] + hk * bp.gv_stride[1] + n0 * bp.gv_stride[2],
+  store_tile<kDT>(static_cast<T*>(bp.grad_v) + b * bp.gv_stride[0] + hk * bp.gv_stride[1] + n0 * bp.gv_stride[2],
              bp.gv_stride[2], dv, warp * 16, rows, p.dim_v, 1.f);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
+__global__ void __launch_bounds__(MmaTiles<kHeadDim>::kDqWarps * 32)
     attention_mma_bwd_dq_kernel(const AttentionBackwardParams bp, const float* delta) {
   using Tiles = MmaTiles<kHeadDim>;
-  constexpr int kM = Tiles::kFwdBlockM, kN = Tiles::kFwdBlockN, kLd = Tiles::kLd;
-  constexpr int kThreads = Tiles::kFwdWarps * 32, kNT = kN / 8, kDT = kHeadDim / 8;
+  constexpr int kM = Tiles::kDqBlockM, kN = Tiles::kFwdBlockN, kLd = Tiles::kLd;
+  constexpr int kThreads = Tiles::kDqWarps * 32, kNT = kN / 8, kDT = kHeadDim / 8;
   const AttentionParams& p = bp.fwd;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);  // [kM][kLd]
@@ -429,19 +453,19 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
       cp_async_wait<0>();
       __syncthreads();
       float s[kNT][4] = {}, ds[kNT][4] = {};
-      warp_gemm_nt<kNT, kHeadDim / 16>(s, sQ, kLd, warp * 16, sK, kLd);
-      scale_and_mask<false>(s, p, b, h, m0 + warp * 16, n0, tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN),
-                            scale_log2);
-      warp_gemm_nt<kNT, kHeadDim / 16>(ds, sdO, kLd, warp * 16, sV, kLd);  // dP = dO V^T
+      warp_gemm_nt<1, kNT, kHeadDim / 16>(s, sQ, kLd, warp * 16, sK, kLd);
+      scale_and_mask<false, kNT>(s, p, b, h, m0 + warp * 16, n0, tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN),
+                                 scale_log2);
+      warp_gemm_nt<1, kNT, kHeadDim / 16>(ds, sdO, kLd, warp * 16, sV, kLd);  // dP = dO V^T
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) ds[nt][e] = exp2f(s[nt][e] - lse[e / 2]) * (ds[nt][e] - dlt[e / 2]);
-      warp_gemm_pn<kDT, kN / 16>(dq, ds, sK, kLd, 0);  // dQ += dS K
+      warp_gemm_pn<1, kDT, kN / 16>(dq, ds, sK, kLd, 0);  // dQ += dS K
     }
   }
   T* gq = static_cast<T*>(bp.grad_q) + b * bp.gq_stride[0] + h * bp.gq_stride[1] + m0 * bp.gq_stride[2];
-  store_tile(gq, bp.gq_stride[2], dq, warp * 16, nq, p.dim, static_cast<float>(p.scale));
+  store_tile<kDT>(gq, bp.gq_stride[2], dq, warp * 16, nq, p.dim, static_cast<float>(p.scale));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -479,8 +503,8 @@ void attention_mma_bwd(const AttentionBackwardParams& bp, const float* delta, fl
   }
   launch_with_smem(attention_mma_bwd_kernel<T, kHeadDim, false>, blocks, Tiles::kBwdWarps * 32, Tiles::kBwdTilesSmem,
                    stream, bp, delta, dq_accum);
-  const int64_t m_blocks = (p.len_q + Tiles::kFwdBlockM - 1) / Tiles::kFwdBlockM;
-  launch_with_smem(attention_mma_bwd_dq_kernel<T, kHeadDim>, m_blocks * p.heads_q * p.batch, Tiles::kFwdWarps * 32,
+  const int64_t m_blocks = (p.len_q + Tiles::kDqBlockM - 1) / Tiles::kDqBlockM;
+  launch_with_smem(attention_mma_bwd_dq_kernel<T, kHeadDim>, m_blocks * p.heads_q * p.batch, Tiles::kDqWarps * 32,
                    Tiles::kDqSmem, stream, bp, delta);
 }
 
