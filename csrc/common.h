@@ -7,6 +7,8 @@
 
 namespace pytransformer {
 
+constexpr int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
+
 inline void check_float_dtype(const at::Tensor& t, const char* name) {
   auto s = t.scalar_type();
   TORCH_CHECK_VALUE(s == at::kFloat || s == at::kHalf || s == at::kBFloat16 || s == at::kDouble, name,

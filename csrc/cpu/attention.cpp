@@ -34,8 +34,6 @@ extern KernelTable<AttentionBwdFn> attention_bwd_kernel;
 // Padded head dims are multiples of this many bytes (the widest vector of any ISA level).
 constexpr int64_t kPadBytes = 64;
 
-constexpr int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
-
 inline namespace CPU_CAPABILITY {
 using at::vec::Vectorized;
 

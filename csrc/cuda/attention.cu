@@ -41,8 +41,6 @@ __global__ void __launch_bounds__(kSimtWarps* kWarpSize) attention_delta_kernel(
 
 constexpr int64_t kMmaDimMultiple = 8;
 
-int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
-
 // The smallest of kMmaHeadDims that holds rows of `dim` elements (dim <= the largest, see use_mma).
 int mma_head_dim(int64_t dim) { return *std::lower_bound(std::begin(kMmaHeadDims), std::end(kMmaHeadDims), dim); }
 
@@ -80,13 +78,6 @@ bool use_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool
 
 // t with a unit last-dim stride (the SIMT kernels' only layout requirement; no copy when it has one).
 at::Tensor simt_operand(const at::Tensor& t) { return t.size(-1) == 1 || t.stride(-1) == 1 ? t : t.contiguous(); }
-
-// Whether every [B, H, L] row of t starts on a 16-byte boundary and its last dim is contiguous.
-bool rows_aligned16(const at::Tensor& t) {
-  bool ok = aligned16(t.const_data_ptr()) && t.stride(3) == 1;
-  for (int d = 0; d < 3; ++d) ok = ok && t.stride(d) * t.element_size() % 16 == 0;
-  return ok;
-}
 
 // t for the tensor-core kernels: the last dim zero-padded to `width` (a multiple of 8) and every row 16-byte
 // aligned (no copy when t already is so).
@@ -211,7 +202,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
       }
     }
     run(simt_operand(q), simt_operand(k), simt_operand(v), simt_operand(grad_out), simt_operand(out), gq, gk, gv, D,
-        Dv, [&](const AttentionBackwardParams& bp) { attention_simt_bwd<T>(bp, delta.const_data_ptr<float>(), stream); });
+        Dv, [&](const AttentionBackwardParams& bp) {
+          attention_simt_bwd<T>(bp, delta.const_data_ptr<float>(), stream);
+        });
   });
   return {gq, gk, gv};
 }

@@ -249,14 +249,6 @@ __global__ void __launch_bounds__(kSimtWarps* kWarpSize)
 
 // ---- host side ----
 
-// Whether every [B, H, L] row of a T tensor at `base` with these strides starts on a 16-byte boundary.
-template <typename T>
-bool simt_rows_aligned(const void* base, const int64_t (&stride)[3]) {
-  bool ok = aligned16(base);
-  for (int d = 0; d < 3; ++d) ok = ok && stride[d] * int64_t(sizeof(T)) % 16 == 0;
-  return ok;
-}
-
 inline unsigned simt_grid(int64_t rows) {
   return static_cast<unsigned>(std::min<int64_t>((rows + kSimtWarps - 1) / kSimtWarps, int64_t(1) << 30));
 }
@@ -295,7 +287,7 @@ void attention_simt_fwd(const AttentionParams& p, cudaStream_t stream) {
   const int64_t rows = p.batch * p.heads_q * p.len_q;
   if (rows == 0) return;
   // Each lane streams its own rows of K.
-  dispatch_simt<T>(p.dim_v, simt_rows_aligned<T>(p.k, p.k_stride), [&](auto vec, auto iters) {
+  dispatch_simt<T>(p.dim_v, rows_aligned16(p.k, p.k_stride, sizeof(T)), [&](auto vec, auto iters) {
     constexpr int kVec = decltype(vec)::value, kIters = decltype(iters)::value;
     attention_simt_fwd_kernel<T, kVec, kIters><<<simt_grid(rows), kSimtWarps * kWarpSize, 0, stream>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -308,7 +300,7 @@ void attention_simt_bwd(const AttentionBackwardParams& bp, const float* delta, c
   const int64_t q_rows = p.batch * p.heads_q * p.len_q, k_rows = p.batch * p.heads_kv * p.len_k;
   const int64_t dim = std::max(p.dim, p.dim_v);
   if (q_rows > 0) {  // each lane streams its own rows of K and V
-    const bool packs = simt_rows_aligned<T>(p.k, p.k_stride) && simt_rows_aligned<T>(p.v, p.v_stride);
+    const bool packs = rows_aligned16(p.k, p.k_stride, sizeof(T)) && rows_aligned16(p.v, p.v_stride, sizeof(T));
     dispatch_simt<T>(dim, packs, [&](auto vec, auto iters) {
       constexpr int kVec = decltype(vec)::value, kIters = decltype(iters)::value;
       attention_simt_dq_kernel<T, kVec, kIters><<<simt_grid(q_rows), kSimtWarps * kWarpSize, 0, stream>>>(bp, delta);
@@ -316,7 +308,8 @@ void attention_simt_bwd(const AttentionBackwardParams& bp, const float* delta, c
     });
   }
   if (k_rows > 0) {  // each lane streams its own rows of Q and grad_out
-    const bool packs = simt_rows_aligned<T>(p.q, p.q_stride) && simt_rows_aligned<T>(bp.grad_out, bp.go_stride);
+    const bool packs =
+        rows_aligned16(p.q, p.q_stride, sizeof(T)) && rows_aligned16(bp.grad_out, bp.go_stride, sizeof(T));
     dispatch_simt<T>(dim, packs, [&](auto vec, auto iters) {
       constexpr int kVec = decltype(vec)::value, kIters = decltype(iters)::value;
       attention_simt_dkv_kernel<T, kVec, kIters><<<simt_grid(k_rows), kSimtWarps * kWarpSize, 0, stream>>>(bp, delta);

@@ -8,6 +8,7 @@
 // lane, lane + row_threads, lane + 2 * row_threads, ...; with kIters > 0 these are at most kIters chunks kept in
 // registers between the passes over the row, with kIters == 0 (rows too long for registers) each pass streams the
 // row from memory again.
+#include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
@@ -224,6 +225,24 @@ inline unsigned grid_for_rows(int64_t rows, const RowConfig& cfg) {
 }
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Whether every row base + b * stride[0] + h * stride[1] + i * stride[2] (elements of elem_bytes) starts on a 16-byte
+// boundary.
+inline bool rows_aligned16(const void* base, const int64_t (&stride)[3], int64_t elem_bytes) {
+  bool ok = aligned16(base);
+  for (int d = 0; d < 3; ++d) ok = ok && stride[d] * elem_bytes % 16 == 0;
+  return ok;
+}
+
+// Whether every [B, H, L] row of t ([B, H, L, n]) starts on a 16-byte boundary and is contiguous.
+inline bool rows_aligned16(const at::Tensor& t) {
+  int64_t stride[3];
+  for (int d = 0; d < 3; ++d) stride[d] = t.size(d) > 1 ? t.stride(d) : 0;  // a dim of size 1 is never stepped
+  return (t.size(3) <= 1 || t.stride(3) == 1) && rows_aligned16(t.const_data_ptr(), stride, t.element_size());
+}
+
+// Whether every row of t ([B, H, L, n]) can be read or written in 16-byte packs.
+inline bool rows_packable(const at::Tensor& t) { return rows_aligned16(t) && t.size(3) % (16 / t.element_size()) == 0; }
 
 // An attribute of the current device.
 inline int device_attribute(cudaDeviceAttr attr) {

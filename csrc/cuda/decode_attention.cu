@@ -14,16 +14,6 @@
 namespace pytransformer::cuda {
 namespace {
 
-// Whether every row of the cache `t` ([B, Hkv, capacity, n], unit last-dim stride) starts on a 16-byte boundary and
-// holds whole packs.
-bool rows_packable(const at::Tensor& t) {
-  const int64_t pack = 16 / t.element_size();
-  if (!aligned16(t.const_data_ptr()) || t.size(3) % pack != 0) return false;
-  for (int d = 0; d < 3; ++d)
-    if (t.size(d) > 1 && t.stride(d) % pack != 0) return false;
-  return true;
-}
-
 at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
                             const at::Tensor& cache_lengths, double scale, std::optional<int64_t> window) {
   const at::Tensor q = unit_last_stride(q_in), k = unit_last_stride(k_in), v = unit_last_stride(v_in);

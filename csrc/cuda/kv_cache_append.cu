@@ -12,16 +12,6 @@
 namespace pytransformer::cuda {
 namespace {
 
-// Whether every row of `t` ([B, H, L, n]) can be copied in 16-byte packs.
-bool rows_packable(const at::Tensor& t) {
-  const int64_t pack = 16 / t.element_size();
-  if (!aligned16(t.const_data_ptr()) || t.size(3) % pack != 0) return false;
-  if (t.size(3) > 1 && t.stride(3) != 1) return false;
-  for (int d = 0; d < 3; ++d)
-    if (t.size(d) > 1 && t.stride(d) % pack != 0) return false;
-  return true;
-}
-
 void kv_cache_append(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_new,
                      const at::Tensor& v_new, const at::Tensor& positions) {
   const KvCacheAppendParams p = check_kv_cache_append_args(k_cache, v_cache, k_new, v_new, positions);
