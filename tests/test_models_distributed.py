@@ -43,8 +43,8 @@ def _worker(rank, init_file, out_file, wrapper):
     state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
     if rank == 0:
         torch.save(state, out_file)
-    # Without this barrier a rank could tear its gloo group down while the other still used it: a worker aborted
-    # ("terminate called without an active exception", SIGABRT) in 3 of 42 FSDP2 runs here, none of 60 with it.
+    # No rank tears its gloo group down while the other still uses it (3 aborts in 42 FSDP2 runs without this barrier,
+    # none in 60 with it here; it makes aborts rarer but, as one CI run showed, not impossible).
     dist.barrier()
     dist.destroy_process_group()
 
@@ -56,12 +56,20 @@ def test_two_processes_equal_one(wrapper, tmp_path):
     if wrapper == "fsdp":
         pytest.importorskip("torch.distributed.fsdp", reason="no FSDP in this torch build")
     out = tmp_path / "state.pt"
-    try:
-        mp.spawn(_worker, args=(str(tmp_path / "init"), str(out), wrapper), nprocs=WORLD)
-    except mp.ProcessRaisedException as e:
-        if wrapper == "fsdp" and "fully_shard" in str(e) and "cpu" in str(e).lower():
-            pytest.skip(f"FSDP on the CPU is not supported by this torch build: {e}")
-        raise
+    for attempt in range(2):
+        try:
+            mp.spawn(_worker, args=(str(tmp_path / f"init{attempt}"), str(out), wrapper), nprocs=WORLD)
+            break
+        except mp.ProcessRaisedException as e:
+            if wrapper == "fsdp" and "fully_shard" in str(e) and "cpu" in str(e).lower():
+                pytest.skip(f"FSDP on the CPU is not supported by this torch build: {e}")
+            raise
+        except mp.ProcessExitedException:
+            # FSDP2 + gloo on the CPU: a worker still aborts now and then (SIGABRT, "terminate called without an
+            # active exception"), seen in a clean-clone CI run even with the barrier below. One retry; a second
+            # abort fails the test.
+            if attempt == 1:
+                raise
     single = _model()
     _step(single, _batch())
     expected = {k.removeprefix("module."): v for k, v in torch.load(out).items()}
