@@ -12,8 +12,11 @@
 # Everything takes longer than one 10-minute device call: run it in parts, e.g. `env build test opscheck`, then
 # `memcheck racecheck synccheck initcheck`, then `bandwidth bench alltests`. Steps stop at TIME_BUDGET seconds from the
 # start (default 570, inside a 600-second call) so that the summary is always written; later steps are skipped.
+# A device machine goes back 30 s after a call, so each call starts bare: `build` copies the built extension
+# (pytransformer/_C*.so) into $OUT; put it back into pytransformer/ of the checkout, name it in the next call's `carry`
+# and leave `build` out of that call's steps to skip the rebuild (only while csrc/ is unchanged).
 # Environment: OUT (default ./gpu_check_out), PYTHON (python3), MAX_JOBS (16), TORCH_CUDA_ARCH_LIST (9.0),
-# TIME_BUDGET (570).
+# TIME_BUDGET (570), TEST_WORKERS (8: pytest-xdist processes for the CUDA tests, when it is installed).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -77,6 +80,8 @@ skip_step() {
 # are not hidden inside a larger cached block.
 SANITIZE=(env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --error-exitcode 1)
 OPS_QUICK=("$PYTHON" benchmarks/gpu_ops_check.py --quick)
+XDIST=()
+"$PYTHON" -c "import xdist" 2>/dev/null && XDIST=(-n "${TEST_WORKERS:-8}")
 
 for step in "${STEPS[@]}"; do
   case $step in
@@ -88,11 +93,12 @@ for step in "${STEPS[@]}"; do
       [ $BUILD_OK -eq 0 ] || run_step with_cuda "$PYTHON" -c \
         "import pytransformer as pt; assert pt.with_cuda(), 'the extension was built without CUDA'; print('with_cuda: True')" \
         || BUILD_OK=0
+      [ $BUILD_OK -eq 0 ] || cp pytransformer/_C*.so "$OUT"/  # for the next call's carry (see the header)
       ;;
     test | opscheck | attention | memcheck | racecheck | synccheck | initcheck | bench | alltests)
       if [ $BUILD_OK -eq 0 ]; then skip_step "$step" "build failed"; continue; fi
       case $step in
-        test) run_step test "$PYTHON" -m pytest -q -m cuda tests -rfE --junitxml="$OUT/test.xml" ;;
+        test) run_step test "$PYTHON" -m pytest -q -m cuda tests -rfE "${XDIST[@]}" --junitxml="$OUT/test.xml" ;;
         opscheck) run_step opscheck "$PYTHON" benchmarks/gpu_ops_check.py ;;
         attention)
           run_step attention_opscheck "$PYTHON" benchmarks/gpu_ops_check.py --ops attention

@@ -35,20 +35,20 @@ struct MmaTiles {
   static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256);
   static constexpr int kLd = kHeadDim + 8;  // shared-memory row: +16 bytes, conflict-free ldmatrix (kHeadDim % 16 == 0)
   static constexpr int kFwdWarps = 4;
-  static constexpr int kFwdRowTiles = kHeadDim <= 64 ? 2 : 1;  // 16-query row tiles a warp (as FA2's 128-row blocks)
+  static constexpr int kFwdRowTiles = kHeadDim <= 128 ? 2 : 1;  // 16-query row tiles a warp (as FA2: 128-row blocks)
   static constexpr int kFwdBlockM = 16 * kFwdRowTiles * kFwdWarps;
   static constexpr int kFwdBlockN = kHeadDim <= 128 ? 64 : 32;
   static constexpr int kDqWarps = 4;  // the deterministic dQ kernel: 16 queries a warp, key tiles of kFwdBlockN
   static constexpr int kDqBlockM = 16 * kDqWarps;
   static constexpr int kBwdWarps = kHeadDim <= 128 ? 8 : 4;
   static constexpr int kBwdBlockN = 16 * kBwdWarps;
-  static constexpr int kBwdBlockM = 64;
+  static constexpr int kBwdBlockM = kHeadDim <= 192 ? 64 : 32;  // 32: double-buffered, fits sm_80's 163 KB
   static constexpr int kLdS = kBwdBlockM + 8;  // the dS^T tile [kBwdBlockN][kBwdBlockM] of the atomic-dQ backward
-  // forward: Q, K, V tiles; backward dK/dV: K, V, Q, dO tiles, lse and delta (+ dS^T with atomic dQ); dQ kernel:
-  // Q, dO, K, V tiles.
+  // forward: Q, K, V tiles; backward dK/dV: K, V, two stages of the Q, dO, lse and delta tiles (+ dS^T with atomic
+  // dQ); dQ kernel: Q, dO, K, V tiles.
   static constexpr size_t kFwdSmem = size_t(kFwdBlockM + 2 * kFwdBlockN) * kLd * kMmaElemBytes;
   static constexpr size_t kBwdTilesSmem =
-      size_t(2 * kBwdBlockN + 2 * kBwdBlockM) * kLd * kMmaElemBytes + 2 * kBwdBlockM * sizeof(float);
+      size_t(2 * kBwdBlockN + 4 * kBwdBlockM) * kLd * kMmaElemBytes + 4 * kBwdBlockM * sizeof(float);
   static constexpr size_t kBwdDsSmem = size_t(kBwdBlockN) * kLdS * kMmaElemBytes;
   static constexpr size_t kDqSmem = size_t(2 * kDqBlockM + 2 * kFwdBlockN) * kLd * kMmaElemBytes;
   static constexpr size_t kBwdSmem = std::max(kBwdTilesSmem + kBwdDsSmem, kDqSmem);  // the most of either mode

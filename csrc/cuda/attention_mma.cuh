@@ -30,18 +30,25 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 // Rows [0, kRows) x columns [0, kCols) of a tile into shared memory (row pitch ld_s) from global rows g + r * ld_g,
-// asynchronously; rows >= rows_valid and columns >= cols_valid (a multiple of 8) are zero-filled.
+// asynchronously; rows >= rows_valid and columns >= cols_valid (a multiple of 8) are zero-filled. A thread keeps one
+// 16-byte column chunk and walks down the rows with one running pointer (threads past the last whole row of chunks
+// idle), so that no per-chunk 64-bit address stays live across the caller's loop.
 template <int kRows, int kCols, int kThreads, typename T>
 __device__ __forceinline__ void load_tile(T* s, int ld_s, const T* g, int64_t ld_g, int64_t rows_valid,
                                           int64_t cols_valid) {
-  constexpr int kChunksPerRow = kCols / 8, kChunks = kRows * kChunksPerRow;
+  constexpr int kChunksPerRow = kCols / 8, kRowsPerPass = kThreads / kChunksPerRow;
+  constexpr int kPasses = (kRows + kRowsPerPass - 1) / kRowsPerPass;
+  static_assert(kRowsPerPass > 0);
+  const int r0 = threadIdx.x / kChunksPerRow, col = threadIdx.x % kChunksPerRow * 8;
+  if (r0 >= kRowsPerPass) return;
+  const bool col_valid = col < cols_valid;
+  const T* src = g + r0 * ld_g + col;
 #pragma unroll
-  for (int it = 0; it < (kChunks + kThreads - 1) / kThreads; ++it) {
-    const int c = it * kThreads + threadIdx.x;
-    if (kChunks % kThreads != 0 && c >= kChunks) break;
-    const int r = c / kChunksPerRow, col = c % kChunksPerRow * 8;
-    const bool valid = r < rows_valid && col < cols_valid;
-    cp_async_16(s + r * ld_s + col, valid ? g + r * ld_g + col : g, valid);
+  for (int pass = 0; pass < kPasses; ++pass, src += kRowsPerPass * ld_g) {
+    const int r = r0 + pass * kRowsPerPass;
+    if (kRows % kRowsPerPass != 0 && r >= kRows) break;
+    const bool valid = col_valid && r < rows_valid;
+    cp_async_16(s + r * ld_s + col, valid ? src : g, valid);
   }
 }
 
@@ -275,7 +282,15 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
                                           p.dim);
         cp_async_commit();
       }
-      warp_gemm_pn<kRT, kDT, kN / 16>(o, s, sV, kLd, 0);
+      // P rounded to T as A fragments now, so that the float32 scores are dead during P V.
+      Frag pf[kRT][kN / 16];
+#pragma unroll
+      for (int rt = 0; rt < kRT; ++rt)
+#pragma unroll
+        for (int ks = 0; ks < kN / 16; ++ks) acc_to_a<T>(pf[rt][ks], s + rt * kNT, ks);
+      warp_gemm<kRT, kDT, kN / 16, T>(
+          o, [&](Frag& a, int rt, int ks) { a[0] = pf[rt][ks][0], a[1] = pf[rt][ks][1], a[2] = pf[rt][ks][2], a[3] = pf[rt][ks][3]; },
+          [&](Frag& b, int ks, int n0) { load_b_kn(b, sV, kLd, ks * 16, n0); });
     }
   }
 #pragma unroll
@@ -306,13 +321,13 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
   constexpr int kMT = kM / 8, kDT = kHeadDim / 8;
   const AttentionParams& p = bp.fwd;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* sK = reinterpret_cast<T*>(smem_raw);  // [kN][kLd]
-  T* sV = sK + kN * kLd;                   // [kN][kLd]
-  T* sQ = sV + kN * kLd;                   // [kM][kLd]
-  T* sdO = sQ + kM * kLd;                  // [kM][kLd]
-  float* sLse = reinterpret_cast<float*>(sdO + kM * kLd);  // [kM]
-  float* sDelta = sLse + kM;                               // [kM]
-  T* sdS = reinterpret_cast<T*>(sDelta + kM);              // [kN][kLdS] (atomic dQ only)
+  T* sK = reinterpret_cast<T*>(smem_raw);       // [kN][kLd]
+  T* sV = sK + kN * kLd;                        // [kN][kLd]
+  T* sQ_stages = sV + kN * kLd;                 // [2][kM][kLd]
+  T* sdO_stages = sQ_stages + 2 * kM * kLd;     // [2][kM][kLd]
+  float* sLse_stages = reinterpret_cast<float*>(sdO_stages + 2 * kM * kLd);  // [2][kM]
+  float* sDelta_stages = sLse_stages + 2 * kM;                                // [2][kM]
+  T* sdS = reinterpret_cast<T*>(sDelta_stages + 2 * kM);                      // [kN][kLdS] (atomic dQ only)
 
   const int64_t n_blocks = (p.len_k + kN - 1) / kN;
   const int64_t n0 = blockIdx.x % n_blocks * kN, hk = blockIdx.x / n_blocks % p.heads_kv;
@@ -324,81 +339,110 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
   int64_t i_lo = 0, i_hi = n0 < key_end(p, b) ? p.len_q : 0;
   if (p.causal) i_lo = n0 - shift > 0 ? n0 - shift : 0;
   if (p.window > 0 && n0 + kN - 1 - shift + p.window < i_hi) i_hi = n0 + kN - 1 - shift + p.window;
+  // Steps: (query head of the GQA group, query tile) pairs, heads outermost; step s works on stage s % 2 while step
+  // s + 1's Q and dO tiles arrive by cp.async into the other stage and its lse and delta wait in registers.
+  const int64_t m_first = i_lo / kM * kM, m_tiles = i_lo < i_hi ? (i_hi - m_first + kM - 1) / kM : 0;
+  const int64_t steps = group * m_tiles;
+  auto load_q_do = [&](int stage, int64_t h, int64_t m0) {
+    load_tile<kM, kHeadDim, kThreads>(sQ_stages + stage * kM * kLd, kLd, operand_row<T>(p.q, p.q_stride, b, h, m0),
+                                      p.q_stride[2], p.len_q - m0, p.dim);
+    load_tile<kM, kHeadDim, kThreads>(sdO_stages + stage * kM * kLd, kLd,
+                                      operand_row<T>(bp.grad_out, bp.go_stride, b, h, m0), bp.go_stride[2],
+                                      p.len_q - m0, p.dim_v);
+  };
+  // lse (log2 units) and delta of query m0 + threadIdx.x of head h (threads < kM call it).
+  static_assert(kThreads >= kM);
+  auto row_stats = [&](int64_t h, int64_t m0, float& lse, float& dlt) {
+    const int64_t i = m0 + threadIdx.x;
+    lse = lse_log2(p, b, h, i);
+    dlt = i < p.len_q ? delta[(b * p.heads_q + h) * p.len_q + i] : 0.f;
+  };
 
   float dk[kDT][4] = {}, dv[kDT][4] = {};
-  if (i_lo < i_hi) {
+  if (steps > 0) {
     load_tile<kN, kHeadDim, kThreads>(sK, kLd, operand_row<T>(p.k, p.k_stride, b, hk, n0), p.k_stride[2],
                                       p.len_k - n0, p.dim);
     load_tile<kN, kHeadDim, kThreads>(sV, kLd, operand_row<T>(p.v, p.v_stride, b, hk, n0), p.v_stride[2],
                                       p.len_k - n0, p.dim_v);
-    for (int64_t h = hk * group; h < (hk + 1) * group; ++h)
-      for (int64_t m0 = i_lo / kM * kM; m0 < i_hi; m0 += kM) {
-        __syncthreads();  // every warp is done with the previous step's tiles
-        load_tile<kM, kHeadDim, kThreads>(sQ, kLd, operand_row<T>(p.q, p.q_stride, b, h, m0), p.q_stride[2],
-                                          p.len_q - m0, p.dim);
-        load_tile<kM, kHeadDim, kThreads>(sdO, kLd, operand_row<T>(bp.grad_out, bp.go_stride, b, h, m0),
-                                          bp.go_stride[2], p.len_q - m0, p.dim_v);
-        cp_async_commit();
-        for (int i = threadIdx.x; i < kM; i += kThreads) {
-          sLse[i] = lse_log2(p, b, h, m0 + i);
-          sDelta[i] = m0 + i < p.len_q ? delta[(b * p.heads_q + h) * p.len_q + m0 + i] : 0.f;
-        }
-        cp_async_wait<0>();
-        __syncthreads();
+    int64_t h = hk * group, m0 = m_first;  // this step's query head and tile
+    load_q_do(0, h, m0);
+    cp_async_commit();
+    if (threadIdx.x < kM) row_stats(h, m0, sLse_stages[threadIdx.x], sDelta_stages[threadIdx.x]);
+    for (int64_t step = 0; step < steps; ++step) {
+      const int stage = step % 2;
+      int64_t next_h = h, next_m0 = m0 + kM;
+      if (next_m0 >= i_hi) next_m0 = m_first, ++next_h;
+      const bool has_next = step + 1 < steps;
+      const T* sQ = sQ_stages + stage * kM * kLd;
+      const T* sdO = sdO_stages + stage * kM * kLd;
+      const float* sLse = sLse_stages + stage * kM;
+      const float* sDelta = sDelta_stages + stage * kM;
+      __syncthreads();  // every warp is done with the previous step (its stage is the next step's)
+      if (has_next) load_q_do(1 - stage, next_h, next_m0);
+      cp_async_commit();
+      float next_lse = 0.f, next_delta = 0.f;
+      if (has_next && threadIdx.x < kM) row_stats(next_h, next_m0, next_lse, next_delta);
+      cp_async_wait<1>();  // this step's tiles landed
+      __syncthreads();
 
-        // P^T [16 keys][kM queries] of this warp's keys.
-        float pt[kMT][4] = {};
-        warp_gemm_nt<1, kMT, kHeadDim / 16>(pt, sK, kLd, warp * 16, sQ, kLd);
-        scale_and_mask<true, kMT>(pt, p, b, h, n0 + warp * 16, m0, tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN),
-                             scale_log2);
-        const int t = threadIdx.x % 4;
+      // P^T [16 keys][kM queries] of this warp's keys.
+      float pt[kMT][4] = {};
+      warp_gemm_nt<1, kMT, kHeadDim / 16>(pt, sK, kLd, warp * 16, sQ, kLd);
+      scale_and_mask<true, kMT>(pt, p, b, h, n0 + warp * 16, m0, tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN),
+                           scale_log2);
+      const int t = threadIdx.x % 4;
+#pragma unroll
+      for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pt[nt][e] = exp2f(pt[nt][e] - sLse[nt * 8 + 2 * t + e % 2]);
+      warp_gemm_pn<1, kDT, kM / 16>(dv, pt, sdO, kLd, 0);  // dV += P^T dO
+      // dS^T = P^T (dP^T - delta), dP^T = V dO^T
+      float ds[kMT][4] = {};
+      warp_gemm_nt<1, kMT, kHeadDim / 16>(ds, sV, kLd, warp * 16, sdO, kLd);
+#pragma unroll
+      for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ds[nt][e] = pt[nt][e] * (ds[nt][e] - sDelta[nt * 8 + 2 * t + e % 2]);
+      warp_gemm_pn<1, kDT, kM / 16>(dk, ds, sQ, kLd, 0);  // dK += dS^T Q
+      if constexpr (kAtomicDq) {
+        // dQ [kM][D] += dS K: dS^T goes through shared memory; warp w computes query rows 16 * (w % kQT) of the
+        // column slice w / kQT (the warps split the head dim when there are more warps than query row tiles).
+        constexpr int kQT = kM / 16, kSplit = kWarps / kQT, kCols = kHeadDim / kSplit;
+        static_assert(kWarps % kQT == 0 && kCols % 16 == 0);
+        const int g = threadIdx.x % 32 / 4;
 #pragma unroll
         for (int nt = 0; nt < kMT; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) pt[nt][e] = exp2f(pt[nt][e] - sLse[nt * 8 + 2 * t + e % 2]);
-        warp_gemm_pn<1, kDT, kM / 16>(dv, pt, sdO, kLd, 0);  // dV += P^T dO
-        // dS^T = P^T (dP^T - delta), dP^T = V dO^T
-        float ds[kMT][4] = {};
-        warp_gemm_nt<1, kMT, kHeadDim / 16>(ds, sV, kLd, warp * 16, sdO, kLd);
+          for (int r = 0; r < 2; ++r)
+            *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g + 8 * r) * kLdS + nt * 8 + 2 * t) =
+                pack2<T>(ds[nt][2 * r], ds[nt][2 * r + 1]);
+        __syncthreads();
+        const int qt = warp % kQT, col0 = warp / kQT * kCols;
+        float dq[kCols / 8][4] = {};
+        warp_gemm<1, kCols / 8, kN / 16, T>(
+            dq, [&](Frag& a, int, int ks) { load_a_t(a, sdS, kLdS, ks * 16, qt * 16); },
+            [&](Frag& b, int ks, int n0) { load_b_kn(b, sK, kLd, ks * 16, col0 + n0); });
+        const float scale = static_cast<float>(p.scale);
+        float* dq_rows = dq_accum + ((b * p.heads_q + h) * p.len_q + m0) * p.dim;
 #pragma unroll
-        for (int nt = 0; nt < kMT; ++nt)
+        for (int r = 0; r < 2; ++r) {
+          const int64_t row = qt * 16 + g + 8 * r;
+          if (m0 + row >= p.len_q) continue;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) ds[nt][e] = pt[nt][e] * (ds[nt][e] - sDelta[nt * 8 + 2 * t + e % 2]);
-        warp_gemm_pn<1, kDT, kM / 16>(dk, ds, sQ, kLd, 0);  // dK += dS^T Q
-        if constexpr (kAtomicDq) {
-          // dQ [kM][D] += dS K: dS^T goes through shared memory; warp w computes query rows 16 * (w % kQT) of the
-          // column slice w / kQT (the warps split the head dim when there are more warps than query row tiles).
-          constexpr int kQT = kM / 16, kSplit = kWarps / kQT, kCols = kHeadDim / kSplit;
-          static_assert(kWarps % kQT == 0 && kCols % 16 == 0);
-          const int g = threadIdx.x % 32 / 4;
+          for (int nt = 0; nt < kCols / 8; ++nt)
 #pragma unroll
-          for (int nt = 0; nt < kMT; ++nt)
-#pragma unroll
-            for (int r = 0; r < 2; ++r)
-              *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g + 8 * r) * kLdS + nt * 8 + 2 * t) =
-                  pack2<T>(ds[nt][2 * r], ds[nt][2 * r + 1]);
-          __syncthreads();
-          const int qt = warp % kQT, col0 = warp / kQT * kCols;
-          float dq[kCols / 8][4] = {};
-          warp_gemm<1, kCols / 8, kN / 16, T>(
-              dq, [&](Frag& a, int, int ks) { load_a_t(a, sdS, kLdS, ks * 16, qt * 16); },
-              [&](Frag& b, int ks, int n0) { load_b_kn(b, sK, kLd, ks * 16, col0 + n0); });
-          const float scale = static_cast<float>(p.scale);
-          float* dq_rows = dq_accum + ((b * p.heads_q + h) * p.len_q + m0) * p.dim;
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int64_t row = qt * 16 + g + 8 * r;
-            if (m0 + row >= p.len_q) continue;
-#pragma unroll
-            for (int nt = 0; nt < kCols / 8; ++nt)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int col = col0 + nt * 8 + 2 * t + e;
-                if (col < p.dim) atomicAdd(dq_rows + row * p.dim + col, dq[nt][2 * r + e] * scale);
-              }
-          }
+            for (int e = 0; e < 2; ++e) {
+              const int col = col0 + nt * 8 + 2 * t + e;
+              if (col < p.dim) atomicAdd(dq_rows + row * p.dim + col, dq[nt][2 * r + e] * scale);
+            }
         }
       }
+      if (has_next && threadIdx.x < kM) {  // the other stage is free since this step's first barrier
+        sLse_stages[(1 - stage) * kM + threadIdx.x] = next_lse;
+        sDelta_stages[(1 - stage) * kM + threadIdx.x] = next_delta;
+      }
+      h = next_h, m0 = next_m0;
+    }
   }
   const int64_t rows = p.len_k - n0;
   store_tile<kDT>(static_cast<T*>(bp.grad_k) + b * bp.gk_stride[0] + hk * bp.gk_stride[1] + n0 * bp.gk_stride[2],
