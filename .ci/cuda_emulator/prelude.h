@@ -2,7 +2,11 @@
 // Host emulation of the CUDA subset that the row kernels of csrc/cuda use (see run.py): the threads of a block are
 // fibers on one OS thread, switched where they wait (__syncthreads, __shfl_xor_sync); blocks run one after another,
 // so `static` stands in for __shared__. A wait that can never end (a barrier some thread never reaches, a shuffle
-// partner outside the mask) aborts with a message instead of hanging. Included before the rewritten CUDA sources.
+// partner outside the mask) aborts with a message instead of hanging. The schedule is random (fixed seed): each round
+// resumes the runnable threads in a fresh order and lets about half of them lag a round behind, so that a shared-memory
+// access that a missing barrier leaves unordered with another thread's (a tile read before the cp.async of another
+// warp has landed, a stage overwritten while a slower warp still reads it) goes wrong here as it may on the GPU.
+// Included before the rewritten CUDA sources.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -17,6 +21,8 @@
 #include <array>
 #include <functional>
 #include <map>
+#include <numeric>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -46,6 +52,8 @@ struct Fiber {
   ucontext_t ctx;
   char* stack;
   bool done;
+  const Barrier* waiting_on;  // the barrier the fiber waits at (nullptr: runnable), and its generation then
+  unsigned waiting_generation;
 };
 
 constexpr size_t kStackBytes = 128 * 1024;
@@ -69,7 +77,13 @@ inline void arrive_and_wait(Barrier& b) {
     b.arrived = 0, ++b.generation;
     return;
   }
+  fibers[current].waiting_on = &b, fibers[current].waiting_generation = generation;
   while (b.generation == generation) swapcontext(&fibers[current].ctx, &scheduler);
+  fibers[current].waiting_on = nullptr;
+}
+
+inline bool runnable(const Fiber& f) {
+  return !f.done && (!f.waiting_on || f.waiting_on->generation != f.waiting_generation);
 }
 
 inline void fiber_entry() {
@@ -138,29 +152,36 @@ inline void async_wait(int pending) {
 
 inline void run_block(dim3 block, uint3 block_idx) {
   const unsigned n = block.x * block.y * block.z;
-  while (fibers.size() < n) fibers.push_back({{}, static_cast<char*>(malloc(kStackBytes)), true});
+  while (fibers.size() < n) fibers.push_back({{}, static_cast<char*>(malloc(kStackBytes)), true, nullptr, 0});
   block_barrier = Barrier{int(n)};
   async_groups.clear();
   shuffle_barriers.clear();
   blockIdx = block_idx;
   for (unsigned t = 0; t < n; ++t) {
     Fiber& f = fibers[t];
-    f.done = false;
+    f.done = false, f.waiting_on = nullptr;
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = f.stack;
     f.ctx.uc_stack.ss_size = kStackBytes;
     f.ctx.uc_link = &scheduler;
     makecontext(&f.ctx, fiber_entry, 0);
   }
+  static std::mt19937 rng(0);
+  std::vector<unsigned> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  bool let_lag = true;  // false for a round after one without progress: a deadlock shows in a round that runs all
   for (unsigned live = n; live;) {
     progressed = false;
     live = 0;
-    for (unsigned t = 0; t < n; ++t) {
+    std::shuffle(order.begin(), order.end(), rng);
+    for (unsigned t : order) {
       if (fibers[t].done) continue;
+      ++live;
+      if (!runnable(fibers[t]) || (let_lag && rng() % 2)) continue;
       current = t;
       threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
       swapcontext(&scheduler, &fibers[t].ctx);
-      live += !fibers[t].done;
+      live -= fibers[t].done;
     }
     if (!live)
       for (auto& groups : async_groups)
@@ -170,11 +191,12 @@ inline void run_block(dim3 block, uint3 block_idx) {
                     block_idx.y, block_idx.z);
             abort();
           }
-    if (live && !progressed) {
+    if (live && !progressed && !let_lag) {
       fprintf(stderr, "emu: deadlock in block (%u, %u, %u): %u threads wait forever\n", block_idx.x, block_idx.y,
               block_idx.z, live);
       abort();
     }
+    let_lag = progressed;
   }
 }
 

@@ -45,12 +45,12 @@ struct MmaTiles {
   static constexpr int kBwdBlockM = kHeadDim <= 192 ? 64 : 32;  // 32: double-buffered, fits sm_80's 163 KB
   static constexpr int kLdS = kBwdBlockM + 8;  // the dS^T tile [kBwdBlockN][kBwdBlockM] of the atomic-dQ backward
   // forward: Q, K, V tiles; backward dK/dV: K, V, two stages of the Q, dO, lse and delta tiles (+ dS^T with atomic
-  // dQ); dQ kernel: Q, dO, K, V tiles.
+  // dQ); dQ kernel: Q, dO and two stages of the K, V tiles.
   static constexpr size_t kFwdSmem = size_t(kFwdBlockM + 2 * kFwdBlockN) * kLd * kMmaElemBytes;
   static constexpr size_t kBwdTilesSmem =
       size_t(2 * kBwdBlockN + 4 * kBwdBlockM) * kLd * kMmaElemBytes + 4 * kBwdBlockM * sizeof(float);
   static constexpr size_t kBwdDsSmem = size_t(kBwdBlockN) * kLdS * kMmaElemBytes;
-  static constexpr size_t kDqSmem = size_t(2 * kDqBlockM + 2 * kFwdBlockN) * kLd * kMmaElemBytes;
+  static constexpr size_t kDqSmem = size_t(2 * kDqBlockM + 4 * kFwdBlockN) * kLd * kMmaElemBytes;
   static constexpr size_t kBwdSmem = std::max(kBwdTilesSmem + kBwdDsSmem, kDqSmem);  // the most of either mode
 };
 template <typename T, int kHeadDim>

@@ -463,8 +463,7 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kDqWarps * 32)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);  // [kM][kLd]
   T* sdO = sQ + kM * kLd;                  // [kM][kLd]
-  T* sK = sdO + kM * kLd;                  // [kN][kLd]
-  T* sV = sK + kN * kLd;                   // [kN][kLd]
+  T* sKV = sdO + kM * kLd;                 // [2 stages][K, V][kN][kLd]
 
   const int64_t m_blocks = (p.len_q + kM - 1) / kM;
   const int64_t m0 = (m_blocks - 1 - blockIdx.x % m_blocks) * kM;
@@ -489,12 +488,24 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kDqWarps * 32)
     load_tile<kM, kHeadDim, kThreads>(sQ, kLd, operand_row<T>(p.q, p.q_stride, b, h, m0), p.q_stride[2], nq, p.dim);
     load_tile<kM, kHeadDim, kThreads>(sdO, kLd, operand_row<T>(bp.grad_out, bp.go_stride, b, h, m0), bp.go_stride[2],
                                       nq, p.dim_v);
-    for (int64_t n0 = keys.lo / kN * kN; n0 < keys.hi; n0 += kN) {
-      __syncthreads();  // every warp is done with the previous K and V
+    // Key tile it works on stage it % 2 while tile it + 1's K and V arrive in the other stage.
+    auto load_k_v = [&](int stage, int64_t n0) {
+      T* sK = sKV + stage * 2 * kN * kLd;
       load_tile<kN, kHeadDim, kThreads>(sK, kLd, k + n0 * p.k_stride[2], p.k_stride[2], p.len_k - n0, p.dim);
-      load_tile<kN, kHeadDim, kThreads>(sV, kLd, v + n0 * p.v_stride[2], p.v_stride[2], p.len_k - n0, p.dim_v);
+      load_tile<kN, kHeadDim, kThreads>(sK + kN * kLd, kLd, v + n0 * p.v_stride[2], p.v_stride[2], p.len_k - n0,
+                                        p.dim_v);
+    };
+    const int64_t n_first = keys.lo / kN * kN;
+    load_k_v(0, n_first);
+    cp_async_commit();
+    for (int64_t n0 = n_first; n0 < keys.hi; n0 += kN) {
+      const int stage = (n0 - n_first) / kN % 2;
+      const T* sK = sKV + stage * 2 * kN * kLd;
+      const T* sV = sK + kN * kLd;
+      __syncthreads();  // every warp is done with the previous tile (its stage is the next tile's)
+      if (n0 + kN < keys.hi) load_k_v(1 - stage, n0 + kN);
       cp_async_commit();
-      cp_async_wait<0>();
+      cp_async_wait<1>();  // this tile (and Q, dO) landed
       __syncthreads();
       float s[kNT][4] = {}, ds[kNT][4] = {};
       warp_gemm_nt<1, kNT, kHeadDim / 16>(s, sQ, kLd, warp * 16, sK, kLd);
