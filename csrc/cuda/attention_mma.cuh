@@ -196,11 +196,18 @@ __device__ __forceinline__ void store_tile(T* out, int64_t ld, const float (*acc
   }
 }
 
-// log2-unit lse of query i for the backward: +inf for rows past Lq or that saw no key, so that their P is zero.
-__device__ __forceinline__ float lse_log2(const AttentionParams& p, int64_t b, int64_t h, int64_t i) {
-  if (i >= p.len_q) return INFINITY;
-  const float v = static_cast<const float*>(p.lse)[(b * p.heads_q + h) * p.len_q + i];
-  return v == -INFINITY ? INFINITY : v * kLog2e;
+// The backward's statistics of query i of head h: lse in log2 units (+inf for rows past Lq or that saw no key, so
+// that their P is zero) and delta (0 past Lq).
+__device__ __forceinline__ void row_stats(const AttentionParams& p, const float* delta, int64_t b, int64_t h,
+                                          int64_t i, float& lse, float& dlt) {
+  if (i >= p.len_q) {
+    lse = INFINITY, dlt = 0.f;
+    return;
+  }
+  const int64_t row = (b * p.heads_q + h) * p.len_q + i;
+  const float v = static_cast<const float*>(p.lse)[row];
+  lse = v == -INFINITY ? INFINITY : v * kLog2e;
+  dlt = delta[row];
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -350,13 +357,7 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
                                       operand_row<T>(bp.grad_out, bp.go_stride, b, h, m0), bp.go_stride[2],
                                       p.len_q - m0, p.dim_v);
   };
-  // lse (log2 units) and delta of query m0 + threadIdx.x of head h (threads < kM call it).
-  static_assert(kThreads >= kM);
-  auto row_stats = [&](int64_t h, int64_t m0, float& lse, float& dlt) {
-    const int64_t i = m0 + threadIdx.x;
-    lse = lse_log2(p, b, h, i);
-    dlt = i < p.len_q ? delta[(b * p.heads_q + h) * p.len_q + i] : 0.f;
-  };
+  static_assert(kThreads >= kM);  // thread i < kM fetches lse and delta of query row i of a step
 
   float dk[kDT][4] = {}, dv[kDT][4] = {};
   if (steps > 0) {
@@ -367,7 +368,8 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
     int64_t h = hk * group, m0 = m_first;  // this step's query head and tile
     load_q_do(0, h, m0);
     cp_async_commit();
-    if (threadIdx.x < kM) row_stats(h, m0, sLse_stages[threadIdx.x], sDelta_stages[threadIdx.x]);
+    if (threadIdx.x < kM)
+      row_stats(p, delta, b, h, m0 + threadIdx.x, sLse_stages[threadIdx.x], sDelta_stages[threadIdx.x]);
     for (int64_t step = 0; step < steps; ++step) {
       const int stage = step % 2;
       int64_t next_h = h, next_m0 = m0 + kM;
@@ -381,7 +383,7 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
       if (has_next) load_q_do(1 - stage, next_h, next_m0);
       cp_async_commit();
       float next_lse = 0.f, next_delta = 0.f;
-      if (has_next && threadIdx.x < kM) row_stats(next_h, next_m0, next_lse, next_delta);
+      if (has_next && threadIdx.x < kM) row_stats(p, delta, b, next_h, next_m0 + threadIdx.x, next_lse, next_delta);
       cp_async_wait<1>();  // this step's tiles landed
       __syncthreads();
 
@@ -477,11 +479,7 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kDqWarps * 32)
   const T* v = operand_row<T>(p.v, p.v_stride, b, hk, 0);
   float lse[2], dlt[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int64_t i = m0 + warp * 16 + g + 8 * r;
-    lse[r] = lse_log2(p, b, h, i);
-    dlt[r] = i < p.len_q ? delta[(b * p.heads_q + h) * p.len_q + i] : 0.f;
-  }
+  for (int r = 0; r < 2; ++r) row_stats(p, delta, b, h, m0 + warp * 16 + g + 8 * r, lse[r], dlt[r]);
 
   float dq[kDT][4] = {};
   if (keys.lo < keys.hi) {
