@@ -24,6 +24,17 @@ OUT=${OUT:-$ROOT/gpu_check_out}
 PYTHON=${PYTHON:-python3}
 TIME_BUDGET=${TIME_BUDGET:-570}
 export MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} FORCE_CUDA=1
+# CUDA_HOME, when unset: the first of (the toolkit of the nvcc on PATH, links resolved; /usr/local/cuda) that has
+# lib64/libcudart.so. torch would take the directory above `which nvcc`, and a wrapper script /usr/local/bin/nvcc
+# (seen on a CPU machine here) then sends the link step to /usr/local/lib64, where libcudart is not.
+if [ -z "${CUDA_HOME:-}" ]; then
+  for home in "$(dirname "$(dirname "$(readlink -f "$(command -v nvcc || echo /none/bin/nvcc)")")")" /usr/local/cuda; do
+    if [ -x "$home/bin/nvcc" ] && [ -e "$home/lib64/libcudart.so" ]; then
+      export CUDA_HOME=$home
+      break
+    fi
+  done
+fi
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 SUMMARY=$OUT/summary.md
@@ -86,7 +97,7 @@ XDIST=()
 for step in "${STEPS[@]}"; do
   case $step in
     env)
-      run_step env bash -c "nvidia-smi; nvcc --version; \"$PYTHON\" -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())'; compute-sanitizer --version | head -3"
+      run_step env bash -c "nvidia-smi; nvcc --version; echo CUDA_HOME=${CUDA_HOME:-unset}; \"$PYTHON\" -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())'; compute-sanitizer --version | head -3"
       ;;
     build)
       run_step build "$PYTHON" setup.py build_ext --inplace || BUILD_OK=0

@@ -10,8 +10,10 @@
 //   forward      block = kFwdBlockM queries of one (b, h), 16 * kFwdRowTiles per warp (the row tiles share each
 //                K / V fragment a warp loads); loops over key tiles with an online
 //                softmax; K of the next tile is loaded while P V runs, V while Q K^T runs.
-//   backward     block = kBwdBlockN keys of one (b, K/V head), 16 per warp, dK and dV in registers; loops over the
-//                GQA group's query heads and the query tiles that see the keys, recomputing P^T from lse:
+//   backward     block = kBwdBlockN keys of one (b, K/V head), 16 per warp (above hd 128: per 2 warps, each with
+//                half of the head dim of dK and dV and half of the queries of S^T, P^T and dS^T, which the two
+//                share through shared memory), dK and dV in registers; loops over the GQA group's query heads and the
+//                query tiles that see the keys, recomputing P^T from lse:
 //                  S^T = K Q^T,  P^T = exp2(x - lse),  dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T (dP^T - delta),
 //                  dK += dS^T Q,  and (atomic mode) dQ += dS K through shared memory and float32 atomics.
 //   backward dQ  deterministic mode: block = kDqBlockM queries, loops over key tiles: dQ = sum dS K, no atomics.
@@ -146,6 +148,16 @@ __device__ __forceinline__ void warp_gemm_nt(float (*acc)[4], const T* sA, int l
   warp_gemm<kRT, kNT, kKS, T>(
       acc, [&](Frag& a, int rt, int ks) { load_a(a, sA, lda, a_row0 + 16 * rt, ks * 16); },
       [&](Frag& b, int ks, int n0) { load_b_nk(b, sB, ldb, n0, ks * 16); });
+}
+
+// acc [kRT * 16][kNT * 8] += A B, A = sA rows a_row0.. + 16 * kRT, columns 0..16 * kKS, B = sB rows 0..16 * kKS,
+// columns b_col0.. (both row-major: [m][k] and [k][n]).
+template <int kRT, int kNT, int kKS, typename T>
+__device__ __forceinline__ void warp_gemm_nn(float (*acc)[4], const T* sA, int lda, int a_row0, const T* sB, int ldb,
+                                             int b_col0) {
+  warp_gemm<kRT, kNT, kKS, T>(
+      acc, [&](Frag& a, int rt, int ks) { load_a(a, sA, lda, a_row0 + 16 * rt, ks * 16); },
+      [&](Frag& b, int ks, int n0) { load_b_kn(b, sB, ldb, ks * 16, b_col0 + n0); });
 }
 
 // The A fragment of k-step ks from a warp's float32 accumulator tile of 16 rows (its columns become A's k dimension).
@@ -319,13 +331,23 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
 
 // ---------------------------------------------------------------------------------------------------------------
 
+// Column slices of the atomic dQ product dS K: the most (at most `slices`, dividing it) whose width kHeadDim / n is
+// a multiple of 16 (two mma n-tiles).
+constexpr int dq_column_slices(int slices, int head_dim) {
+  for (int n = slices; n > 1; --n)
+    if (slices % n == 0 && head_dim % (16 * n) == 0) return n;
+  return 1;
+}
+
 template <typename T, int kHeadDim, bool kAtomicDq>
 __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
     attention_mma_bwd_kernel(const AttentionBackwardParams bp, const float* delta, float* dq_accum) {
   using Tiles = MmaTiles<kHeadDim>;
-  constexpr int kWarps = Tiles::kBwdWarps, kThreads = kWarps * 32;
+  constexpr int kWarps = Tiles::kBwdWarps, kThreads = kWarps * 32, kSplit = Tiles::kBwdDSplit;
   constexpr int kN = Tiles::kBwdBlockN, kM = Tiles::kBwdBlockM, kLd = Tiles::kLd, kLdS = Tiles::kLdS;
-  constexpr int kMT = kM / 8, kDT = kHeadDim / 8;
+  // A warp: key tile `key_tile` (16 keys); its S^T, P^T, dS^T over query columns q_col0.. (kMT n-tiles) and its dK,
+  // dV over head-dim columns d_col0.. (kDT n-tiles); with kSplit 1 it has every query and the whole head dim.
+  constexpr int kMT = kM / 8 / kSplit, kDT = kHeadDim / 8 / kSplit;
   const AttentionParams& p = bp.fwd;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);       // [kN][kLd]
@@ -334,12 +356,15 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
   T* sdO_stages = sQ_stages + 2 * kM * kLd;     // [2][kM][kLd]
   float* sLse_stages = reinterpret_cast<float*>(sdO_stages + 2 * kM * kLd);  // [2][kM]
   float* sDelta_stages = sLse_stages + 2 * kM;                                // [2][kM]
-  T* sdS = reinterpret_cast<T*>(sDelta_stages + 2 * kM);                      // [kN][kLdS] (atomic dQ only)
+  T* sdS = reinterpret_cast<T*>(sDelta_stages + 2 * kM);  // [kN][kLdS] (atomic dQ or kSplit > 1)
+  T* sPt = sdS + kN * kLdS;                                // [kN][kLdS] (kSplit > 1)
 
   const int64_t n_blocks = (p.len_k + kN - 1) / kN;
   const int64_t n0 = blockIdx.x % n_blocks * kN, hk = blockIdx.x / n_blocks % p.heads_kv;
   const int64_t b = blockIdx.x / (n_blocks * p.heads_kv), group = p.heads_q / p.heads_kv;
-  const int warp = threadIdx.x / 32;
+  const int warp = threadIdx.x / 32, key_tile = warp % (kN / 16), part = warp / (kN / 16);
+  const int q_col0 = part * (kM / kSplit), d_col0 = part * (kHeadDim / kSplit);
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const float scale_log2 = static_cast<float>(p.scale) * kLog2e;
   // Queries [i_lo, i_hi) that may see a key of [n0, n0 + kN) (before key padding and masks).
   const int64_t shift = p.len_k - p.len_q;
@@ -356,6 +381,15 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
     load_tile<kM, kHeadDim, kThreads>(sdO_stages + stage * kM * kLd, kLd,
                                       operand_row<T>(bp.grad_out, bp.go_stride, b, h, m0), bp.go_stride[2],
                                       p.len_q - m0, p.dim_v);
+  };
+  // A warp's [16 keys][kMT * 8 queries] tile into shared memory, rounded to T.
+  auto stash = [&](T* s, const float (*acc)[4]) {
+#pragma unroll
+    for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        *reinterpret_cast<uint32_t*>(s + (key_tile * 16 + g + 8 * r) * kLdS + q_col0 + nt * 8 + 2 * t) =
+            pack2<T>(acc[nt][2 * r], acc[nt][2 * r + 1]);
   };
   static_assert(kThreads >= kM);  // thread i < kM fetches lse and delta of query row i of a step
 
@@ -377,8 +411,8 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
       const bool has_next = step + 1 < steps;
       const T* sQ = sQ_stages + stage * kM * kLd;
       const T* sdO = sdO_stages + stage * kM * kLd;
-      const float* sLse = sLse_stages + stage * kM;
-      const float* sDelta = sDelta_stages + stage * kM;
+      const float* sLse = sLse_stages + stage * kM + q_col0;
+      const float* sDelta = sDelta_stages + stage * kM + q_col0;
       __syncthreads();  // every warp is done with the previous step (its stage is the next step's)
       if (has_next) load_q_do(1 - stage, next_h, next_m0);
       cp_async_commit();
@@ -387,56 +421,59 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
       cp_async_wait<1>();  // this step's tiles landed
       __syncthreads();
 
-      // P^T [16 keys][kM queries] of this warp's keys.
+      // P^T [16 keys][kMT * 8 queries] of this warp.
       float pt[kMT][4] = {};
-      warp_gemm_nt<1, kMT, kHeadDim / 16>(pt, sK, kLd, warp * 16, sQ, kLd);
-      scale_and_mask<true, kMT>(pt, p, b, h, n0 + warp * 16, m0, tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN),
-                           scale_log2);
-      const int t = threadIdx.x % 4;
+      warp_gemm_nt<1, kMT, kHeadDim / 16>(pt, sK, kLd, key_tile * 16, sQ + q_col0 * kLd, kLd);
+      scale_and_mask<true, kMT>(pt, p, b, h, n0 + key_tile * 16, m0 + q_col0,
+                                tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN), scale_log2);
 #pragma unroll
       for (int nt = 0; nt < kMT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) pt[nt][e] = exp2f(pt[nt][e] - sLse[nt * 8 + 2 * t + e % 2]);
-      warp_gemm_pn<1, kDT, kM / 16>(dv, pt, sdO, kLd, 0);  // dV += P^T dO
+      if constexpr (kSplit == 1) warp_gemm_pn<1, kDT, kM / 16>(dv, pt, sdO, kLd, 0);  // dV += P^T dO
       // dS^T = P^T (dP^T - delta), dP^T = V dO^T
       float ds[kMT][4] = {};
-      warp_gemm_nt<1, kMT, kHeadDim / 16>(ds, sV, kLd, warp * 16, sdO, kLd);
+      warp_gemm_nt<1, kMT, kHeadDim / 16>(ds, sV, kLd, key_tile * 16, sdO + q_col0 * kLd, kLd);
 #pragma unroll
       for (int nt = 0; nt < kMT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) ds[nt][e] = pt[nt][e] * (ds[nt][e] - sDelta[nt * 8 + 2 * t + e % 2]);
-      warp_gemm_pn<1, kDT, kM / 16>(dk, ds, sQ, kLd, 0);  // dK += dS^T Q
-      if constexpr (kAtomicDq) {
-        // dQ [kM][D] += dS K: dS^T goes through shared memory; warp w computes query rows 16 * (w % kQT) of the
-        // column slice w / kQT (the warps split the head dim when there are more warps than query row tiles).
-        constexpr int kQT = kM / 16, kSplit = kWarps / kQT, kCols = kHeadDim / kSplit;
-        static_assert(kWarps % kQT == 0 && kCols % 16 == 0);
-        const int g = threadIdx.x % 32 / 4;
-#pragma unroll
-        for (int nt = 0; nt < kMT; ++nt)
-#pragma unroll
-          for (int r = 0; r < 2; ++r)
-            *reinterpret_cast<uint32_t*>(sdS + (warp * 16 + g + 8 * r) * kLdS + nt * 8 + 2 * t) =
-                pack2<T>(ds[nt][2 * r], ds[nt][2 * r + 1]);
+      if constexpr (kSplit == 1) warp_gemm_pn<1, kDT, kM / 16>(dk, ds, sQ, kLd, 0);  // dK += dS^T Q
+      if constexpr (kAtomicDq || kSplit > 1) {
+        stash(sdS, ds);
+        if constexpr (kSplit > 1) stash(sPt, pt);
         __syncthreads();
+      }
+      if constexpr (kSplit > 1) {  // the warps of a key tile share its P^T and dS^T through shared memory
+        warp_gemm_nn<1, kDT, kM / 16>(dv, sPt, kLdS, key_tile * 16, sdO, kLd, d_col0);  // dV += P^T dO
+        warp_gemm_nn<1, kDT, kM / 16>(dk, sdS, kLdS, key_tile * 16, sQ, kLd, d_col0);   // dK += dS^T Q
+      }
+      if constexpr (kAtomicDq) {
+        // dQ [kM][D] += dS K, from dS^T in shared memory: warp w computes query rows 16 * (w % kQT) of the column
+        // slice w / kQT (kSlices slices of the head dim when there are more warps than query row tiles; warps past
+        // kQT * kSlices idle when the head dim does not split evenly into slices of 16 columns).
+        constexpr int kQT = kM / 16, kSlices = dq_column_slices(kWarps / kQT, kHeadDim), kCols = kHeadDim / kSlices;
+        static_assert(kWarps % kQT == 0);
         const int qt = warp % kQT, col0 = warp / kQT * kCols;
-        float dq[kCols / 8][4] = {};
-        warp_gemm<1, kCols / 8, kN / 16, T>(
-            dq, [&](Frag& a, int, int ks) { load_a_t(a, sdS, kLdS, ks * 16, qt * 16); },
-            [&](Frag& b, int ks, int n0) { load_b_kn(b, sK, kLd, ks * 16, col0 + n0); });
-        const float scale = static_cast<float>(p.scale);
-        float* dq_rows = dq_accum + ((b * p.heads_q + h) * p.len_q + m0) * p.dim;
+        if (warp < kQT * kSlices) {
+          float dq[kCols / 8][4] = {};
+          warp_gemm<1, kCols / 8, kN / 16, T>(
+              dq, [&](Frag& a, int, int ks) { load_a_t(a, sdS, kLdS, ks * 16, qt * 16); },
+              [&](Frag& b, int ks, int n0) { load_b_kn(b, sK, kLd, ks * 16, col0 + n0); });
+          const float scale = static_cast<float>(p.scale);
+          float* dq_rows = dq_accum + ((b * p.heads_q + h) * p.len_q + m0) * p.dim;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int64_t row = qt * 16 + g + 8 * r;
-          if (m0 + row >= p.len_q) continue;
+          for (int r = 0; r < 2; ++r) {
+            const int64_t row = qt * 16 + g + 8 * r;
+            if (m0 + row >= p.len_q) continue;
 #pragma unroll
-          for (int nt = 0; nt < kCols / 8; ++nt)
+            for (int nt = 0; nt < kCols / 8; ++nt)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int col = col0 + nt * 8 + 2 * t + e;
-              if (col < p.dim) atomicAdd(dq_rows + row * p.dim + col, dq[nt][2 * r + e] * scale);
-            }
+              for (int e = 0; e < 2; ++e) {
+                const int col = col0 + nt * 8 + 2 * t + e;
+                if (col < p.dim) atomicAdd(dq_rows + row * p.dim + col, dq[nt][2 * r + e] * scale);
+              }
+          }
         }
       }
       if (has_next && threadIdx.x < kM) {  // the other stage is free since this step's first barrier
@@ -447,10 +484,12 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
     }
   }
   const int64_t rows = p.len_k - n0;
-  store_tile<kDT>(static_cast<T*>(bp.grad_k) + b * bp.gk_stride[0] + hk * bp.gk_stride[1] + n0 * bp.gk_stride[2],
-             bp.gk_stride[2], dk, warp * 16, rows, p.dim, static_cast<float>(p.scale));
-  store_tile<kDT>(static_cast<T*>(bp.grad_v) + b * bp.gv_stride[0] + hk * bp.gv_stride[1] + n0 * bp.gv_stride[2],
-             bp.gv_stride[2], dv, warp * 16, rows, p.dim_v, 1.f);
+  store_tile<kDT>(static_cast<T*>(bp.grad_k) + b * bp.gk_stride[0] + hk * bp.gk_stride[1] + n0 * bp.gk_stride[2] +
+                      d_col0,
+                  bp.gk_stride[2], dk, key_tile * 16, rows, p.dim - d_col0, static_cast<float>(p.scale));
+  store_tile<kDT>(static_cast<T*>(bp.grad_v) + b * bp.gv_stride[0] + hk * bp.gv_stride[1] + n0 * bp.gv_stride[2] +
+                      d_col0,
+                  bp.gv_stride[2], dv, key_tile * 16, rows, p.dim_v - d_col0, 1.f);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -551,11 +590,11 @@ void attention_mma_bwd(const AttentionBackwardParams& bp, const float* delta, fl
   const int64_t blocks = n_blocks * p.heads_kv * p.batch;
   if (dq_accum) {
     launch_with_smem(attention_mma_bwd_kernel<T, kHeadDim, true>, blocks, Tiles::kBwdWarps * 32,
-                     Tiles::kBwdTilesSmem + Tiles::kBwdDsSmem, stream, bp, delta, dq_accum);
+                     Tiles::bwd_smem(true), stream, bp, delta, dq_accum);
     return;
   }
-  launch_with_smem(attention_mma_bwd_kernel<T, kHeadDim, false>, blocks, Tiles::kBwdWarps * 32, Tiles::kBwdTilesSmem,
-                   stream, bp, delta, dq_accum);
+  launch_with_smem(attention_mma_bwd_kernel<T, kHeadDim, false>, blocks, Tiles::kBwdWarps * 32,
+                   Tiles::bwd_smem(false), stream, bp, delta, dq_accum);
   const int64_t m_blocks = (p.len_q + Tiles::kDqBlockM - 1) / Tiles::kDqBlockM;
   launch_with_smem(attention_mma_bwd_dq_kernel<T, kHeadDim>, m_blocks * p.heads_q * p.batch, Tiles::kDqWarps * 32,
                    Tiles::kDqSmem, stream, bp, delta);
