@@ -15,6 +15,8 @@ namespace pytransformer::cuda {
 
 using Frag = uint32_t[4];
 
+inline int lane_id() { return static_cast<int>(emu::linear_tid() % 32); }
+
 template <bool kTrans>
 inline void ldmatrix_x4(uint32_t (&r)[4], const void* row_addr) {
   emu::check_smem_access(row_addr, 16, "ldmatrix row");

@@ -91,18 +91,22 @@ __device__ __forceinline__ float masked_score(const AttentionParams& p, const vo
 }
 
 // A warp's score tile acc [16 rows][kNT * 8 columns] (rows row0.., columns col0..) to log2 units, masked unless
-// `clean`. kKeysAreRows: rows are keys and columns queries (the backward's S^T), else the other way round.
+// `clean`; returns the factor that the caller's exponent still applies: exp2(fmaf(acc, factor, -max)). A clean tile
+// with a positive scale stays raw (factor scale_log2: the scale goes into that FMA, and commutes with a row max);
+// the others are scaled here (factor 1). kKeysAreRows: rows are keys and columns queries (the backward's S^T), else
+// the other way round.
 template <bool kKeysAreRows, int kNT>
-__device__ __forceinline__ void scale_and_mask(float (*acc)[4], const AttentionParams& p, int64_t b, int64_t h,
-                                               int64_t row0, int64_t col0, bool clean, float scale_log2) {
+__device__ __forceinline__ float scale_and_mask(float (*acc)[4], const AttentionParams& p, int64_t b, int64_t h,
+                                                int64_t row0, int64_t col0, bool clean, float scale_log2) {
+  if (clean && scale_log2 > 0.f) return scale_log2;
   if (clean) {
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[nt][e] *= scale_log2;
-    return;
+    return 1.f;
   }
-  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  const int lane = lane_id(), g = lane / 4, t = lane % 4;
   const int keys_end = static_cast<int>(key_end(p, b));
   const void* mask = p.mask_kind == MaskKind::kNone
                          ? nullptr
@@ -115,6 +119,7 @@ __device__ __forceinline__ void scale_and_mask(float (*acc)[4], const AttentionP
       const int r = static_cast<int>(row0) + g + 8 * (e / 2), c = static_cast<int>(col0) + nt * 8 + 2 * t + e % 2;
       acc[nt][e] = masked_score(p, mask, acc[nt][e], scale_log2, kKeysAreRows ? c : r, kKeysAreRows ? r : c, keys_end);
     }
+  return 1.f;
 }
 
 // A warp's product over kRT row tiles of 16: acc [kRT * 16][kNT * 8] (row tile rt at acc[rt * kNT..]) += A B over kKS
@@ -267,18 +272,19 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
       float s[kRT * kNT][4] = {};
       warp_gemm_nt<kRT, kNT, kHeadDim / 16>(s, sQ, kLd, row0, sK, kLd);
       const bool clean = tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN);
+      float factor = 1.f;  // the same for every row tile (one `clean`)
 #pragma unroll
       for (int rt = 0; rt < kRT; ++rt)
-        scale_and_mask<false, kNT>(s + rt * kNT, p, b, h, m0 + row0 + 16 * rt, n0, clean, scale_log2);
-      // Online softmax for the thread's rows.
+        factor = scale_and_mask<false, kNT>(s + rt * kNT, p, b, h, m0 + row0 + 16 * rt, n0, clean, scale_log2);
+      // Online softmax for the thread's rows (row_max in log2 units).
 #pragma unroll
       for (int i = 0; i < 2 * kRT; ++i) {
         float(*srow)[4] = s + i / 2 * kNT;
         const int r = i % 2;
-        float mx = row_max[i];
+        float tile_max = -INFINITY;
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(srow[nt][2 * r], srow[nt][2 * r + 1]));
-        mx = quad_max(mx);
+        for (int nt = 0; nt < kNT; ++nt) tile_max = fmaxf(tile_max, fmaxf(srow[nt][2 * r], srow[nt][2 * r + 1]));
+        const float mx = fmaxf(row_max[i], quad_max(tile_max) * factor);
         const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet keeps p = 0
         const float alpha = exp2f(row_max[i] - base);
         row_max[i] = mx;
@@ -287,7 +293,7 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
           for (int e = 2 * r; e < 2 * r + 2; ++e) {
-            srow[nt][e] = exp2f(srow[nt][e] - base);
+            srow[nt][e] = exp2f(fmaf(srow[nt][e], factor, -base));
             sum += srow[nt][e];
           }
         row_sum[i] = row_sum[i] * alpha + sum;  // per-thread partial sums; the quad's are added at the end
@@ -424,12 +430,12 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
       // P^T [16 keys][kMT * 8 queries] of this warp.
       float pt[kMT][4] = {};
       warp_gemm_nt<1, kMT, kHeadDim / 16>(pt, sK, kLd, key_tile * 16, sQ + q_col0 * kLd, kLd);
-      scale_and_mask<true, kMT>(pt, p, b, h, n0 + key_tile * 16, m0 + q_col0,
-                                tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN), scale_log2);
+      const float factor = scale_and_mask<true, kMT>(pt, p, b, h, n0 + key_tile * 16, m0 + q_col0,
+                                                     tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN), scale_log2);
 #pragma unroll
       for (int nt = 0; nt < kMT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) pt[nt][e] = exp2f(pt[nt][e] - sLse[nt * 8 + 2 * t + e % 2]);
+        for (int e = 0; e < 4; ++e) pt[nt][e] = exp2f(fmaf(pt[nt][e], factor, -sLse[nt * 8 + 2 * t + e % 2]));
       if constexpr (kSplit == 1) warp_gemm_pn<1, kDT, kM / 16>(dv, pt, sdO, kLd, 0);  // dV += P^T dO
       // dS^T = P^T (dP^T - delta), dP^T = V dO^T
       float ds[kMT][4] = {};
@@ -546,13 +552,13 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kDqWarps * 32)
       __syncthreads();
       float s[kNT][4] = {}, ds[kNT][4] = {};
       warp_gemm_nt<1, kNT, kHeadDim / 16>(s, sQ, kLd, warp * 16, sK, kLd);
-      scale_and_mask<false, kNT>(s, p, b, h, m0 + warp * 16, n0, tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN),
-                                 scale_log2);
+      const float factor = scale_and_mask<false, kNT>(
+          s, p, b, h, m0 + warp * 16, n0, tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN), scale_log2);
       warp_gemm_nt<1, kNT, kHeadDim / 16>(ds, sdO, kLd, warp * 16, sV, kLd);  // dP = dO V^T
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) ds[nt][e] = exp2f(s[nt][e] - lse[e / 2]) * (ds[nt][e] - dlt[e / 2]);
+        for (int e = 0; e < 4; ++e) ds[nt][e] = exp2f(fmaf(s[nt][e], factor, -lse[e / 2])) * (ds[nt][e] - dlt[e / 2]);
       warp_gemm_pn<1, kDT, kN / 16>(dq, ds, sK, kLd, 0);  // dQ += dS K
     }
   }

@@ -20,6 +20,14 @@ namespace pytransformer::cuda {
 
 using Frag = uint32_t[4];  // an A fragment, or B fragments of two adjacent n-tiles ({b0, b1}, {b0, b1})
 
+// The lane index, read afresh at each call (volatile: not shared with an earlier read), so that code off the hot
+// path (the attention kernels' per-element masking) does not keep a lane-derived value live, or spilled, across it.
+__device__ __forceinline__ int lane_id() {
+  int lane;
+  asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane));
+  return lane;
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
