@@ -345,6 +345,13 @@ constexpr int dq_column_slices(int slices, int head_dim) {
   return 1;
 }
 
+// Query row tiles a warp takes in that product: 2 (a 32-row warp tile: 4 ldmatrix per 8 mma instead of 5) where
+// the warps then still split the head dim into one slice each, else 1.
+constexpr int dq_row_tiles(int warps, int row_tiles, int head_dim) {
+  const int slices = row_tiles % 2 == 0 ? warps / (row_tiles / 2) : 0;
+  return slices > 0 && warps % (row_tiles / 2) == 0 && dq_column_slices(slices, head_dim) == slices ? 2 : 1;
+}
+
 template <typename T, int kHeadDim, bool kAtomicDq>
 __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
     attention_mma_bwd_kernel(const AttentionBackwardParams bp, const float* delta, float* dq_accum) {
@@ -455,29 +462,31 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
         warp_gemm_nn<1, kDT, kM / 16>(dk, sdS, kLdS, key_tile * 16, sQ, kLd, d_col0);   // dK += dS^T Q
       }
       if constexpr (kAtomicDq) {
-        // dQ [kM][D] += dS K, from dS^T in shared memory: warp w computes query rows 16 * (w % kQT) of the column
-        // slice w / kQT (kSlices slices of the head dim when there are more warps than query row tiles; warps past
-        // kQT * kSlices idle when the head dim does not split evenly into slices of 16 columns).
-        constexpr int kQT = kM / 16, kSlices = dq_column_slices(kWarps / kQT, kHeadDim), kCols = kHeadDim / kSlices;
-        static_assert(kWarps % kQT == 0);
-        const int qt = warp % kQT, col0 = warp / kQT * kCols;
-        if (warp < kQT * kSlices) {
-          float dq[kCols / 8][4] = {};
-          warp_gemm<1, kCols / 8, kN / 16, T>(
-              dq, [&](Frag& a, int, int ks) { load_a_t(a, sdS, kLdS, ks * 16, qt * 16); },
+        // dQ [kM][D] += dS K, from dS^T in shared memory: warp w computes the kRTq query row tiles of group
+        // w % kQG in the column slice w / kQG (kSlices slices of the head dim when there are more warps than row
+        // groups; warps past kQG * kSlices idle when the head dim does not split evenly into slices of 16 columns).
+        constexpr int kQT = kM / 16, kRTq = dq_row_tiles(kWarps, kQT, kHeadDim), kQG = kQT / kRTq;
+        constexpr int kSlices = dq_column_slices(kWarps / kQG, kHeadDim), kCols = kHeadDim / kSlices;
+        static_assert(kWarps % kQG == 0);
+        const int qg = warp % kQG, col0 = warp / kQG * kCols;
+        if (warp < kQG * kSlices) {
+          float dq[kRTq * kCols / 8][4] = {};
+          warp_gemm<kRTq, kCols / 8, kN / 16, T>(
+              dq, [&](Frag& a, int rt, int ks) { load_a_t(a, sdS, kLdS, ks * 16, (qg * kRTq + rt) * 16); },
               [&](Frag& b, int ks, int n0) { load_b_kn(b, sK, kLd, ks * 16, col0 + n0); });
           const float scale = static_cast<float>(p.scale);
           float* dq_rows = dq_accum + ((b * p.heads_q + h) * p.len_q + m0) * p.dim;
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int64_t row = qt * 16 + g + 8 * r;
+          for (int i = 0; i < 2 * kRTq; ++i) {
+            const int64_t row = (qg * kRTq + i / 2) * 16 + g + 8 * (i % 2);
             if (m0 + row >= p.len_q) continue;
 #pragma unroll
             for (int nt = 0; nt < kCols / 8; ++nt)
 #pragma unroll
               for (int e = 0; e < 2; ++e) {
                 const int col = col0 + nt * 8 + 2 * t + e;
-                if (col < p.dim) atomicAdd(dq_rows + row * p.dim + col, dq[nt][2 * r + e] * scale);
+                if (col < p.dim)
+                  atomicAdd(dq_rows + row * p.dim + col, dq[i / 2 * (kCols / 8) + nt][2 * (i % 2) + e] * scale);
               }
           }
         }
