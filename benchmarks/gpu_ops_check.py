@@ -186,11 +186,12 @@ def check_softmax(shapes, dtypes, device) -> None:
 ATTENTION_SHAPES = [(2, 4, 4, 1, 37, 64, 64), (2, 2, 1, 5, 1, 16, 16), (2, 4, 1, 19, 45, 33, 20),
                     (2, 8, 2, 70, 40, 128, 128), (1, 4, 1, 100, 260, 64, 64), (2, 4, 4, 257, 257, 80, 80), (1, 2, 2, 33, 65, 256, 256),
                     (1, 2, 1, 40, 50, 320, 136), (1, 1, 1, 9, 70, 512, 512), (2, 6, 3, 130, 97, 96, 40)]
-# Quick (the sanitizers, CI's emulator run): the last two reach the tensor-core backward's split head dim at hd 224
-# (D 136, Dv 200: the dS K product on 4 warps) and hd 256 (D 248: on 8).
+# Quick (the sanitizers, CI's emulator run): tensor-core head dims 32 (D 8, 16, 24), 64 and 128 (the issue's
+# benchmark head dims), 224 (D 136, Dv 200: the backward's split head dim, dS K on 4 warps) and 256 (D 248: on 8);
+# SIMT for D 33 and Dv 264.
 ATTENTION_SHAPES_QUICK = [(2, 2, 2, 1, 37, 16, 16), (2, 2, 1, 5, 1, 8, 8), (2, 4, 1, 19, 45, 33, 20),
                           (2, 4, 2, 70, 23, 24, 24), (1, 2, 1, 6, 9, 136, 264), (1, 2, 1, 7, 20, 136, 200),
-                          (1, 2, 1, 7, 20, 248, 256)]
+                          (1, 2, 1, 7, 20, 248, 256), (1, 2, 1, 9, 20, 64, 64), (1, 2, 1, 9, 20, 128, 128)]
 ATTENTION_MASKS = ["none", "causal", "window", "key_lengths", "bool [B,1,Lq,Lk]", "bool [Lk]", "bool transposed",
                    "float [B,Hq,Lq,Lk]", "float [Lq,Lk]", "causal+lengths+bool", "window+float"]
 # Operand layouts: contiguous, misaligned (data one element past 16 bytes), strided (q a transposed view of

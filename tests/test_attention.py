@@ -291,6 +291,13 @@ def _rel_err(actual, expected):
     return ((actual.double() - expected).norm() / expected.norm().clamp_min(1e-30)).item()
 
 
+def _assert_within_twice_sdpa(ours, theirs, expected):
+    """(out, grad_q, grad_k, grad_v) of ours and of SDPA against the float64 ones: our error at most twice SDPA's."""
+    for name, a, t, e in zip(("out", "grad_q", "grad_k", "grad_v"), ours, theirs, expected):
+        ours_err, sdpa_err = _rel_err(a, e), _rel_err(t, e)
+        assert ours_err <= 2 * sdpa_err + 1e-6, f"{name}: error {ours_err:.3g} vs SDPA's {sdpa_err:.3g}"
+
+
 def _sdpa_mask(kind, b, lq, lk, dtype, device):
     """(our keyword arguments, the same mask as an SDPA attn_mask [B, 1, Lq, Lk] or None); every row sees a key. A
     float mask is rounded to dtype for both."""
@@ -329,9 +336,7 @@ def test_cuda_low_precision_error_within_twice_sdpa(dtype, head_dim, kind, heads
     ref_out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, enable_gqa=hkv != hq)
     theirs = (ref_out, *torch.autograd.grad(ref_out, (q, k, v), grad))
     expected = _reference(q, k, v, grad, **kwargs)
-    for name, a, t, e in zip(("out", "grad_q", "grad_k", "grad_v"), ours, theirs, expected):
-        ours_err, sdpa_err = _rel_err(a, e), _rel_err(t, e)
-        assert ours_err <= 2 * sdpa_err + 1e-6, f"{name}: error {ours_err:.3g} vs SDPA's {sdpa_err:.3g}"
+    _assert_within_twice_sdpa(ours, theirs, expected)
 
 
 @cuda
@@ -350,9 +355,7 @@ def test_cuda_low_precision_any_scale_sign(scale, causal):
     ref_out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)
     theirs = (ref_out, *torch.autograd.grad(ref_out, (q, k, v), grad))
     expected = _reference(q, k, v, grad, causal=causal, scale=scale)
-    for name, a, t, e in zip(("out", "grad_q", "grad_k", "grad_v"), ours, theirs, expected):
-        ours_err, sdpa_err = _rel_err(a, e), _rel_err(t, e)
-        assert ours_err <= 2 * sdpa_err + 1e-6, f"{name}: error {ours_err:.3g} vs SDPA's {sdpa_err:.3g}"
+    _assert_within_twice_sdpa(ours, theirs, expected)
 
 
 @cuda
