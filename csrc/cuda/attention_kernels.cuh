@@ -40,24 +40,23 @@ struct MmaTiles {
   static constexpr int kFwdBlockN = kHeadDim <= 128 ? 64 : 32;
   static constexpr int kDqWarps = 4;  // the deterministic dQ kernel: 16 queries a warp, key tiles of kFwdBlockN
   static constexpr int kDqBlockM = 16 * kDqWarps;
-  // Backward dK/dV: 8 warps; kBwdDSplit warps share each 16-key tile, each accumulating dK and dV for its slice of
-  // the head dim (above hd 128 a whole head dim of both would not fit a thread's registers; FA2's AtomLayoutNdKV).
+  // Backward dK/dV (FA2's warp layout): 8 warps, each with 16 * kBwdRowTiles keys; the kBwdDSplit (2) warps that
+  // share those keys split the query tile for S^T, P^T, dS^T (exchanged through shared memory) and the head dim for
+  // dK, dV (so that both fit a thread's registers).
   static constexpr int kBwdWarps = 8;
-  static constexpr int kBwdDSplit = kHeadDim <= 128 ? 1 : 2;
-  static constexpr int kBwdBlockN = 16 * kBwdWarps / kBwdDSplit;
-  static constexpr int kBwdBlockM = kHeadDim <= 160 ? 64 : 32;  // 32: double-buffered, fits sm_80's 163 KB
+  static constexpr int kBwdDSplit = 2;
+  static constexpr int kBwdRowTiles = kHeadDim <= 128 ? 2 : 1;
+  static constexpr int kBwdBlockN = 16 * kBwdRowTiles * kBwdWarps / kBwdDSplit;
+  static constexpr int kBwdBlockM = kHeadDim <= 192 ? 64 : 32;  // 32: fits sm_80's 163 KB
   static constexpr int kLdS = kBwdBlockM + 8;  // the dS^T and P^T tiles [kBwdBlockN][kBwdBlockM] in shared memory
-  // forward: Q, K, V tiles; backward dK/dV: K, V, two stages of the Q, dO, lse and delta tiles, + dS^T (atomic dQ or
-  // split head dim) + P^T (split head dim); dQ kernel: Q, dO and two stages of the K, V tiles.
+  // forward: Q, K, V tiles; backward dK/dV: K, V, two stages of the Q, lse and delta tiles, dO, dS^T, P^T; dQ
+  // kernel: Q, dO and two stages of the K, V tiles.
   static constexpr size_t kFwdSmem = size_t(kFwdBlockM + 2 * kFwdBlockN) * kLd * kMmaElemBytes;
-  static constexpr size_t kBwdTilesSmem =
-      size_t(2 * kBwdBlockN + 4 * kBwdBlockM) * kLd * kMmaElemBytes + 4 * kBwdBlockM * sizeof(float);
-  static constexpr size_t kBwdScoreTileSmem = size_t(kBwdBlockN) * kLdS * kMmaElemBytes;
-  static constexpr size_t bwd_smem(bool atomic_dq) {
-    return kBwdTilesSmem + kBwdScoreTileSmem * ((atomic_dq || kBwdDSplit > 1) + (kBwdDSplit > 1));
-  }
+  static constexpr size_t kBwdTilesSmem = size_t(2 * kBwdBlockN + 3 * kBwdBlockM) * kLd * kMmaElemBytes +
+                                          4 * kBwdBlockM * sizeof(float) +
+                                          2 * size_t(kBwdBlockN) * kLdS * kMmaElemBytes;
   static constexpr size_t kDqSmem = size_t(2 * kDqBlockM + 4 * kFwdBlockN) * kLd * kMmaElemBytes;
-  static constexpr size_t kBwdSmem = std::max(bwd_smem(true), kDqSmem);  // the most of either mode
+  static constexpr size_t kBwdSmem = std::max(kBwdTilesSmem, kDqSmem);  // the most of either mode
 };
 template <typename T, int kHeadDim>
 void attention_mma_fwd(const AttentionParams& p, cudaStream_t stream);

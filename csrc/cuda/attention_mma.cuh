@@ -10,10 +10,11 @@
 //   forward      block = kFwdBlockM queries of one (b, h), 16 * kFwdRowTiles per warp (the row tiles share each
 //                K / V fragment a warp loads); loops over key tiles with an online
 //                softmax; K of the next tile is loaded while P V runs, V while Q K^T runs.
-//   backward     block = kBwdBlockN keys of one (b, K/V head), 16 per warp (above hd 128: per 2 warps, each with
-//                half of the head dim of dK and dV and half of the queries of S^T, P^T and dS^T, which the two
-//                share through shared memory), dK and dV in registers; loops over the GQA group's query heads and the
-//                query tiles that see the keys, recomputing P^T from lse:
+//   backward     block = kBwdBlockN keys of one (b, K/V head) over 8 warps (FA2's layout): a warp has 16 or 32 keys
+//                (kBwdRowTiles) and shares them with one other warp; each of the two computes S^T, P^T and dS^T for
+//                half of the query tile (through shared memory for the products after) and dK, dV (registers) for
+//                half of the head dim; loops over the GQA group's query heads and the query tiles that see the keys,
+//                recomputing P^T from lse:
 //                  S^T = K Q^T,  P^T = exp2(x - lse),  dV += P^T dO,  dP^T = V dO^T,  dS^T = P^T (dP^T - delta),
 //                  dK += dS^T Q,  and (atomic mode) dQ += dS K through shared memory and float32 atomics.
 //   backward dQ  deterministic mode: block = kDqBlockM queries, loops over key tiles: dQ = sum dS K, no atomics.
@@ -358,24 +359,27 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
   using Tiles = MmaTiles<kHeadDim>;
   constexpr int kWarps = Tiles::kBwdWarps, kThreads = kWarps * 32, kSplit = Tiles::kBwdDSplit;
   constexpr int kN = Tiles::kBwdBlockN, kM = Tiles::kBwdBlockM, kLd = Tiles::kLd, kLdS = Tiles::kLdS;
-  // A warp: key tile `key_tile` (16 keys); its S^T, P^T, dS^T over query columns q_col0.. (kMT n-tiles) and its dK,
-  // dV over head-dim columns d_col0.. (kDT n-tiles); with kSplit 1 it has every query and the whole head dim.
+  // A warp: keys key_row0.. (kRT row tiles of 16); its S^T, P^T, dS^T over query columns q_col0.. (kMT n-tiles) and
+  // its dK, dV over head-dim columns d_col0.. (kDT n-tiles). Row tile rt of a warp tile is at [rt * kMT..] or
+  // [rt * kDT..].
+  constexpr int kRT = Tiles::kBwdRowTiles, kKeyGroups = kN / (16 * kRT);
   constexpr int kMT = kM / 8 / kSplit, kDT = kHeadDim / 8 / kSplit;
+  static_assert(kKeyGroups * kSplit == kWarps);
   const AttentionParams& p = bp.fwd;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* sK = reinterpret_cast<T*>(smem_raw);       // [kN][kLd]
-  T* sV = sK + kN * kLd;                        // [kN][kLd]
-  T* sQ_stages = sV + kN * kLd;                 // [2][kM][kLd]
-  T* sdO_stages = sQ_stages + 2 * kM * kLd;     // [2][kM][kLd]
-  float* sLse_stages = reinterpret_cast<float*>(sdO_stages + 2 * kM * kLd);  // [2][kM]
-  float* sDelta_stages = sLse_stages + 2 * kM;                                // [2][kM]
-  T* sdS = reinterpret_cast<T*>(sDelta_stages + 2 * kM);  // [kN][kLdS] (atomic dQ or kSplit > 1)
-  T* sPt = sdS + kN * kLdS;                                // [kN][kLdS] (kSplit > 1)
+  T* sK = reinterpret_cast<T*>(smem_raw);    // [kN][kLd]
+  T* sV = sK + kN * kLd;                     // [kN][kLd]
+  T* sQ_stages = sV + kN * kLd;              // [2][kM][kLd]
+  T* sdO = sQ_stages + 2 * kM * kLd;         // [kM][kLd]
+  float* sLse_stages = reinterpret_cast<float*>(sdO + kM * kLd);  // [2][kM]
+  float* sDelta_stages = sLse_stages + 2 * kM;                     // [2][kM]
+  T* sdS = reinterpret_cast<T*>(sDelta_stages + 2 * kM);           // [kN][kLdS]
+  T* sPt = sdS + kN * kLdS;                                         // [kN][kLdS]
 
   const int64_t n_blocks = (p.len_k + kN - 1) / kN;
   const int64_t n0 = blockIdx.x % n_blocks * kN, hk = blockIdx.x / n_blocks % p.heads_kv;
   const int64_t b = blockIdx.x / (n_blocks * p.heads_kv), group = p.heads_q / p.heads_kv;
-  const int warp = threadIdx.x / 32, key_tile = warp % (kN / 16), part = warp / (kN / 16);
+  const int warp = threadIdx.x / 32, key_row0 = warp % kKeyGroups * 16 * kRT, part = warp / kKeyGroups;
   const int q_col0 = part * (kM / kSplit), d_col0 = part * (kHeadDim / kSplit);
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const float scale_log2 = static_cast<float>(p.scale) * kLog2e;
@@ -384,36 +388,41 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
   int64_t i_lo = 0, i_hi = n0 < key_end(p, b) ? p.len_q : 0;
   if (p.causal) i_lo = n0 - shift > 0 ? n0 - shift : 0;
   if (p.window > 0 && n0 + kN - 1 - shift + p.window < i_hi) i_hi = n0 + kN - 1 - shift + p.window;
-  // Steps: (query head of the GQA group, query tile) pairs, heads outermost; step s works on stage s % 2 while step
-  // s + 1's Q and dO tiles arrive by cp.async into the other stage and its lse and delta wait in registers.
+  // Steps: (query head of the GQA group, query tile) pairs, heads outermost. Step s works on Q stage s % 2 while
+  // step s + 1's Q tile arrives by cp.async into the other stage and its lse and delta wait in registers; dO has one
+  // buffer, whose next tile is loaded once every warp is done with dV += P^T dO (during dK and dQ).
   const int64_t m_first = i_lo / kM * kM, m_tiles = i_lo < i_hi ? (i_hi - m_first + kM - 1) / kM : 0;
   const int64_t steps = group * m_tiles;
-  auto load_q_do = [&](int stage, int64_t h, int64_t m0) {
+  auto load_q = [&](int stage, int64_t h, int64_t m0) {
     load_tile<kM, kHeadDim, kThreads>(sQ_stages + stage * kM * kLd, kLd, operand_row<T>(p.q, p.q_stride, b, h, m0),
                                       p.q_stride[2], p.len_q - m0, p.dim);
-    load_tile<kM, kHeadDim, kThreads>(sdO_stages + stage * kM * kLd, kLd,
-                                      operand_row<T>(bp.grad_out, bp.go_stride, b, h, m0), bp.go_stride[2],
+  };
+  auto load_do = [&](int64_t h, int64_t m0) {
+    load_tile<kM, kHeadDim, kThreads>(sdO, kLd, operand_row<T>(bp.grad_out, bp.go_stride, b, h, m0), bp.go_stride[2],
                                       p.len_q - m0, p.dim_v);
   };
-  // A warp's [16 keys][kMT * 8 queries] tile into shared memory, rounded to T.
+  // A warp's [16 * kRT keys][kMT * 8 queries] tile into shared memory, rounded to T.
   auto stash = [&](T* s, const float (*acc)[4]) {
 #pragma unroll
-    for (int nt = 0; nt < kMT; ++nt)
+    for (int rt = 0; rt < kRT; ++rt)
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<uint32_t*>(s + (key_tile * 16 + g + 8 * r) * kLdS + q_col0 + nt * 8 + 2 * t) =
-            pack2<T>(acc[nt][2 * r], acc[nt][2 * r + 1]);
+      for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *reinterpret_cast<uint32_t*>(s + (key_row0 + 16 * rt + g + 8 * r) * kLdS + q_col0 + nt * 8 + 2 * t) =
+              pack2<T>(acc[rt * kMT + nt][2 * r], acc[rt * kMT + nt][2 * r + 1]);
   };
   static_assert(kThreads >= kM);  // thread i < kM fetches lse and delta of query row i of a step
 
-  float dk[kDT][4] = {}, dv[kDT][4] = {};
+  float dk[kRT * kDT][4] = {}, dv[kRT * kDT][4] = {};
   if (steps > 0) {
     load_tile<kN, kHeadDim, kThreads>(sK, kLd, operand_row<T>(p.k, p.k_stride, b, hk, n0), p.k_stride[2],
                                       p.len_k - n0, p.dim);
     load_tile<kN, kHeadDim, kThreads>(sV, kLd, operand_row<T>(p.v, p.v_stride, b, hk, n0), p.v_stride[2],
                                       p.len_k - n0, p.dim_v);
     int64_t h = hk * group, m0 = m_first;  // this step's query head and tile
-    load_q_do(0, h, m0);
+    load_q(0, h, m0);
+    load_do(h, m0);
     cp_async_commit();
     if (threadIdx.x < kM)
       row_stats(p, delta, b, h, m0 + threadIdx.x, sLse_stages[threadIdx.x], sDelta_stages[threadIdx.x]);
@@ -423,44 +432,42 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
       if (next_m0 >= i_hi) next_m0 = m_first, ++next_h;
       const bool has_next = step + 1 < steps;
       const T* sQ = sQ_stages + stage * kM * kLd;
-      const T* sdO = sdO_stages + stage * kM * kLd;
       const float* sLse = sLse_stages + stage * kM + q_col0;
       const float* sDelta = sDelta_stages + stage * kM + q_col0;
-      __syncthreads();  // every warp is done with the previous step (its stage is the next step's)
-      if (has_next) load_q_do(1 - stage, next_h, next_m0);
+      __syncthreads();  // every warp is done with the previous step (its Q stage is the next step's; dS^T, P^T)
+      if (has_next) load_q(1 - stage, next_h, next_m0);
       cp_async_commit();
       float next_lse = 0.f, next_delta = 0.f;
       if (has_next && threadIdx.x < kM) row_stats(p, delta, b, next_h, next_m0 + threadIdx.x, next_lse, next_delta);
-      cp_async_wait<1>();  // this step's tiles landed
+      cp_async_wait<1>();  // this step's Q and dO landed
       __syncthreads();
 
-      // P^T [16 keys][kMT * 8 queries] of this warp.
-      float pt[kMT][4] = {};
-      warp_gemm_nt<1, kMT, kHeadDim / 16>(pt, sK, kLd, key_tile * 16, sQ + q_col0 * kLd, kLd);
-      const float factor = scale_and_mask<true, kMT>(pt, p, b, h, n0 + key_tile * 16, m0 + q_col0,
-                                                     tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN), scale_log2);
+      // P^T and dS^T = P^T (dP^T - delta), dP^T = V dO^T, of this warp's keys and queries, to shared memory.
+      const bool clean = tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN);
+      float pt[kRT * kMT][4] = {}, ds[kRT * kMT][4] = {};
+      warp_gemm_nt<kRT, kMT, kHeadDim / 16>(pt, sK, kLd, key_row0, sQ + q_col0 * kLd, kLd);
+      float factor = 1.f;  // the same for every row tile (one `clean`)
 #pragma unroll
-      for (int nt = 0; nt < kMT; ++nt)
+      for (int rt = 0; rt < kRT; ++rt)
+        factor = scale_and_mask<true, kMT>(pt + rt * kMT, p, b, h, n0 + key_row0 + 16 * rt, m0 + q_col0, clean,
+                                           scale_log2);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) pt[nt][e] = exp2f(fmaf(pt[nt][e], factor, -sLse[nt * 8 + 2 * t + e % 2]));
-      if constexpr (kSplit == 1) warp_gemm_pn<1, kDT, kM / 16>(dv, pt, sdO, kLd, 0);  // dV += P^T dO
-      // dS^T = P^T (dP^T - delta), dP^T = V dO^T
-      float ds[kMT][4] = {};
-      warp_gemm_nt<1, kMT, kHeadDim / 16>(ds, sV, kLd, key_tile * 16, sdO + q_col0 * kLd, kLd);
+      for (int i = 0; i < kRT * kMT; ++i)
 #pragma unroll
-      for (int nt = 0; nt < kMT; ++nt)
+        for (int e = 0; e < 4; ++e) pt[i][e] = exp2f(fmaf(pt[i][e], factor, -sLse[i % kMT * 8 + 2 * t + e % 2]));
+      warp_gemm_nt<kRT, kMT, kHeadDim / 16>(ds, sV, kLd, key_row0, sdO + q_col0 * kLd, kLd);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) ds[nt][e] = pt[nt][e] * (ds[nt][e] - sDelta[nt * 8 + 2 * t + e % 2]);
-      if constexpr (kSplit == 1) warp_gemm_pn<1, kDT, kM / 16>(dk, ds, sQ, kLd, 0);  // dK += dS^T Q
-      if constexpr (kAtomicDq || kSplit > 1) {
-        stash(sdS, ds);
-        if constexpr (kSplit > 1) stash(sPt, pt);
-        __syncthreads();
-      }
-      if constexpr (kSplit > 1) {  // the warps of a key tile share its P^T and dS^T through shared memory
-        warp_gemm_nn<1, kDT, kM / 16>(dv, sPt, kLdS, key_tile * 16, sdO, kLd, d_col0);  // dV += P^T dO
-        warp_gemm_nn<1, kDT, kM / 16>(dk, sdS, kLdS, key_tile * 16, sQ, kLd, d_col0);   // dK += dS^T Q
-      }
+      for (int i = 0; i < kRT * kMT; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ds[i][e] = pt[i][e] * (ds[i][e] - sDelta[i % kMT * 8 + 2 * t + e % 2]);
+      stash(sPt, pt);
+      stash(sdS, ds);
+      __syncthreads();
+      warp_gemm_nn<kRT, kDT, kM / 16>(dv, sPt, kLdS, key_row0, sdO, kLd, d_col0);  // dV += P^T dO
+      __syncthreads();  // every warp is done with dO
+      if (has_next) load_do(next_h, next_m0);
+      cp_async_commit();
+      warp_gemm_nn<kRT, kDT, kM / 16>(dk, sdS, kLdS, key_row0, sQ, kLd, d_col0);  // dK += dS^T Q
       if constexpr (kAtomicDq) {
         // dQ [kM][D] += dS K, from dS^T in shared memory: warp w computes the kRTq query row tiles of group
         // w % kQG in the column slice w / kQG (kSlices slices of the head dim when there are more warps than row
@@ -499,12 +506,14 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
     }
   }
   const int64_t rows = p.len_k - n0;
-  store_tile<kDT>(static_cast<T*>(bp.grad_k) + b * bp.gk_stride[0] + hk * bp.gk_stride[1] + n0 * bp.gk_stride[2] +
-                      d_col0,
-                  bp.gk_stride[2], dk, key_tile * 16, rows, p.dim - d_col0, static_cast<float>(p.scale));
-  store_tile<kDT>(static_cast<T*>(bp.grad_v) + b * bp.gv_stride[0] + hk * bp.gv_stride[1] + n0 * bp.gv_stride[2] +
-                      d_col0,
-                  bp.gv_stride[2], dv, key_tile * 16, rows, p.dim_v - d_col0, 1.f);
+  T* gk = static_cast<T*>(bp.grad_k) + b * bp.gk_stride[0] + hk * bp.gk_stride[1] + n0 * bp.gk_stride[2] + d_col0;
+  T* gv = static_cast<T*>(bp.grad_v) + b * bp.gv_stride[0] + hk * bp.gv_stride[1] + n0 * bp.gv_stride[2] + d_col0;
+#pragma unroll
+  for (int rt = 0; rt < kRT; ++rt) {
+    store_tile<kDT>(gk, bp.gk_stride[2], dk + rt * kDT, key_row0 + 16 * rt, rows, p.dim - d_col0,
+                    static_cast<float>(p.scale));
+    store_tile<kDT>(gv, bp.gv_stride[2], dv + rt * kDT, key_row0 + 16 * rt, rows, p.dim_v - d_col0, 1.f);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -605,11 +614,11 @@ void attention_mma_bwd(const AttentionBackwardParams& bp, const float* delta, fl
   const int64_t blocks = n_blocks * p.heads_kv * p.batch;
   if (dq_accum) {
     launch_with_smem(attention_mma_bwd_kernel<T, kHeadDim, true>, blocks, Tiles::kBwdWarps * 32,
-                     Tiles::bwd_smem(true), stream, bp, delta, dq_accum);
+                     Tiles::kBwdTilesSmem, stream, bp, delta, dq_accum);
     return;
   }
   launch_with_smem(attention_mma_bwd_kernel<T, kHeadDim, false>, blocks, Tiles::kBwdWarps * 32,
-                   Tiles::bwd_smem(false), stream, bp, delta, dq_accum);
+                   Tiles::kBwdTilesSmem, stream, bp, delta, dq_accum);
   const int64_t m_blocks = (p.len_q + Tiles::kDqBlockM - 1) / Tiles::kDqBlockM;
   launch_with_smem(attention_mma_bwd_dq_kernel<T, kHeadDim>, m_blocks * p.heads_q * p.batch, Tiles::kDqWarps * 32,
                    Tiles::kDqSmem, stream, bp, delta);
