@@ -52,11 +52,10 @@ struct MmaTiles {
   // forward: Q, K, V tiles; backward dK/dV: K, V, two stages of the Q, lse and delta tiles, dO, dS^T, P^T; dQ
   // kernel: Q, dO and two stages of the K, V tiles.
   static constexpr size_t kFwdSmem = size_t(kFwdBlockM + 2 * kFwdBlockN) * kLd * kMmaElemBytes;
-  static constexpr size_t kBwdTilesSmem = size_t(2 * kBwdBlockN + 3 * kBwdBlockM) * kLd * kMmaElemBytes +
-                                          4 * kBwdBlockM * sizeof(float) +
-                                          2 * size_t(kBwdBlockN) * kLdS * kMmaElemBytes;
+  static constexpr size_t kBwdDkDvSmem = size_t(2 * kBwdBlockN + 3 * kBwdBlockM) * kLd * kMmaElemBytes +
+                                         4 * kBwdBlockM * sizeof(float) + 2 * size_t(kBwdBlockN) * kLdS * kMmaElemBytes;
   static constexpr size_t kDqSmem = size_t(2 * kDqBlockM + 4 * kFwdBlockN) * kLd * kMmaElemBytes;
-  static constexpr size_t kBwdSmem = std::max(kBwdTilesSmem, kDqSmem);  // the most of either mode
+  static constexpr size_t kBwdSmem = std::max(kBwdDkDvSmem, kDqSmem);  // the most of either mode
 };
 template <typename T, int kHeadDim>
 void attention_mma_fwd(const AttentionParams& p, cudaStream_t stream);

@@ -20,6 +20,7 @@
 //   backward dQ  deterministic mode: block = kDqBlockM queries, loops over key tiles: dQ = sum dS K, no atomics.
 #include <c10/cuda/CUDAException.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -315,7 +316,7 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
 #pragma unroll
         for (int ks = 0; ks < kN / 16; ++ks) acc_to_a<T>(pf[rt][ks], s + rt * kNT, ks);
       warp_gemm<kRT, kDT, kN / 16, T>(
-          o, [&](Frag& a, int rt, int ks) { a[0] = pf[rt][ks][0], a[1] = pf[rt][ks][1], a[2] = pf[rt][ks][2], a[3] = pf[rt][ks][3]; },
+          o, [&](Frag& a, int rt, int ks) { std::copy(pf[rt][ks], pf[rt][ks] + 4, a); },
           [&](Frag& b, int ks, int n0) { load_b_kn(b, sV, kLd, ks * 16, n0); });
     }
   }
@@ -612,13 +613,10 @@ void attention_mma_bwd(const AttentionBackwardParams& bp, const float* delta, fl
   static_assert(sizeof(T) == kMmaElemBytes);
   const int64_t n_blocks = (p.len_k + Tiles::kBwdBlockN - 1) / Tiles::kBwdBlockN;
   const int64_t blocks = n_blocks * p.heads_kv * p.batch;
-  if (dq_accum) {
-    launch_with_smem(attention_mma_bwd_kernel<T, kHeadDim, true>, blocks, Tiles::kBwdWarps * 32,
-                     Tiles::kBwdTilesSmem, stream, bp, delta, dq_accum);
-    return;
-  }
-  launch_with_smem(attention_mma_bwd_kernel<T, kHeadDim, false>, blocks, Tiles::kBwdWarps * 32,
-                   Tiles::kBwdTilesSmem, stream, bp, delta, dq_accum);
+  const auto dk_dv_kernel =
+      dq_accum ? attention_mma_bwd_kernel<T, kHeadDim, true> : attention_mma_bwd_kernel<T, kHeadDim, false>;
+  launch_with_smem(dk_dv_kernel, blocks, Tiles::kBwdWarps * 32, Tiles::kBwdDkDvSmem, stream, bp, delta, dq_accum);
+  if (dq_accum) return;
   const int64_t m_blocks = (p.len_q + Tiles::kDqBlockM - 1) / Tiles::kDqBlockM;
   launch_with_smem(attention_mma_bwd_dq_kernel<T, kHeadDim>, m_blocks * p.heads_q * p.batch, Tiles::kDqWarps * 32,
                    Tiles::kDqSmem, stream, bp, delta);
