@@ -48,13 +48,16 @@ def with_cuda():
 
 def extension():
     sources = ["csrc/registration.cpp"] + isa_wrappers()
-    cxx = ["-O3", "-std=c++20", "-fvisibility=hidden"]
+    # -fopenmp: at::parallel_for is an inline OpenMP loop in torch's headers, serial in code compiled without it. The
+    # extension then needs libgomp.so.1, which is torch's own copy once torch is imported (same soname).
+    cxx = ["-O3", "-std=c++20", "-fvisibility=hidden", "-fopenmp"]
+    link = ["-fopenmp"]
     if not with_cuda():
-        return CppExtension("pytransformer._C", sources, extra_compile_args={"cxx": cxx})
+        return CppExtension("pytransformer._C", sources, extra_compile_args={"cxx": cxx}, extra_link_args=link)
     sources += sorted(str(p.relative_to(ROOT)) for p in (CSRC / "cuda").glob("*.cu"))
     nvcc = ["-O3", "-std=c++20", "--use_fast_math", "--expt-relaxed-constexpr", "-lineinfo"]
     return CUDAExtension("pytransformer._C", sources, define_macros=[("PT_WITH_CUDA", "1")],
-                         extra_compile_args={"cxx": cxx, "nvcc": nvcc})
+                         extra_compile_args={"cxx": cxx, "nvcc": nvcc}, extra_link_args=link)
 
 
 setup(
