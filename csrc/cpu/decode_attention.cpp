@@ -173,7 +173,8 @@ void decode_attention_typed(const DecodeAttentionParams& p, const at::Tensor& q,
           for (int64_t t = 0; t < T; ++t) {
             const int64_t pos = row.end - T + t;
             if (j > pos || (p.window > 0 && j <= pos - p.window)) continue;
-            dot_rows(qs.data() + t * D, T * D, G, krows + i * k_step, D, scores.data() + t * kBlock + i, T * kBlock);
+            dot_rows(qs.data() + t * D, T * D, G, krows + i * k_step, 0, 1, D, scores.data() + t * kBlock + i,
+                     T * kBlock, 0);
           }
         }
         // Online softmax update of each query row with this block: rescale by alpha = e^(old max - new max) and

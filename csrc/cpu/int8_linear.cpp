@@ -2,10 +2,10 @@
 // with an int8 weight [N, K] (weight-only quantization).
 //
 // Few rows (decoding, M <= kMaxGemvRows): work items are blocks of 4 output features; their int8 weight rows are read
-// once, widened chunk by chunk into an L1-resident buffer and dotted with all M rows of x (dot_rows: 4 independent
-// accumulators), so the product reads 1 byte per weight from memory instead of the float layer's 4. Many rows
-// (prefill): the product is compute-bound, so blocks of weight rows are dequantized (times scale) into a buffer of
-// 16 MiB and multiplied with ATen's GEMM. float16/bfloat16 x is computed in float32, float64 in float64.
+// once, widened chunk by chunk into an L1-resident buffer and dotted with all M rows of x (dot_rows: blocks of 4 weight
+// rows by up to 4 rows of x, each load serving 4 products), so the product reads 1 byte per weight from memory instead
+// of the float layer's 4. Many rows (prefill): the product is compute-bound, so blocks of weight rows are dequantized
+// (times scale) into a buffer of 16 MiB and multiplied with ATen's GEMM. float16/bfloat16 x is computed in float32, float64 in float64.
 #include "isa.h"
 
 #include <ATen/Dispatch.h>
@@ -59,8 +59,7 @@ void int8_gemv_typed(const Int8LinearParams& p, const at::Tensor& x, const at::T
       for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
         const int64_t kc = std::min(kChunk, K - k0);
         for (int64_t r = 0; r < nb; ++r) widen<acc_t>(wp + (n + r) * K + k0, rows.data() + r * kc, kc, acc_t(1));
-        for (int64_t m = 0; m < M; ++m)
-          dot_rows<acc_t>(rows.data(), kc, nb, xp + m * K + k0, kc, part.data() + m * kRowsPerItem, 1);
+        dot_rows<acc_t>(rows.data(), kc, nb, xp + k0, K, M, kc, part.data(), 1, kRowsPerItem);
         for (int64_t j = 0; j < M * kRowsPerItem; ++j) sum[j] += part[j];
       }
       for (int64_t m = 0; m < M; ++m)
