@@ -6,7 +6,7 @@ import torch
 from pytransformer import ops
 from pytransformer.ops import reference
 
-from conftest import tolerance
+from conftest import CPU_ISA_LEVELS, run_under_isa, tolerance
 
 
 def make(n, k, device, dtype=torch.float32, bias=True):
@@ -32,6 +32,16 @@ def check(x, weight, scale, bias):
 def test_matches_reference(device, rows, k, n, bias):
     weight, scale, b = make(n, k, device, bias=bias)
     check(torch.randn(rows, k, device=device), weight, scale, b)
+
+
+@pytest.mark.parametrize("isa", CPU_ISA_LEVELS)
+def test_each_cpu_isa_level_agrees(isa):
+    """The few-rows kernel is compiled per ISA level, with narrower blocks of x rows below AVX-512: 7 rows of x and
+    7 weight rows reach every block shape; K 1100 spans two widened chunks and a vector tail."""
+    run_under_isa(isa, (
+        "w=torch.randint(-127,128,(7,1100),dtype=torch.int8); s=torch.rand(7)*0.01; b=torch.randn(7);"
+        "x=torch.randn(7,1100); torch.testing.assert_close(pt.ops.int8_linear(x,w,s,b).double(),"
+        " ref.int8_linear(x.double(),w,s.double(),b.double()), atol=2e-5, rtol=2e-5)"))
 
 
 @pytest.mark.parametrize("bias", [True, False])
