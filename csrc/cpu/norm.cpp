@@ -112,7 +112,6 @@ void norm_bwd_typed(const at::Tensor& g, const at::Tensor& x, const at::Tensor& 
   at::parallel_for(0, rows, std::max<int64_t>(1, 8192 / n), [&](int64_t begin, int64_t end) {
     const int tid = at::get_thread_num();
     std::vector<acc_t> xbuf(std::is_same_v<T, acc_t> ? 0 : n), gbuf(xbuf.size()), dxbuf(xbuf.size());
-    std::vector<acc_t> gw(n);
     acc_t* dwp = want_dw ? dw_part.data() + tid * n : nullptr;
     acc_t* dbp = want_db ? db_part.data() + tid * n : nullptr;
     for (int64_t r = begin; r < end; ++r) {
@@ -120,34 +119,34 @@ void norm_bwd_typed(const at::Tensor& g, const at::Tensor& x, const at::Tensor& 
       const acc_t* gr = widen_row(gp + r * n, n, gbuf);
       const acc_t mu = meanp[r], rs = rstdp[r];
       const Vec vrs(rs), vshift(-mu * rs);
-      // gw = g * w; sums of gw and gw * xhat
-      at::vec::map2<acc_t>([](Vec gv, Vec wvv) { return gv * wvv; }, gw.data(), gr, wv.data(), n);
+      // One pass: sums of gw = g * w and gw * xhat, and this thread's partial weight and bias gradients.
       Vec s_gw(0), s_gwx(0);
       int64_t i = 0;
       constexpr int64_t kV = Vec::size();
       for (; i + kV <= n; i += kV) {
-        Vec gwv = Vec::loadu(gw.data() + i), xhat = at::vec::fmadd(Vec::loadu(a + i), vrs, vshift);
+        const Vec gv = Vec::loadu(gr + i), gwv = gv * Vec::loadu(wv.data() + i);
+        const Vec xhat = at::vec::fmadd(Vec::loadu(a + i), vrs, vshift);
         s_gw += gwv, s_gwx = at::vec::fmadd(gwv, xhat, s_gwx);
-        if (dwp) at::vec::fmadd(Vec::loadu(gr + i), xhat, Vec::loadu(dwp + i)).store(dwp + i);
-        if (dbp) (Vec::loadu(dbp + i) + Vec::loadu(gr + i)).store(dbp + i);
+        if (dwp) at::vec::fmadd(gv, xhat, Vec::loadu(dwp + i)).store(dwp + i);
+        if (dbp) (Vec::loadu(dbp + i) + gv).store(dbp + i);
       }
       acc_t sum_gw = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), s_gw);
       acc_t sum_gwx = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), s_gwx);
       for (; i < n; ++i) {
-        const acc_t xhat = a[i] * rs - mu * rs;
-        sum_gw += gw[i], sum_gwx += gw[i] * xhat;
+        const acc_t xhat = a[i] * rs - mu * rs, gw = gr[i] * wv[i];
+        sum_gw += gw, sum_gwx += gw * xhat;
         if (dwp) dwp[i] += gr[i] * xhat;
         if (dbp) dbp[i] += gr[i];
       }
       // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)); RMSNorm drops the mean(gw) term.
       const Vec c_gw(center ? sum_gw / n : acc_t(0)), c_gwx(sum_gwx / n);
       acc_t* out = std::is_same_v<T, acc_t> ? reinterpret_cast<acc_t*>(dxp + r * n) : dxbuf.data();
-      at::vec::map2<acc_t>(
-          [&](Vec gwv, Vec xv) {
+      at::vec::map3<acc_t>(
+          [&](Vec gv, Vec wvv, Vec xv) {
             Vec xhat = at::vec::fmadd(xv, vrs, vshift);
-            return (gwv - c_gw - xhat * c_gwx) * vrs;
+            return (gv * wvv - c_gw - xhat * c_gwx) * vrs;
           },
-          out, gw.data(), a, n);
+          out, gr, wv.data(), a, n);
       if constexpr (!std::is_same_v<T, acc_t>) at::vec::convert(dxbuf.data(), dxp + r * n, n);
     }
   });
