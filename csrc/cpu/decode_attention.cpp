@@ -161,21 +161,21 @@ void decode_attention_typed(const DecodeAttentionParams& p, const at::Tensor& q,
         const int64_t n = std::min(kBlock, j1 - jb);
         int64_t k_step, v_step;
         const acc_t* krows = rows_as_acc(kh, p.k_stride[2], jb, n, D, kbuf.data(), k_step);
-        // Scores [M, kBlock]: key jb + i is visible to query t (position row.end - T + t) when it lies in
-        // (pos - window, pos]; invisible keys and the unused tail of the block score -inf.
+        if (jb + kBlock < j1) {  // the next block's key and value rows
+          const int64_t next = std::min(kBlock, j1 - jb - kBlock);
+          prefetch_rows(kh, p.k_stride[2], jb + kBlock, next, D);
+          prefetch_rows(vh, p.v_stride[2], jb + kBlock, next, Dv);
+        }
+        // Scores [M, kBlock]: query t (position row.end - T + t) sees the keys in (pos - window, pos], one range of
+        // the block scored by one dot_rows call (its G query heads by blocks of keys); invisible keys and the unused
+        // tail of the block score -inf.
         std::fill(scores.begin(), scores.end(), kNegInf);
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t j = jb + i;
-          if (j + kBlock < j1) {  // the same key and value row of the next block
-            prefetch_rows(kh, p.k_stride[2], j + kBlock, 1, D);
-            prefetch_rows(vh, p.v_stride[2], j + kBlock, 1, Dv);
-          }
-          for (int64_t t = 0; t < T; ++t) {
-            const int64_t pos = row.end - T + t;
-            if (j > pos || (p.window > 0 && j <= pos - p.window)) continue;
-            dot_rows(qs.data() + t * D, T * D, G, krows + i * k_step, 0, 1, D, scores.data() + t * kBlock + i,
-                     T * kBlock, 0);
-          }
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t pos = row.end - T + t;
+          const int64_t lo = std::max(jb, p.window > 0 ? pos - p.window + 1 : jb), hi = std::min(jb + n, pos + 1);
+          if (lo < hi)
+            dot_rows(qs.data() + t * D, T * D, G, krows + (lo - jb) * k_step, k_step, hi - lo, D,
+                     scores.data() + t * kBlock + (lo - jb), T * kBlock, 1);
         }
         // Online softmax update of each query row with this block: rescale by alpha = e^(old max - new max) and
         // add the block's probabilities probs = e^(score - new max) (a row with no visible key here: alpha 1, probs 0).
