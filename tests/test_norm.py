@@ -36,6 +36,18 @@ def test_layer_norm_matches_reference(device, dtype, shape, affine):
     torch.testing.assert_close(pt.ops.layer_norm(x, w, b).double(), expected, atol=atol * 10, rtol=rtol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_layer_norm_rows_at_their_mean(device, dtype):
+    """Elements equal to their row's mean normalise to exactly 0, so the output is the bias: rows of one element,
+    and constant rows, far from 0 (x * rstd - mean * rstd as one fma was off by mean * rstd's rounding, ~0.01 here)."""
+    _skip_unsupported(dtype, device)
+    x = (torch.randn(6, 1, dtype=dtype) * 1e3).to(device).expand(6, 37)
+    w, b = torch.randn(37, dtype=dtype, device=device), torch.randn(37, dtype=dtype, device=device)
+    for rows in (x[:, :1], x):
+        torch.testing.assert_close(pt.ops.layer_norm(rows, w[:rows.shape[1]], b[:rows.shape[1]]),
+                                   b[:rows.shape[1]].expand(rows.shape), atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_rms_norm_matches_reference(device, dtype, shape):

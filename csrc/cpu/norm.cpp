@@ -85,10 +85,11 @@ void norm_fwd_typed(const at::Tensor& x, const at::Tensor& w, const at::Tensor& 
       const acc_t rs = acc_t(1) / std::sqrt(var + acc_t(eps));
       meanp[r] = mu, rstdp[r] = rs;
       acc_t* out = std::is_same_v<T, acc_t> ? reinterpret_cast<acc_t*>(yp + r * n) : ybuf.data();
-      const Vec vrs(rs), vshift(-mu * rs);
-      at::vec::map3<acc_t>(
-          [&](Vec xv, Vec wvv, Vec bvv) { return at::vec::fmadd(at::vec::fmadd(xv, vrs, vshift), wvv, bvv); }, out, a,
-          wv.data(), bv.data(), n);
+      // xhat = (x - mean) * rstd: exact for x == mean (a single element normalises to 0); x * rstd - mean * rstd as
+      // one fma is off by the rounding of mean * rstd, up to ~1e-4 for |mean| ~ 10 and eps-sized variances.
+      const Vec vrs(rs), vmu(mu);
+      at::vec::map3<acc_t>([&](Vec xv, Vec wvv, Vec bvv) { return at::vec::fmadd((xv - vmu) * vrs, wvv, bvv); }, out,
+                           a, wv.data(), bv.data(), n);
       if constexpr (!std::is_same_v<T, acc_t>) at::vec::convert(ybuf.data(), yp + r * n, n);
     }
   });
@@ -118,14 +119,14 @@ void norm_bwd_typed(const at::Tensor& g, const at::Tensor& x, const at::Tensor& 
       const acc_t* a = widen_row(xp + r * n, n, xbuf);
       const acc_t* gr = widen_row(gp + r * n, n, gbuf);
       const acc_t mu = meanp[r], rs = rstdp[r];
-      const Vec vrs(rs), vshift(-mu * rs);
+      const Vec vrs(rs), vmu(mu);  // xhat = (x - mean) * rstd, as in the forward
       // One pass: sums of gw = g * w and gw * xhat, and this thread's partial weight and bias gradients.
       Vec s_gw(0), s_gwx(0);
       int64_t i = 0;
       constexpr int64_t kV = Vec::size();
       for (; i + kV <= n; i += kV) {
         const Vec gv = Vec::loadu(gr + i), gwv = gv * Vec::loadu(wv.data() + i);
-        const Vec xhat = at::vec::fmadd(Vec::loadu(a + i), vrs, vshift);
+        const Vec xhat = (Vec::loadu(a + i) - vmu) * vrs;
         s_gw += gwv, s_gwx = at::vec::fmadd(gwv, xhat, s_gwx);
         if (dwp) at::vec::fmadd(gv, xhat, Vec::loadu(dwp + i)).store(dwp + i);
         if (dbp) (Vec::loadu(dbp + i) + gv).store(dbp + i);
@@ -133,7 +134,7 @@ void norm_bwd_typed(const at::Tensor& g, const at::Tensor& x, const at::Tensor& 
       acc_t sum_gw = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), s_gw);
       acc_t sum_gwx = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), s_gwx);
       for (; i < n; ++i) {
-        const acc_t xhat = a[i] * rs - mu * rs, gw = gr[i] * wv[i];
+        const acc_t xhat = (a[i] - mu) * rs, gw = gr[i] * wv[i];
         sum_gw += gw, sum_gwx += gw * xhat;
         if (dwp) dwp[i] += gr[i] * xhat;
         if (dbp) dbp[i] += gr[i];
@@ -143,7 +144,7 @@ void norm_bwd_typed(const at::Tensor& g, const at::Tensor& x, const at::Tensor& 
       acc_t* out = std::is_same_v<T, acc_t> ? reinterpret_cast<acc_t*>(dxp + r * n) : dxbuf.data();
       at::vec::map3<acc_t>(
           [&](Vec gv, Vec wvv, Vec xv) {
-            Vec xhat = at::vec::fmadd(xv, vrs, vshift);
+            const Vec xhat = (xv - vmu) * vrs;
             return (gv * wvv - c_gw - xhat * c_gwx) * vrs;
           },
           out, gr, wv.data(), a, n);
