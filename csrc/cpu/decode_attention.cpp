@@ -58,12 +58,9 @@ void accumulate_rows(acc_t* y, int64_t y_step, const acc_t* alpha, const acc_t* 
 template <typename acc_t>
 void accumulate_rows(acc_t* y, int64_t y_step, int64_t rows, const acc_t* alpha, const acc_t* w, int64_t w_step,
                      const acc_t* x, int64_t x_step, int64_t count, int64_t n) {
-  int64_t r = 0;
-  for (; r + 4 <= rows; r += 4)
-    accumulate_rows<4>(y + r * y_step, y_step, alpha + r, w + r * w_step, w_step, x, x_step, count, n);
-  for (; r + 2 <= rows; r += 2)
-    accumulate_rows<2>(y + r * y_step, y_step, alpha + r, w + r * w_step, w_step, x, x_step, count, n);
-  if (r < rows) accumulate_rows<1>(y + r * y_step, y_step, alpha + r, w + r * w_step, w_step, x, x_step, count, n);
+  for_blocks<4>(rows, [&](auto R, int64_t r) {
+    accumulate_rows<decltype(R)::value>(y + r * y_step, y_step, alpha + r, w + r * w_step, w_step, x, x_step, count, n);
+  });
 }
 
 // Rows [j0, j0 + n) of a cache head (row stride `step` elements) as acc_t rows of width `width`: the rows themselves

@@ -1,7 +1,7 @@
 #pragma once
 // dot_rows: the dot products of a block of rows with a block of other rows, each vector load serving every product
-// of its row. Shared by the CPU kernels; compiled into each including file's ISA level (namespace CPU_CAPABILITY,
-// see isa.h).
+// of its row; for_blocks: kernels written for a fixed number of rows applied to any. Shared by the CPU kernels;
+// compiled into each including file's ISA level (namespace CPU_CAPABILITY, see isa.h).
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
@@ -44,15 +44,15 @@ void dot_block(const acc_t* a, int64_t a_step, const acc_t* b, int64_t b_step, i
       out[r * out_r + c * out_c] = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), acc[r][c]);
 }
 
-// dot_block for R rows of a and any number of rows of b, kDotCols, 2 and 1 at a time.
-template <int R, typename acc_t>
-void dot_rows_of(const acc_t* a, int64_t a_step, const acc_t* b, int64_t b_step, int64_t cols, int64_t n, acc_t* out,
-                 int64_t out_r, int64_t out_c) {
-  int64_t c = 0;
-  if constexpr (kDotCols == 4)
-    for (; c + 4 <= cols; c += 4) dot_block<R, 4>(a, a_step, b + c * b_step, b_step, n, out + c * out_c, out_r, out_c);
-  for (; c + 2 <= cols; c += 2) dot_block<R, 2>(a, a_step, b + c * b_step, b_step, n, out + c * out_c, out_r, out_c);
-  if (c < cols) dot_block<R, 1>(a, a_step, b + c * b_step, b_step, n, out + c * out_c, out_r, out_c);
+// Calls f(std::integral_constant<int, K>{}, i) for consecutive blocks [i, i + K) that cover [0, count): K = 4 (when
+// kMax is 4) while a block of 4 fits, then 2, then 1. Kernels written for a fixed number of rows use it to take any.
+template <int kMax, class F>
+void for_blocks(int64_t count, F&& f) {
+  int64_t i = 0;
+  if constexpr (kMax >= 4)
+    for (; i + 4 <= count; i += 4) f(std::integral_constant<int, 4>{}, i);
+  for (; i + 2 <= count; i += 2) f(std::integral_constant<int, 2>{}, i);
+  if (i < count) f(std::integral_constant<int, 1>{}, i);
 }
 
 // out[r * out_r + c * out_c] = dot(a + r * a_step, b + c * b_step) over n elements for any rows x cols, in blocks of
@@ -60,15 +60,12 @@ void dot_rows_of(const acc_t* a, int64_t a_step, const acc_t* b, int64_t b_step,
 template <typename acc_t>
 void dot_rows(const acc_t* a, int64_t a_step, int64_t rows, const acc_t* b, int64_t b_step, int64_t cols, int64_t n,
               acc_t* out, int64_t out_r, int64_t out_c) {
-  int64_t r = 0;
-  const auto block = [&](auto rows_at_once) {
-    constexpr int R = decltype(rows_at_once)::value;
-    dot_rows_of<R>(a + r * a_step, a_step, b, b_step, cols, n, out + r * out_r, out_r, out_c);
-    r += R;
-  };
-  while (r + 4 <= rows) block(std::integral_constant<int, 4>{});
-  while (r + 2 <= rows) block(std::integral_constant<int, 2>{});
-  if (r < rows) block(std::integral_constant<int, 1>{});
+  for_blocks<4>(rows, [&](auto R, int64_t r) {
+    for_blocks<kDotCols>(cols, [&](auto C, int64_t c) {
+      dot_block<decltype(R)::value, decltype(C)::value>(a + r * a_step, a_step, b + c * b_step, b_step, n,
+                                                        out + r * out_r + c * out_c, out_r, out_c);
+    });
+  });
 }
 
 }  // namespace CPU_CAPABILITY

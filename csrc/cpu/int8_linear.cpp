@@ -5,7 +5,8 @@
 // once, widened chunk by chunk into an L1-resident buffer and dotted with all M rows of x (dot_rows: blocks of 4 weight
 // rows by up to 4 rows of x, each load serving 4 products), so the product reads 1 byte per weight from memory instead
 // of the float layer's 4. Many rows (prefill): the product is compute-bound, so blocks of weight rows are dequantized
-// (times scale) into a buffer of 16 MiB and multiplied with ATen's GEMM. float16/bfloat16 x is computed in float32, float64 in float64.
+// (times scale) into a buffer of 16 MiB and multiplied with ATen's GEMM. float16/bfloat16 x is computed in float32,
+// float64 in float64.
 #include "isa.h"
 
 #include <ATen/Dispatch.h>
