@@ -25,7 +25,7 @@ def isa_wrappers():
     out_dir = ROOT / "build" / "isa"
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for src in sorted((CSRC / "cpu").glob("*.cpp")):
+    for src in sorted((CSRC / "cpu").glob("*_kernel.cpp")):
         for name, level, features in ISA_LEVELS:
             text = "".join([
                 f'#pragma GCC target("{",".join(features)}")\n' if features else "",
@@ -47,7 +47,8 @@ def with_cuda():
 
 
 def extension():
-    sources = ["csrc/registration.cpp"] + isa_wrappers()
+    glue = sorted(str(p.relative_to(ROOT)) for p in (CSRC / "cpu").glob("*.cpp") if not p.stem.endswith("_kernel"))
+    sources = ["csrc/registration.cpp"] + glue + isa_wrappers()
     # -fopenmp: at::parallel_for is an inline OpenMP loop in torch's headers, serial in code compiled without it. The
     # extension then needs libgomp.so.1, which is torch's own copy once torch is imported (same soname).
     cxx = ["-O3", "-std=c++20", "-fvisibility=hidden", "-fopenmp"]

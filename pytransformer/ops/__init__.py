@@ -1,7 +1,8 @@
 """Functional ops: thin wrappers over torch.ops.pytransformer.* with fake kernels and autograd registered."""
 from .attention import attention
 from .int8_linear import int8_linear
-from .kv_cache import decode_attention, kv_cache_append
+from .decode_attention import decode_attention
+from .kv_cache_append import kv_cache_append
 from .masked_softmax import masked_softmax
 from .norm import layer_norm, rms_norm
 

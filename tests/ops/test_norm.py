@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 import pytransformer as pt
 from pytransformer.ops import reference as ref
-from conftest import CPU_ISA_LEVELS, run_under_isa, tolerance
+from tests.helpers import CPU_ISA_LEVELS, run_under_isa, tolerance
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 SHAPES = [(5, 1), (3, 7), (2, 3, 384), (4, 1000), (2, 4096), (2, 2, 2, 33)]

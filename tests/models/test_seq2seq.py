@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from pytransformer.models import Seq2SeqTransformer, count_parameters, transformer_base
-from conftest import assert_compiled_training_step_matches
+from tests.helpers import assert_compiled_training_step_matches
 
 V, BOS, EOS = 16, 1, 2
 

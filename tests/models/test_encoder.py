@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from pytransformer.models import EncoderModel, bert_base
-from conftest import assert_compiled_training_step_matches
+from tests.helpers import assert_compiled_training_step_matches
 
 V = 64
 

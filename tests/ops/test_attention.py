@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 import pytransformer
-from conftest import tolerance
+from tests.helpers import tolerance
 from pytransformer.ops import attention, reference
 
 # (B, Hq, Hkv, Lq, Lk, D, Dv): L = 1, Lq != Lk both ways, D in {16, 40, 64, 80, 128}, Dv != D, Hkv in {1, 2, Hq}.

@@ -1,27 +1,15 @@
-"""kv_cache_append / decode_attention: against float64 references, decode loops, opcheck, torch.compile, errors."""
-
+"""decode_attention: against float64 references, with kv_cache_append in decode loops and steps (eager, compiled,
+CUDA graphs), opcheck, errors."""
 import pytest
 import torch
 
 import pytransformer as pt
 from pytransformer.ops import reference as ref
-from conftest import CPU_ISA_LEVELS, run_under_isa, tolerance
+from tests.helpers import (CPU_ISA_LEVELS, caches, captured_in_cuda_graph, cuda_only, randn, run_under_isa,
+                           skip_unsupported, tolerance)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 ops = torch.ops.pytransformer
-
-
-def _skip_unsupported(dtype, device):
-    if dtype == torch.float64 and device == "cuda":
-        pytest.skip("float64 is CPU-only")
-
-
-def _randn(*shape, dtype=torch.float32, device="cpu"):
-    return torch.randn(shape, dtype=torch.float64).to(device, dtype)
-
-
-def _caches(b, hkv, cap, d, dv, dtype, device):
-    return _randn(b, hkv, cap, d, dtype=dtype, device=device), _randn(b, hkv, cap, dv, dtype=dtype, device=device)
 
 
 def _check_decode(q, k, v, lengths, window=None, scale=None):
@@ -48,10 +36,10 @@ CASES = [
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}-Hq{}-Hkv{}-T{}-D{}-Dv{}-cap{}-w{}".format(*c))
 def test_decode_attention_matches_reference(device, dtype, case):
-    _skip_unsupported(dtype, device)
+    skip_unsupported(dtype, device)
     b, hq, hkv, t, d, dv, cap, window = case
-    q = _randn(b, hq, t, d, dtype=dtype, device=device)
-    k, v = _caches(b, hkv, cap, d, dv, dtype, device)
+    q = randn(b, hq, t, d, dtype=dtype, device=device)
+    k, v = caches(b, hkv, cap, d, dv, dtype, device)
     lengths = torch.randint(t, cap + 1, (b,), device=device)
     lengths[0] = cap  # a full row
     _check_decode(q, k, v, lengths, window)
@@ -59,9 +47,9 @@ def test_decode_attention_matches_reference(device, dtype, case):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_decode_attention_equals_attention_over_each_prefix(device, dtype):
-    _skip_unsupported(dtype, device)
-    q = _randn(3, 6, 2, 32, dtype=dtype, device=device)
-    k, v = _caches(3, 3, 50, 32, 20, dtype, device)
+    skip_unsupported(dtype, device)
+    q = randn(3, 6, 2, 32, dtype=dtype, device=device)
+    k, v = caches(3, 3, 50, 32, 20, dtype, device)
     lengths = torch.tensor([50, 2, 31], device=device)
     out = pt.ops.decode_attention(q, k, v, lengths, scale=0.3)
     for b, n in enumerate(lengths.tolist()):
@@ -72,8 +60,8 @@ def test_decode_attention_equals_attention_over_each_prefix(device, dtype):
 
 
 def test_zero_length_rows_give_zeros(device):
-    q = _randn(3, 4, 2, 16, device=device)
-    k, v = _caches(3, 2, 10, 16, 16, torch.float32, device)
+    q = randn(3, 4, 2, 16, device=device)
+    k, v = caches(3, 2, 10, 16, 16, torch.float32, device)
     v[1] = float("nan")  # an unused row is never read
     lengths = torch.tensor([5, 0, 10], device=device)
     out = pt.ops.decode_attention(q, k, v, lengths)
@@ -84,8 +72,8 @@ def test_zero_length_rows_give_zeros(device):
 
 
 def test_keys_past_the_length_are_never_read(device):
-    q = _randn(2, 4, 1, 32, device=device)
-    k, v = _caches(2, 2, 64, 32, 32, torch.float32, device)
+    q = randn(2, 4, 1, 32, device=device)
+    k, v = caches(2, 2, 64, 32, 32, torch.float32, device)
     lengths = torch.tensor([40, 1], device=device)
     expected = pt.ops.decode_attention(q, k, v, lengths)
     k[0, :, 40:], v[0, :, 40:], k[1, :, 1:], v[1, :, 1:] = float("nan"), float("nan"), float("inf"), float("nan")
@@ -96,10 +84,10 @@ def test_keys_past_the_length_are_never_read(device):
 @pytest.mark.parametrize("window", [None, 16])
 def test_append_and_decode_loop_equals_causal_attention(device, dtype, window):
     """A 4-token ragged prefill then 100 decode steps reproduce one causal attention over the whole sequences."""
-    _skip_unsupported(dtype, device)
+    skip_unsupported(dtype, device)
     b, hq, hkv, d, dv, cap, steps = 2, 4, 2, 16, 24, 128, 100
     n = 4 + steps
-    q, k, v = (_randn(b, h, n, e, dtype=dtype, device=device) for h, e in ((hq, d), (hkv, d), (hkv, dv)))
+    q, k, v = (randn(b, h, n, e, dtype=dtype, device=device) for h, e in ((hq, d), (hkv, d), (hkv, dv)))
     expected = torch.cat([ref.attention(q[i:i + 1].double(), k[i:i + 1].double(), v[i:i + 1].double(), causal=True,
                                         window=window) for i in range(b)])  # [B, Hq, N, Dv]
     atol, rtol = tolerance(dtype)
@@ -107,7 +95,7 @@ def test_append_and_decode_loop_equals_causal_attention(device, dtype, window):
                                                                                               dtype=dtype, device=device)
     # Prompts of lengths 2 and 4 in one T=4 prefill: row 0's last two tokens are padding, overwritten later.
     prompt_k, prompt_v = k[:, :, :4].clone(), v[:, :, :4].clone()
-    prompt_k[0, :, 2:], prompt_v[0, :, 2:] = _randn(hkv, 2, d, dtype=dtype), _randn(hkv, 2, dv, dtype=dtype)
+    prompt_k[0, :, 2:], prompt_v[0, :, 2:] = randn(hkv, 2, d, dtype=dtype), randn(hkv, 2, dv, dtype=dtype)
     pt.ops.kv_cache_append(k_cache, v_cache, prompt_k, prompt_v, torch.zeros(b, dtype=torch.int32, device=device))
     out = pt.ops.decode_attention(q[1:, :, :4], k_cache[1:], v_cache[1:], torch.tensor([4], device=device),
                                   window=window)
@@ -122,49 +110,23 @@ def test_append_and_decode_loop_equals_causal_attention(device, dtype, window):
         lengths = lengths + 1
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_kv_cache_append_writes_rows(device, dtype):
-    _skip_unsupported(dtype, device)
-    k_cache, v_cache = _caches(3, 2, 20, 8, 5, dtype, device)
-    k_new, v_new = _randn(3, 2, 4, 8, dtype=dtype, device=device), _randn(3, 2, 4, 5, dtype=dtype, device=device)
-    positions = torch.tensor([0, 16, 7], device=device)
-    expected_k, expected_v = k_cache.clone(), v_cache.clone()
-    for b, p in enumerate(positions.tolist()):
-        expected_k[b, :, p:p + 4], expected_v[b, :, p:p + 4] = k_new[b], v_new[b]
-    assert pt.ops.kv_cache_append(k_cache, v_cache, k_new, v_new, positions) is None
-    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
-    pt.ops.kv_cache_append(k_cache, v_cache, k_new[:, :, :0], v_new[:, :, :0], torch.full((3,), 20, device=device))
-    assert torch.equal(k_cache, expected_k)  # T = 0 writes nothing, even at the end of the cache
-
-
-@pytest.mark.parametrize("positions", [[0, 17], [-1, 0], [30, 0]])
-def test_append_overflow_raises_and_leaves_cache_unchanged(device, positions):
-    k_cache, v_cache = _caches(2, 2, 20, 8, 8, torch.float32, device)
-    before = k_cache.clone(), v_cache.clone()
-    k_new, v_new = _randn(2, 2, 4, 8, device=device), _randn(2, 2, 4, 8, device=device)
-    with pytest.raises(ValueError, match="positions"):
-        pt.ops.kv_cache_append(k_cache, v_cache, k_new, v_new, torch.tensor(positions, device=device))
-    assert torch.equal(k_cache.view(torch.int32), before[0].view(torch.int32))
-    assert torch.equal(v_cache.view(torch.int32), before[1].view(torch.int32))
-
-
 def test_non_contiguous_inputs(device):
     b, hq, hkv, cap, d = 2, 4, 2, 40, 16
     # Caches laid out [B, capacity, Hkv, D] and viewed as [B, Hkv, capacity, D]; values with a strided last dim.
-    k_cache = _randn(b, cap, hkv, d, device=device).transpose(1, 2)
-    v_cache = _randn(b, hkv, cap, 2 * d, device=device)[..., ::2]
-    k_new = _randn(b, 3, hkv, d, device=device).transpose(1, 2)  # [B, Hkv, 3, D], strided
-    v_new = _randn(b, hkv, d, 3, device=device).transpose(2, 3)  # last dim strided
+    k_cache = randn(b, cap, hkv, d, device=device).transpose(1, 2)
+    v_cache = randn(b, hkv, cap, 2 * d, device=device)[..., ::2]
+    k_new = randn(b, 3, hkv, d, device=device).transpose(1, 2)  # [B, Hkv, 3, D], strided
+    v_new = randn(b, hkv, d, 3, device=device).transpose(2, 3)  # last dim strided
     positions = torch.tensor([[5, 0], [30, 0]], device=device)[:, 0]  # strided index vector
     k_ref, v_ref = k_cache.contiguous(), v_cache.contiguous()
     pt.ops.kv_cache_append(k_cache, v_cache, k_new, v_new, positions)
     pt.ops.kv_cache_append(k_ref, v_ref, k_new.contiguous(), v_new.contiguous(), positions.contiguous())
     assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
-    q = _randn(b, 3, hq, d, device=device).transpose(1, 2)  # [B, Hq, 3, D]
+    q = randn(b, 3, hq, d, device=device).transpose(1, 2)  # [B, Hq, 3, D]
     lengths = torch.tensor([8, 33], device=device)
     torch.testing.assert_close(pt.ops.decode_attention(q, k_cache, v_cache, lengths),
                                pt.ops.decode_attention(q.contiguous(), k_ref, v_ref, lengths))
-    q1 = _randn(1, hq, 1, d, device=device).expand(b, hq, 1, d)  # expanded
+    q1 = randn(1, hq, 1, d, device=device).expand(b, hq, 1, d)  # expanded
     torch.testing.assert_close(pt.ops.decode_attention(q1, k_cache, v_cache, lengths),
                                pt.ops.decode_attention(q1.contiguous(), k_ref, v_ref, lengths))
 
@@ -182,18 +144,14 @@ def test_each_cpu_isa_level_agrees(isa):
 
 
 def test_opcheck(device):
-    q = _randn(2, 4, 2, 16, device=device)
-    k, v = _caches(2, 2, 12, 16, 8, torch.float32, device)
+    q = randn(2, 4, 2, 16, device=device)
+    k, v = caches(2, 2, 12, 16, 8, torch.float32, device)
     lengths = torch.tensor([12, 3], device=device)
     torch.library.opcheck(ops.decode_attention, (q, k, v, lengths, 0.25, None))
     torch.library.opcheck(ops.decode_attention, (q, k, v, lengths, 0.25, 2))
-    k_new, v_new = _randn(2, 2, 3, 16, device=device), _randn(2, 2, 3, 8, device=device)
-    torch.library.opcheck(ops.kv_cache_append, (k, v, k_new, v_new, torch.tensor([0, 9], device=device)))
 
 
-def test_schema_declares_the_cache_mutation():
-    args = ops.kv_cache_append.default._schema.arguments
-    assert [a.name for a in args if a.alias_info is not None and a.alias_info.is_write] == ["k_cache", "v_cache"]
+def test_schema_mutates_nothing():
     assert not any(a.alias_info is not None and a.alias_info.is_write for a in ops.decode_attention.default._schema.arguments)
 
 
@@ -214,7 +172,7 @@ def test_compiled_decode_step_on_a_static_cache(device):
     lengths = lengths_eager = torch.tensor([0, 5], device=device)
     data_ptr = k_cache.data_ptr()
     for _ in range(4):
-        q, k_new, v_new = (_randn(2, h, 1, 16, device=device) for h in (4, 2, 2))
+        q, k_new, v_new = (randn(2, h, 1, 16, device=device) for h in (4, 2, 2))
         out, lengths = compiled(q, k_new, v_new, k_cache, v_cache, lengths)
         out_eager, lengths_eager = step(q, k_new, v_new, k_eager, v_eager, lengths_eager)
         torch.testing.assert_close(out, out_eager)
@@ -224,13 +182,9 @@ def test_compiled_decode_step_on_a_static_cache(device):
 
 
 def test_requires_grad_inputs():
-    """Inference ops: they run on inputs that require grad, the cache records no graph, and a backward through
-    decode_attention raises a clear error."""
-    q = _randn(1, 2, 1, 8).requires_grad_(True)
-    k_cache, v_cache = _caches(1, 2, 10, 8, 8, torch.float32, "cpu")
-    k_new, v_new = _randn(1, 2, 1, 8).requires_grad_(True), _randn(1, 2, 1, 8).requires_grad_(True)
-    pt.ops.kv_cache_append(k_cache, v_cache, k_new, v_new, torch.tensor([3]))
-    assert not k_cache.requires_grad and k_cache.grad_fn is None
+    """An inference op: it runs on a query that requires grad, and a backward through it raises a clear error."""
+    q = randn(1, 2, 1, 8).requires_grad_(True)
+    k_cache, v_cache = caches(1, 2, 10, 8, 8, torch.float32, "cpu")
     out = pt.ops.decode_attention(q, k_cache, v_cache, torch.tensor([4]))
     with torch.no_grad():
         torch.testing.assert_close(out, pt.ops.decode_attention(q, k_cache, v_cache, torch.tensor([4])))
@@ -239,7 +193,7 @@ def test_requires_grad_inputs():
 
 
 def _bad_decode_cases():
-    q, k, v, n = _randn(2, 4, 1, 16), _randn(2, 2, 10, 16), _randn(2, 2, 10, 8), torch.tensor([5, 10])
+    q, k, v, n = randn(2, 4, 1, 16), randn(2, 2, 10, 16), randn(2, 2, 10, 8), torch.tensor([5, 10])
     return [
         ("q: expected a 4-d", (q[0], k, v, n), {}),
         ("q: expected a float", (q.int(), k, v, n), {}),
@@ -250,13 +204,13 @@ def _bad_decode_cases():
         ("k_cache: expected dtype", (q, k.double(), v, n), {}),
         (r"v_cache: expected \[B, Hkv, capacity, Dv\] = \[2, 2, 10, \*\]", (q, k, v[:, :, :9], n), {}),
         ("v_cache: expected dtype", (q, k, v.half(), n), {}),
-        ("Hq = 4 must be a multiple of the number of cache heads Hkv = 3", (q, _randn(2, 3, 10, 16),
-                                                                            _randn(2, 3, 10, 8), n), {}),
+        ("Hq = 4 must be a multiple of the number of cache heads Hkv = 3", (q, randn(2, 3, 10, 16),
+                                                                            randn(2, 3, 10, 8), n), {}),
         ("cache_lengths: expected an integer", (q, k, v, n.float()), {}),
         (r"cache_lengths: expected \[B\] = \[2\]", (q, k, v, n[:1]), {}),
         ("cache_lengths: row 1 has length 11", (q, k, v, torch.tensor([5, 11])), {}),
         ("cache_lengths: row 0 has length -1", (q, k, v, torch.tensor([-1, 3])), {}),
-        ("cache_lengths: row 0 has length 1", (_randn(2, 4, 2, 16), k, v, torch.tensor([1, 3])), {}),
+        ("cache_lengths: row 0 has length 1", (randn(2, 4, 2, 16), k, v, torch.tensor([1, 3])), {}),
         ("window: expected None or a positive int", (q, k, v, n), {"window": 0}),
         ("scale: expected a finite", (q, k, v, n), {"scale": float("nan")}),
     ]
@@ -268,53 +222,7 @@ def test_decode_attention_bad_inputs_raise(match, args, kwargs):
         pt.ops.decode_attention(*args, **kwargs)
 
 
-def _bad_append_cases():
-    k, v, kn, vn, p = _randn(2, 4, 10, 64), _randn(2, 4, 10, 32), _randn(2, 4, 3, 64), _randn(2, 4, 3, 32), torch.tensor([0, 7])
-    return [
-        ("k_cache: expected a float", (k.int(), v, kn, vn, p)),
-        (r"k_cache: expected a 4-d tensor \[B, Hkv, capacity, D\]", (k[0], v, kn, vn, p)),
-        (r"v_cache: expected \[B, Hkv, capacity, Dv\] = \[2, 4, 10, \*\]", (k, v[:, :2], kn, vn, p)),
-        ("v_cache: expected dtype", (k, v.double(), kn, vn, p)),
-        (r"k_new: expected \[B, Hkv, T, D\] = \[2, 4, \*, 64\]", (k, v, kn[..., :32], vn, p)),
-        ("k_new: expected dtype", (k, v, kn.half(), vn, p)),
-        (r"v_new: expected \[B, Hkv, T, Dv\] = \[2, 4, 3, 32\]", (k, v, kn, vn[:, :, :2], p)),
-        ("positions: expected an integer", (k, v, kn, vn, p.float())),
-        (r"positions: expected a 1-d tensor \[B\]", (k, v, kn, vn, p[None])),
-        (r"positions: expected \[B\] = \[2\]", (k, v, kn, vn, p[:1])),
-        ("positions: row 1 would write cache positions 8..10", (k, v, kn, vn, torch.tensor([0, 8]))),
-        ("k_cache: expected a tensor whose elements do not overlap", (k[:1].expand(2, 4, 10, 64), v, kn, vn, p)),
-        ("v_cache: expected memory separate from k_cache", (k, k, kn, kn, p)),
-        ("k_new: expected memory separate from the caches", (k[:1, :1], v[:1, :1], k[:1, :1, :3], vn[:1, :1], p[:1])),
-    ]
-
-
-@pytest.mark.parametrize("match,args", _bad_append_cases())
-def test_kv_cache_append_bad_inputs_raise(match, args):
-    with pytest.raises(ValueError, match=match):
-        pt.ops.kv_cache_append(*args)
-
-
 # ---- CUDA only: CUDA graphs (positions / cache_lengths are then checked on the device), Inductor, limits ----
-
-def cuda_only(test):
-    marks = [pytest.mark.cuda, pytest.mark.skipif(not (torch.cuda.is_available() and pt.with_cuda()),
-                                                  reason="needs a GPU and a CUDA build")]
-    for mark in marks:
-        test = mark(test)
-    return test
-
-
-def _captured(fn):
-    """fn() captured in a CUDA graph (after a warm-up run on a side stream); returns (graph, fn's result)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
 
 
 @cuda_only
@@ -323,19 +231,19 @@ def test_decode_step_replayed_in_a_cuda_graph(dtype):
     """A decode step (append + decode_attention, GQA, long enough to split) captured once and replayed with new
     inputs and advancing positions matches the CPU ops run step by step."""
     b, hq, hkv, d, cap = 2, 8, 2, 64, 1500
-    k_cache, v_cache = _caches(b, hkv, cap, d, d, dtype, "cuda")
-    q, k_new, v_new = (_randn(b, h, 1, d, dtype=dtype, device="cuda") for h in (hq, hkv, hkv))
+    k_cache, v_cache = caches(b, hkv, cap, d, d, dtype, "cuda")
+    q, k_new, v_new = (randn(b, h, 1, d, dtype=dtype, device="cuda") for h in (hq, hkv, hkv))
     positions = torch.tensor([1000, 3], device="cuda")
 
     def step():
         pt.ops.kv_cache_append(k_cache, v_cache, k_new, v_new, positions)
         return pt.ops.decode_attention(q, k_cache, v_cache, positions + 1)
 
-    graph, out = _captured(step)
+    graph, out = captured_in_cuda_graph(step)
     k_ref, v_ref = k_cache.cpu(), v_cache.cpu()
     for _ in range(3):
         for t in (q, k_new, v_new):
-            t.copy_(_randn(*t.shape, dtype=dtype))
+            t.copy_(randn(*t.shape, dtype=dtype))
         positions += 7
         graph.replay()
         pt.ops.kv_cache_append(k_ref, v_ref, k_new.cpu(), v_new.cpu(), positions.cpu())
@@ -350,12 +258,12 @@ def test_decode_step_replayed_in_a_cuda_graph(dtype):
 def test_values_are_checked_on_the_device_under_capture():
     """Captured, bad positions / lengths cannot raise: an append row that does not fit writes nothing, a decode row
     with a length out of range gives zeros; the other rows are right."""
-    k_cache, v_cache = _caches(2, 2, 10, 8, 8, torch.float32, "cuda")
-    k_new, v_new = _randn(2, 2, 4, 8, device="cuda"), _randn(2, 2, 4, 8, device="cuda")
-    q = _randn(2, 4, 1, 8, device="cuda")
+    k_cache, v_cache = caches(2, 2, 10, 8, 8, torch.float32, "cuda")
+    k_new, v_new = randn(2, 2, 4, 8, device="cuda"), randn(2, 2, 4, 8, device="cuda")
+    q = randn(2, 4, 1, 8, device="cuda")
     positions, lengths = torch.tensor([0, 0], device="cuda"), torch.tensor([1, 1], device="cuda")
-    graph, _ = _captured(lambda: pt.ops.kv_cache_append(k_cache, v_cache, k_new, v_new, positions))
-    decode_graph, out = _captured(lambda: pt.ops.decode_attention(q, k_cache, v_cache, lengths))
+    graph, _ = captured_in_cuda_graph(lambda: pt.ops.kv_cache_append(k_cache, v_cache, k_new, v_new, positions))
+    decode_graph, out = captured_in_cuda_graph(lambda: pt.ops.decode_attention(q, k_cache, v_cache, lengths))
     before_k, before_v = k_cache.clone(), v_cache.clone()
     positions.copy_(torch.tensor([7, 6]))  # row 0 would write 7..10, past the capacity 10
     graph.replay()
@@ -375,11 +283,11 @@ def test_compiled_decode_step_with_inductor_on_cuda():
         return pt.ops.decode_attention(q, k_cache, v_cache, lengths + 1, window=100)
 
     compiled = torch.compile(step, fullgraph=True)
-    k_cache, v_cache = _caches(2, 2, 600, 64, 64, torch.bfloat16, "cuda")
+    k_cache, v_cache = caches(2, 2, 600, 64, 64, torch.bfloat16, "cuda")
     k_eager, v_eager = k_cache.clone(), v_cache.clone()
     lengths = torch.tensor([500, 9], device="cuda")
     for _ in range(3):
-        q, k_new, v_new = (_randn(2, h, 1, 64, dtype=torch.bfloat16, device="cuda") for h in (8, 2, 2))
+        q, k_new, v_new = (randn(2, h, 1, 64, dtype=torch.bfloat16, device="cuda") for h in (8, 2, 2))
         out = compiled(q, k_new, v_new, k_cache, v_cache, lengths)
         torch.testing.assert_close(out, step(q, k_new, v_new, k_eager, v_eager, lengths))
         lengths = lengths + 1
@@ -388,6 +296,7 @@ def test_compiled_decode_step_with_inductor_on_cuda():
 
 @cuda_only
 def test_cuda_head_dim_limit_raises():
-    q, k, v = _randn(1, 2, 1, 300, device="cuda"), _randn(1, 2, 5, 300, device="cuda"), _randn(1, 2, 5, 8, device="cuda")
+    q, k, v = randn(1, 2, 1, 300, device="cuda"), randn(1, 2, 5, 300, device="cuda"), randn(1, 2, 5, 8, device="cuda")
     with pytest.raises(ValueError, match="q: the CUDA decode_attention supports head dims"):
         pt.ops.decode_attention(q, k, v, torch.tensor([5], device="cuda"))
+

@@ -6,7 +6,7 @@ import torch
 from pytransformer import ops
 from pytransformer.ops import reference
 
-from conftest import CPU_ISA_LEVELS, run_under_isa, tolerance
+from tests.helpers import CPU_ISA_LEVELS, run_under_isa, tolerance
 
 
 def make(n, k, device, dtype=torch.float32, bias=True):

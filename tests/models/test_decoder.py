@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from pytransformer.models import DecoderLM, gpt2_small
-from conftest import assert_compiled_training_step_matches
+from tests.helpers import assert_compiled_training_step_matches
 
 V = 64
 

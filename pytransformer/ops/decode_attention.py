@@ -1,0 +1,37 @@
+"""decode_attention: wrapper, fake kernel and autograd over the pytransformer decode-attention kernels.
+
+An inference op that reads the KV caches in place. It runs on inputs that require grad (e.g. generating without
+torch.no_grad()) but has no backward: differentiating through it raises, as does tracing it with torch.compile while
+grad is needed; call it under torch.no_grad() / torch.inference_mode(), and train with pytransformer.ops.attention.
+
+Bad cache_lengths raise ValueError. On CUDA that check reads the values on the host, which a stream being captured
+into a CUDA graph cannot do: under capture the kernel checks them on the device instead, a row whose length is out
+of range gives zeros, and nothing raises.
+"""
+import math
+
+import torch
+from torch import Tensor
+
+_ops = torch.ops.pytransformer
+
+
+@torch.library.register_fake("pytransformer::decode_attention")
+def _(q, k_cache, v_cache, cache_lengths, scale, window):
+    return q.new_empty(q.shape[0], q.shape[1], q.shape[2], v_cache.shape[3])  # [B, Hq, T, Dv]
+
+
+def _decode_attention_backward(ctx, grad_out):
+    raise RuntimeError("decode_attention is an inference op and has no backward: call it under torch.no_grad() or "
+                       "torch.inference_mode(), and use pytransformer.ops.attention where gradients are needed")
+
+
+torch.library.register_autograd("pytransformer::decode_attention", _decode_attention_backward)
+
+
+def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lengths: Tensor, *,
+                     scale: float | None = None, window: int | None = None) -> Tensor:
+    """q [B, Hq, T, D] over the first cache_lengths[b] cache rows (bottom-right causal) -> [B, Hq, T, Dv]; no backward."""
+    if scale is None:  # 1/sqrt(D); a q of the wrong shape is reported by the op
+        scale = 1.0 / math.sqrt(q.shape[-1]) if q.dim() == 4 and q.shape[-1] > 0 else 1.0
+    return _ops.decode_attention(q, k_cache, v_cache, cache_lengths, scale, window)

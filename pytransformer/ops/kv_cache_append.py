@@ -1,0 +1,21 @@
+"""kv_cache_append: wrapper and fake kernel over the pytransformer KV-cache append kernels.
+
+An inference op: it stores values, not autograd history (its Autograd kernel is a fallthrough,
+csrc/registration.cpp). Bad positions raise ValueError before anything is written. On CUDA that check reads the
+positions on the host, which a stream being captured into a CUDA graph cannot do: under capture the kernel checks
+them on the device instead, a row that does not fit writes nothing, and nothing raises.
+"""
+import torch
+from torch import Tensor
+
+_ops = torch.ops.pytransformer
+
+
+@torch.library.register_fake("pytransformer::kv_cache_append")
+def _(k_cache, v_cache, k_new, v_new, positions):
+    return None  # writes the caches in place; the schema declares the mutation
+
+
+def kv_cache_append(k_cache: Tensor, v_cache: Tensor, k_new: Tensor, v_new: Tensor, positions: Tensor) -> None:
+    """Write k_new/v_new [B, Hkv, T, D|Dv] into the caches [B, Hkv, capacity, D|Dv] at rows positions[b] + t, in place."""
+    _ops.kv_cache_append(k_cache, v_cache, k_new, v_new, positions)

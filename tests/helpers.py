@@ -1,0 +1,77 @@
+"""Helpers shared by the test files: tolerances, runs under a capped CPU ISA level, compiled-training checks."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import pytransformer as pt
+
+
+def tolerance(dtype):
+    """(atol, rtol) for comparing a result in `dtype` with a float64 reference."""
+    return {torch.float64: (1e-10, 1e-10), torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3),
+            torch.bfloat16: (2e-2, 2e-2)}[dtype]
+
+
+CPU_ISA_LEVELS = ["default", "avx2"]  # the levels below the best one, which the other tests run
+
+
+def run_under_isa(isa: str, code: str) -> None:
+    """Run `code` (after `import torch, pytransformer as pt` and `from pytransformer.ops import reference as ref`) in
+    a fresh interpreter whose CPU kernels are capped at ISA level `isa`; fail with its stderr if it raises."""
+    prelude = "import torch, pytransformer as pt; from pytransformer.ops import reference as ref\n"
+    out = subprocess.run([sys.executable, "-c", prelude + code + "\nprint(pt._C.cpu_isa())"], capture_output=True,
+                         text=True, env=dict(os.environ, ATEN_CPU_CAPABILITY=isa))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() in (isa, "default")
+
+
+def assert_compiled_training_step_matches(model, loss_fn, *args) -> None:
+    """torch.compile(loss_fn, fullgraph=True) (Inductor) gives eager's loss and parameter gradients."""
+    params = list(model.parameters())
+    eager = loss_fn(*args)
+    grads = torch.autograd.grad(eager, params)
+    loss = torch.compile(loss_fn, fullgraph=True)(*args)
+    torch.testing.assert_close(loss, eager, atol=1e-5, rtol=1e-5)
+    for g, p in zip(grads, torch.autograd.grad(loss, params)):
+        torch.testing.assert_close(p, g, atol=1e-4, rtol=1e-4)
+
+
+def skip_unsupported(dtype, device):
+    """float64 runs on the CPU only."""
+    if dtype == torch.float64 and device == "cuda":
+        pytest.skip("float64 is CPU-only")
+
+
+def randn(*shape, dtype=torch.float32, device="cpu"):
+    """Standard normal values drawn in float64, then rounded to dtype."""
+    return torch.randn(shape, dtype=torch.float64).to(device, dtype)
+
+
+def caches(b, hkv, cap, d, dv, dtype, device):
+    """Random K and V caches [B, Hkv, capacity, D | Dv]."""
+    return randn(b, hkv, cap, d, dtype=dtype, device=device), randn(b, hkv, cap, dv, dtype=dtype, device=device)
+
+
+def cuda_only(test):
+    """Marks a test `cuda` and skips it without a GPU and a CUDA build."""
+    marks = [pytest.mark.cuda, pytest.mark.skipif(not (torch.cuda.is_available() and pt.with_cuda()),
+                                                  reason="needs a GPU and a CUDA build")]
+    for mark in marks:
+        test = mark(test)
+    return test
+
+
+def captured_in_cuda_graph(fn):
+    """fn() captured in a CUDA graph (after a warm-up run on a side stream); returns (graph, fn's result)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
