@@ -1,12 +1,14 @@
 # Everything runs in .venv, created on first use. torch is installed as $(TORCH_SPEC) unless the python used to
 # create the venv already has torch (a GPU machine's CUDA build, say), which the venv then reuses.
+# `make build` compiles the extension in place (build/ keeps the objects: only what changed is recompiled) and the
+# venv finds the package through a .pth file pointing at this checkout.
 PYTHON ?= python3
 TORCH_SPEC ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pytransformer-deps
 
-.PHONY: run demo test build bench cuda-check cuda-emulate clean
+.PHONY: run demo test build bench cuda-check cuda-emulate sdist install-check clean
 
 run: demo
 
@@ -20,19 +22,33 @@ bench: build
 	$(PY) -m pytransformer bench
 
 build: $(STAMP)
-	MAX_JOBS=$${MAX_JOBS:-$$(nproc)} $(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	MAX_JOBS=$${MAX_JOBS:-$$(nproc)} $(PY) setup.py -q build_ext --inplace
 
 $(STAMP):
 	if $(PYTHON) -c "import torch" 2>/dev/null; then $(PYTHON) -m venv --system-site-packages $(VENV); \
 	else $(PYTHON) -m venv $(VENV) && $(VENV)/bin/pip install -q "$(TORCH_SPEC)"; fi
-	$(VENV)/bin/pip install -q numpy tqdm matplotlib pytest expecttest ninja "setuptools>=64" wheel
+	$(VENV)/bin/pip install -q numpy tqdm matplotlib pytest expecttest ninja "setuptools>=64" wheel build
+	$(PY) -c "import site; open(site.getsitepackages()[0] + '/pytransformer-dev.pth', 'w').write('$(CURDIR)\n')"
 	touch $(STAMP)
 
 cuda-check: $(STAMP)
-	PYTHON=$(PY) bash .ci/check_cuda.sh
+	PYTHON=$(PY) bash tools/check_cuda.sh
 
 cuda-emulate: $(STAMP)  # after make build: the emulator imports the built CPU extension
 	PYTHONPATH=. $(PY) .ci/cuda_emulator/run.py
 
+sdist: $(STAMP)  # dist/pytransformer-<version>.tar.gz; install it with pip install --no-build-isolation
+	rm -f dist/pytransformer-*.tar.gz
+	$(PY) -m build --sdist --no-isolation
+
+# The package as a user gets it: the sdist installed into a fresh venv that has torch, then tools/smoke_test.py run
+# from outside the checkout.
+INSTALL_CHECK := build/install-check
+install-check: sdist
+	rm -rf $(INSTALL_CHECK) && $(PYTHON) -m venv $(INSTALL_CHECK)/venv
+	$(INSTALL_CHECK)/venv/bin/pip install -q "$(TORCH_SPEC)" numpy tqdm ninja "setuptools>=64" wheel
+	MAX_JOBS=$${MAX_JOBS:-$$(nproc)} $(INSTALL_CHECK)/venv/bin/pip install -q --no-build-isolation dist/pytransformer-*.tar.gz
+	cd $(INSTALL_CHECK) && venv/bin/python $(CURDIR)/tools/smoke_test.py
+
 clean:
-	rm -rf build pytransformer/_C*.so *.egg-info
+	rm -rf build dist pytransformer/_C*.so *.egg-info

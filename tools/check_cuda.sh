@@ -11,10 +11,10 @@ NVCC=${NVCC:-${CUDA_HOME:-/usr/local/cuda}/bin/nvcc}
 TORCH_INC=$("$PYTHON" -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))") || {
   echo "check_cuda: cannot import torch with $PYTHON" >&2; exit 2; }
 PY_INC=$("$PYTHON" -c "import sysconfig; print(sysconfig.get_paths()['include'])") || exit 2
-# The flags torch.utils.cpp_extension gives nvcc (COMMON_NVCC_FLAGS), those of setup.py, and the CPU-wheel switch.
-FLAGS=(-c -o /dev/null -std=c++20 -O3 --use_fast_math --expt-relaxed-constexpr -lineinfo
-       -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__
-       -D__CUDA_NO_HALF2_OPERATORS__ -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE -DPT_WITH_CUDA
+# The extension's nvcc flags (tools/build_config.py: torch's common ones and ours), and the CPU-wheel switch.
+mapfile -t BUILD_FLAGS < <("$PYTHON" tools/build_config.py nvcc-flags)
+[ ${#BUILD_FLAGS[@]} -gt 0 ] || { echo "check_cuda: tools/build_config.py nvcc-flags failed" >&2; exit 2; }
+FLAGS=(-c -o /dev/null "${BUILD_FLAGS[@]}" -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE
        -I"$TORCH_INC" -I"$TORCH_INC/torch/csrc/api/include" -I"$PY_INC" -Icsrc)
 shopt -s nullglob
 files=(csrc/cuda/*.cu)
