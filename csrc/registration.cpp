@@ -2,6 +2,7 @@
 // device next to them (csrc/cpu/*.cpp, csrc/cuda/*.cu); fake kernels and autograd live in pytransformer/ops.
 // Also the pybind11 module `pytransformer._C`, which loads this library and reports how it was built.
 #include <torch/extension.h>
+#include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <torch/library.h>
 
 #include "cpu/isa.h"
@@ -29,9 +30,30 @@ TORCH_LIBRARY(pytransformer, m) {
   m.def("int8_linear(Tensor x, Tensor weight, Tensor scale, Tensor? bias) -> Tensor");
 }
 
+namespace {
 // A cache stores values, not autograd history: appending new keys that require grad neither records a graph nor
 // makes the cache require grad (decode_attention's autograd, which refuses a backward, is in pytransformer/ops).
-TORCH_LIBRARY_IMPL(pytransformer, Autograd, m) { m.impl("kv_cache_append", torch::CppFunction::makeFallthrough()); }
+// As torch's in-place ops do, the write refuses a cache that is a leaf requiring grad (or a view of one) and bumps
+// the caches' version counters, so that a backward through a graph that saved a cache before the write raises
+// instead of using the overwritten values.
+void kv_cache_append_autograd(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_new,
+                              const at::Tensor& v_new, const at::Tensor& positions) {
+  torch::autograd::check_inplace(k_cache, k_cache.requires_grad());
+  torch::autograd::check_inplace(v_cache, v_cache.requires_grad());
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("pytransformer::kv_cache_append", "")
+                             .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&)>();
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.call(k_cache, v_cache, k_new, v_new, positions);
+  }
+  torch::autograd::increment_version(k_cache);
+  torch::autograd::increment_version(v_cache);
+}
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pytransformer, Autograd, m) { m.impl("kv_cache_append", &kv_cache_append_autograd); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "pytransformer kernels; ops are registered under torch.ops.pytransformer";

@@ -68,6 +68,33 @@ def test_requires_grad_inputs_record_no_graph():
     assert not k_cache.requires_grad and k_cache.grad_fn is None
 
 
+def test_append_bumps_the_version_counters():
+    """A backward through a graph that saved a cache before an append raises instead of using the new values."""
+    k_cache, v_cache = caches(1, 1, 4, 2, 2, torch.float32, "cpu")
+    w = torch.ones(1, 1, 4, 2, requires_grad=True)
+    y = (k_cache * w).sum() + (v_cache * w).sum()
+    versions = k_cache._version, v_cache._version
+    pt.ops.kv_cache_append(k_cache, v_cache, randn(1, 1, 1, 2), randn(1, 1, 1, 2), torch.tensor([0]))
+    assert k_cache._version > versions[0] and v_cache._version > versions[1]
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
+def test_append_refuses_a_leaf_that_requires_grad():
+    """As torch's in-place ops: an error with grad mode on (nothing written), allowed under torch.no_grad()."""
+    k_cache, v_cache = caches(1, 1, 4, 2, 2, torch.float32, "cpu")
+    leaf = k_cache.clone().requires_grad_()
+    k_new, v_new, positions = randn(1, 1, 1, 2), randn(1, 1, 1, 2), torch.tensor([1])
+    for k, v in ((leaf, v_cache), (k_cache, leaf), (k_cache, leaf[:, :, :])):
+        before = k.detach().clone(), v.detach().clone()
+        with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+            pt.ops.kv_cache_append(k, v, k_new, v_new, positions)
+        assert torch.equal(k.detach(), before[0]) and torch.equal(v.detach(), before[1])
+    with torch.no_grad():
+        pt.ops.kv_cache_append(leaf, v_cache, k_new, v_new, positions)
+    assert torch.equal(leaf.detach()[:, :, 1:2], k_new)
+
+
 def _bad_append_cases():
     k, v, kn, vn, p = randn(2, 4, 10, 64), randn(2, 4, 10, 32), randn(2, 4, 3, 64), randn(2, 4, 3, 32), torch.tensor([0, 7])
     return [
