@@ -5,7 +5,7 @@ from torch import Tensor, nn
 from ..nn import KVCache, TransformerDecoder, token_positions
 from .common import Embeddings, float_parameter, init_normal, rotary_for
 from .configs import DecoderConfig
-from .generation import beam_search, decode, next_token
+from .generation import beam_search, check_generate_args, decode, next_token
 
 
 class DecoderLM(nn.Module):
@@ -59,6 +59,7 @@ class DecoderLM(nn.Module):
                  length_penalty: float = 1.0, use_cache: bool = True) -> Tensor:
         """Prompt [B, L] (right-padded to key_lengths [B] if given) -> prompt + new tokens [B, L + n]: greedy,
         sampled, or beam search when beam_size > 1; n < max_new_tokens when every row emitted eos_id."""
+        check_generate_args(max_new_tokens, beam_size, do_sample, temperature, top_k, top_p)
         n_rows, length = input_ids.shape[0] * beam_size, input_ids.shape[1]
         ids = input_ids.repeat_interleave(beam_size, 0)  # [N, L]
         lens = None if key_lengths is None else key_lengths.to(ids.device).repeat_interleave(beam_size, 0)

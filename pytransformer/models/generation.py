@@ -2,8 +2,26 @@
 
 Each loop drives a `step(tokens [N, 1]) -> logits [N, V]` callable (a cached or uncached forward of the next token)
 starting from the logits of the prompt's last position."""
+import math
+
 import torch
 from torch import Tensor
+
+
+def check_generate_args(max_new_tokens, beam_size: int, do_sample: bool, temperature: float, top_k, top_p) -> None:
+    """ValueError naming the argument for settings generate() cannot honour; top_k=0 and top_p=1 mean no filter."""
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+    if not is_int(max_new_tokens) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens: expected an int >= 0, got {max_new_tokens!r}")
+    if not is_int(beam_size) or beam_size < 1:
+        raise ValueError(f"beam_size: expected an int >= 1, got {beam_size!r}")
+    if top_k is not None and (not is_int(top_k) or top_k < 0):
+        raise ValueError(f"top_k: expected None or an int >= 0 (0: no top-k filter), got {top_k!r}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p: expected None or a value in (0, 1], got {top_p!r}")
+    if do_sample and not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature: expected a finite value > 0 when sampling, got {temperature!r}")
 
 
 def next_token(logits: Tensor, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
@@ -11,13 +29,11 @@ def next_token(logits: Tensor, do_sample: bool = False, temperature: float = 1.0
     """logits [N, V] -> tokens [N]: the argmax, or a sample after temperature, top-k and top-p (nucleus) filtering."""
     if not do_sample:
         return logits.argmax(-1)
-    if temperature <= 0:
-        raise ValueError(f"temperature: must be > 0 when sampling, got {temperature}")
     logits = logits.float() / temperature
-    if top_k is not None:
+    if top_k:
         kth = logits.topk(min(top_k, logits.shape[-1]), -1).values[:, -1:]  # [N, 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None:
+    if top_p is not None and top_p < 1:
         sorted_logits, order = logits.sort(-1, descending=True)
         probs = sorted_logits.softmax(-1)
         drop = probs.cumsum(-1) - probs > top_p  # keep the smallest prefix whose mass reaches top_p
@@ -38,7 +54,7 @@ def decode(step, logits: Tensor, max_new_tokens: int, pick, eos_id: int | None =
         if i + 1 == max_new_tokens or (eos_id is not None and bool(finished.all())):
             break
         logits = step(tok[:, None])
-    return torch.stack(tokens, 1)
+    return torch.stack(tokens, 1) if tokens else logits.new_zeros(logits.shape[0], 0, dtype=torch.long)
 
 
 def beam_search(step, reorder, logits: Tensor, beam_size: int, max_new_tokens: int, eos_id: int | None = None,

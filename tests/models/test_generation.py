@@ -1,0 +1,76 @@
+"""generate() settings (DecoderLM and Seq2SeqTransformer): bad values raise ValueError naming the argument before any
+work; max_new_tokens=0 returns the prompt; top_k=0 and top_p=1 disable their filters, as in Hugging Face."""
+import pytest
+import torch
+
+from pytransformer.models import DecoderLM, Seq2SeqTransformer, gpt2_small, transformer_base
+
+V = 32
+
+
+def lm():
+    torch.manual_seed(0)
+    return DecoderLM(gpt2_small(vocab_size=V, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_len=32,
+                                dropout=0.0)).eval()
+
+
+def seq2seq():
+    torch.manual_seed(0)
+    return Seq2SeqTransformer(transformer_base(vocab_size=V, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+                                               n_decoder_layers=1, max_len=32, dropout=0.0)).eval()
+
+
+def generate(model, **kwargs):
+    prompt = torch.randint(3, V, (2, 4))
+    with torch.no_grad():
+        if isinstance(model, DecoderLM):
+            return prompt, model.generate(prompt, **{"max_new_tokens": 3, **kwargs})
+        return prompt, model.generate(prompt, **{"max_new_tokens": 3, "bos_id": 1, "eos_id": 2, **kwargs})
+
+
+MODELS = [lm, seq2seq]
+BAD = [
+    ("max_new_tokens", {"max_new_tokens": -1}),
+    ("max_new_tokens", {"max_new_tokens": 2.5}),
+    ("beam_size", {"beam_size": 0}),
+    ("top_k", {"top_k": -1, "do_sample": True}),
+    ("top_k", {"top_k": 1.5, "do_sample": True}),
+    ("top_p", {"top_p": -0.5, "do_sample": True}),
+    ("top_p", {"top_p": 0.0, "do_sample": True}),
+    ("top_p", {"top_p": 1.5, "do_sample": True}),
+    ("temperature", {"temperature": 0.0, "do_sample": True}),
+    ("temperature", {"temperature": -1.0, "do_sample": True}),
+    ("temperature", {"temperature": float("nan"), "do_sample": True}),
+]
+
+
+@pytest.mark.parametrize("make", MODELS)
+@pytest.mark.parametrize("name,kwargs", BAD)
+def test_bad_settings_raise_value_error_naming_the_argument(make, name, kwargs):
+    with pytest.raises(ValueError, match=f"^{name}: "):
+        generate(make(), **kwargs)
+
+
+@pytest.mark.parametrize("make", MODELS)
+@pytest.mark.parametrize("beam_size", [1, 2])
+def test_zero_new_tokens_returns_the_prompt(make, beam_size):
+    prompt, out = generate(make(), max_new_tokens=0, beam_size=beam_size)
+    bos_only = torch.ones(prompt.shape[0], 1, dtype=torch.long)  # seq2seq: the target starts with bos_id = 1
+    assert torch.equal(out, prompt if make is lm else bos_only)
+
+
+@pytest.mark.parametrize("make", MODELS)
+def test_top_k_zero_and_top_p_one_mean_no_filter(make):
+    model = make()
+    outs = []
+    for kwargs in ({}, {"top_k": 0}, {"top_p": 1.0}, {"top_k": 0, "top_p": 1.0}):
+        torch.manual_seed(1)
+        prompt = torch.randint(3, V, (2, 4))
+        g = torch.Generator().manual_seed(7)
+        with torch.no_grad():
+            if isinstance(model, DecoderLM):
+                outs.append(model.generate(prompt, 5, do_sample=True, generator=g, **kwargs))
+            else:
+                outs.append(model.generate(prompt, max_new_tokens=5, bos_id=1, eos_id=2, do_sample=True, generator=g,
+                                           **kwargs))
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
