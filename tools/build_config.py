@@ -18,7 +18,9 @@ CSRC = ROOT / "csrc"
 
 # -fopenmp: at::parallel_for is an inline OpenMP loop in torch's headers, serial in code compiled without it. The
 # extension then needs libgomp.so.1, which is torch's own copy once torch is imported (same soname).
-CXX_FLAGS = ["-O3", "-std=c++20", "-fvisibility=hidden", "-fopenmp"]
+# -g0: Python's default flags carry -g; without debug info the objects are ~30x smaller and compile ~20% faster
+# (symbols stay, so backtraces still name functions).
+CXX_FLAGS = ["-O3", "-g0", "-std=c++20", "-fvisibility=hidden", "-fopenmp"]
 LINK_FLAGS = ["-fopenmp"]
 NVCC_FLAGS = ["-O3", "-std=c++20", "--use_fast_math", "--expt-relaxed-constexpr", "-lineinfo"]
 CUDA_MACRO = "PT_WITH_CUDA"  # defined in a CUDA build, for the C++ and CUDA sources alike
