@@ -218,4 +218,13 @@ inline AttentionParams make_attention_params(const at::Tensor& q, const at::Tens
   return p;
 }
 
+namespace cpu {
+// The CPU kernels (csrc/cpu/attention_kernel.cpp) take operands in the accumulation type (float64 when `is_double`,
+// else float32) whose last dim is contiguous and, where it is the vector dim of a product, zero-padded to a multiple
+// of kPadBytes (the widest vector of any ISA level).
+using AttentionCpuFwdFn = void (*)(const AttentionParams& p, bool is_double);
+using AttentionCpuBwdFn = void (*)(const AttentionBackwardParams& p, bool is_double);
+constexpr int64_t kPadBytes = 64;
+}  // namespace cpu
+
 }  // namespace pytransformer

@@ -1,9 +1,12 @@
 #pragma once
 // Argument checks shared by every op's CPU and CUDA glue. Errors are ValueError (TORCH_CHECK_VALUE) naming the
 // argument and what was expected, so that bad input never reaches a kernel.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 #include <optional>
+#include <sstream>
+#include <vector>
 
 namespace pytransformer {
 
@@ -35,6 +38,41 @@ inline void check_feature_vector(const std::optional<at::Tensor>& t, const char*
   check_like(*t, name, x, "x");
   TORCH_CHECK_VALUE(t->dim() == 1 && t->size(0) == x.size(-1), name, ": expected shape [", x.size(-1),
                     "] (the last dim of x), got ", t->sizes());
+}
+
+// `t` must have the sizes `expected` (-1: any), named by `dims` (e.g. "[B, Hkv, T, D]") in the message:
+// "k_new: expected [B, Hkv, T, D] = [2, 4, *, 64], got [2, 4, 3, 32]".
+inline void check_sizes(const at::Tensor& t, const char* name, const char* dims, std::vector<int64_t> expected) {
+  check_dim(t, name, static_cast<int64_t>(expected.size()), dims);
+  bool ok = true;
+  std::ostringstream want;
+  want << "[";
+  for (size_t i = 0; i < expected.size(); ++i) {
+    ok = ok && (expected[i] < 0 || expected[i] == t.size(i));
+    want << (i ? ", " : "");
+    if (expected[i] < 0) want << "*"; else want << expected[i];
+  }
+  want << "]";
+  TORCH_CHECK_VALUE(ok, name, ": expected ", dims, " = ", want.str(), ", got ", t.sizes());
+}
+
+inline void check_index_vector(const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name,
+                               int64_t batch) {
+  TORCH_CHECK_VALUE(at::isIntegralType(t.scalar_type(), /*includeBool=*/false), name,
+                    ": expected an integer tensor [B], got dtype ", t.scalar_type());
+  check_like(t, name, ref, ref_name, /*same_dtype=*/false);
+  check_sizes(t, name, "[B]", {batch});
+}
+
+// Whether a and b share memory (as far as ATen can tell: strided views of one storage may go undetected).
+inline bool overlaps(const at::Tensor& a, const at::Tensor& b) {
+  const auto status = at::get_overlap_status(a, b);
+  return status == at::MemOverlapStatus::Full || status == at::MemOverlapStatus::Partial;
+}
+
+template <size_t N>
+void copy_strides(const at::Tensor& t, int64_t (&out)[N]) {
+  for (size_t i = 0; i < N; ++i) out[i] = t.stride(i);
 }
 
 }  // namespace pytransformer

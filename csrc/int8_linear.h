@@ -11,6 +11,14 @@ struct Int8LinearParams {
   int64_t rows, out_features, in_features;  // M (x's leading dims flattened), N, K
 };
 
+// The CPU kernels (csrc/cpu/int8_linear_kernel.cpp) compute in the accumulation type `acc` (float32, float64 for
+// float64 x); every array is contiguous. Few rows: out [M, N] = (x [M, K] @ weight^T) * scale [N] + bias [N] (bias may
+// be nullptr). Many rows: deq [n, K] = weight[:n] * scale[:n, None], a block of dequantized weight rows for a GEMM.
+using Int8GemvCpuFn = void (*)(const Int8LinearParams& p, at::ScalarType acc, const void* x, const int8_t* weight,
+                               const void* scale, const void* bias, void* out);
+using Int8DequantizeCpuFn = void (*)(at::ScalarType acc, int64_t n, int64_t in_features, const int8_t* weight,
+                                     const void* scale, void* deq);
+
 inline Int8LinearParams check_int8_linear_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
                                                const std::optional<at::Tensor>& bias) {
   check_float_dtype(x, "x");

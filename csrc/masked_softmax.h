@@ -5,7 +5,7 @@
 // broadcast dims). `causal` keeps key j of row i (of the last two dims [Lq, Lk]) when j <= i + Lk - Lq.
 // A row with no visible entry (all removed, or all -inf) is written as zeros.
 //
-// How a kernel reads the arguments (see csrc/cpu/masked_softmax.cpp):
+// How the glue reads the arguments (see csrc/cpu/masked_softmax.cpp):
 //   at::Tensor m = check_masked_softmax_args(scores, mask, scale, causal);   // [*scores.shape] view, or undefined
 //   MaskLayout ml = mask_layout(m);              // row r = r-th row of scores.view(-1, Lk), row-major
 //   const mask_t* mrow = m.const_data_ptr<mask_t>() + ml.row_offset(r);  // element j at mrow[j * ml.col_stride]
@@ -94,6 +94,28 @@ C10_HOST_DEVICE inline int64_t causal_cols(int64_t row, int64_t lq, int64_t lk) 
   const int64_t n = row % lq + lk - lq + 1;
   return n < 0 ? 0 : (n > lk ? lk : n);
 }
+
+// What the masked_softmax kernels read and write (no tensors). scores, out, grad_out, grad_scores: [rows, Lk]
+// contiguous in `dtype`; lq: scores' second-to-last dim when causal, else 0; mask: nullptr, or the mask expanded to
+// scores' shape (check_masked_softmax_args), bool or `dtype`, read through `mask_layout`.
+struct MaskedSoftmaxFwdParams {
+  at::ScalarType dtype;
+  int64_t rows, lk, lq;
+  double scale;
+  const void* scores;
+  const void* mask;
+  bool mask_is_bool;
+  MaskLayout mask_layout;
+  void* out;
+};
+
+struct MaskedSoftmaxBwdParams {
+  at::ScalarType dtype;
+  int64_t rows, lk;
+  double scale;
+  const void *grad_out, *out;
+  void* grad_scores;
+};
 
 inline void check_masked_softmax_backward_args(const at::Tensor& grad_out, const at::Tensor& out, double scale) {
   check_float_dtype(out, "out");

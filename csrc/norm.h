@@ -9,6 +9,27 @@
 
 namespace pytransformer {
 
+// What the norm kernels read and write (no tensors: pointers and sizes). x, y, grad_out, grad_x: [rows, n]
+// contiguous in `dtype`; weight, bias, grad_weight, grad_bias: [n] in `dtype`, or nullptr (absent / not wanted);
+// mean, rstd: [rows] in the accumulation type (float32, float64 for float64). `center`: LayerNorm (subtract the mean)
+// or RMSNorm (mean is nullptr in the backward).
+struct NormFwdParams {
+  at::ScalarType dtype;
+  int64_t rows, n;
+  bool center;
+  double eps;
+  const void *x, *weight, *bias;
+  void *y, *mean, *rstd;
+};
+
+struct NormBwdParams {
+  at::ScalarType dtype;
+  int64_t rows, n;
+  bool center;
+  const void *grad_out, *x, *mean, *rstd, *weight;
+  void *grad_x, *grad_weight, *grad_bias;
+};
+
 // Checks the arguments and returns x as contiguous [rows, N].
 inline at::Tensor check_norm_args(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                                   const std::optional<at::Tensor>& bias, double eps) {

@@ -7,6 +7,11 @@
 
 #include "cpu/isa.h"
 
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
 TORCH_LIBRARY(pytransformer, m) {
   // Norms: out, then per-row statistics (float32, float64 for float64 x) of shape x.shape[:-1].
   m.def("layer_norm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> (Tensor out, Tensor mean, Tensor rstd)");
@@ -68,4 +73,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     static const char* names[] = {"default", "avx2", "avx512"};
     return std::string(names[pytransformer::cpu::best_isa()]);
   }, "The CPU instruction set level the CPU kernels run with.");
+  m.def("cpu_kernels", [] {
+    std::map<std::string, std::vector<int>> levels;
+    for (const auto& r : pytransformer::cpu::kernel_registrations()) levels[r.table].push_back(r.level);
+    for (auto& [table, l] : levels) std::sort(l.begin(), l.end());
+    return levels;
+  }, "The CPU kernel tables and the ISA levels registered in each (0 baseline, 1 AVX2, 2 AVX-512).");
 }

@@ -1,5 +1,11 @@
 """How the extension is built: facts a kernel test cannot see."""
+import platform
+import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 import pytransformer._C as ext
 
@@ -9,3 +15,44 @@ def test_cpu_kernels_are_built_with_openmp():
     on one thread, with correct results, so only the library's imports show it (GOMP_parallel is what an OpenMP
     parallel region calls)."""
     assert b"GOMP_parallel" in Path(ext.__file__).read_bytes()
+
+
+def test_every_cpu_kernel_is_registered_at_every_isa_level():
+    """Each kernel table holds one function per level (0 baseline, 1 AVX2, 2 AVX-512); a registration whose level came
+    from code shared by all levels (one inline function for every unit) would fill a single slot for all of them."""
+    kernels = ext.cpu_kernels()
+    assert len(kernels) >= 10
+    assert {name: levels for name, levels in kernels.items() if levels != [0, 1, 2]} == {}
+
+
+def _functions_with(disassembly: str, opcode_bytes) -> dict[str, int]:
+    """{function: count} of instructions whose first byte (after an address-size prefix) is in opcode_bytes."""
+    found, fn = {}, None
+    for line in disassembly.splitlines():
+        m = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
+        if m:
+            fn = m.group(1)
+            continue
+        parts = line.split("\t")
+        raw = parts[1].split() if len(parts) > 2 else []
+        first = raw[1] if raw[:1] == ["67"] and len(raw) > 1 else (raw[0] if raw else None)
+        if first in opcode_bytes:
+            found[fn] = found.get(fn, 0) + 1
+    return found
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None or platform.machine() != "x86_64", reason="needs x86-64 objdump")
+def test_avx512_code_stays_in_the_avx512_kernels():
+    """Only functions of the AVX-512 kernel units (namespace ...::AVX512::) may hold EVEX-encoded (AVX-512)
+    instructions, and the baseline kernels (...::DEFAULT::) no VEX either: an inline function of a header compiled into
+    every ISA unit is one symbol, and the linker keeps one copy for all callers, which must be one every processor can
+    run (tools/build_config.py links the baseline units first)."""
+    text = subprocess.run(["objdump", "-d", "-C", ext.__file__], capture_output=True, text=True, check=True).stdout
+    def in_namespace(fn, isa):  # demangled, or mangled where objdump cannot demangle (lambdas)
+        return f"pytransformer::cpu::{isa}::" in fn or f"13pytransformer3cpu{len(isa)}{isa}" in fn
+
+    evex = _functions_with(text, {"62"})
+    assert sum(n for f, n in evex.items() if in_namespace(f, "AVX512")) > 0  # the check sees the AVX-512 kernels
+    assert {f: n for f, n in evex.items() if not in_namespace(f, "AVX512")} == {}
+    vex = _functions_with(text, {"62", "c4", "c5"})
+    assert {f: n for f, n in vex.items() if in_namespace(f, "DEFAULT")} == {}

@@ -1,14 +1,19 @@
 #pragma once
 // Run-time ISA dispatch for the CPU kernels.
 //
-// setup.py (and CMakeLists.txt) compile every csrc/cpu/<op>.cpp once per ISA level through a generated wrapper that
-// sets `#pragma GCC target(...)`, CPU_CAPABILITY (the inline namespace of at::vec) and PT_ISA_LEVEL, then includes
-// the file. Each copy puts its kernels in `namespace CPU_CAPABILITY` and registers them in a KernelTable with
-// PT_REGISTER_CPU_KERNEL; the copy with PT_ISA_LEVEL == 0 also holds the op glue and the table definitions.
-// At run time the best level the processor supports is used; ATEN_CPU_CAPABILITY=default|avx2|avx512 caps it,
-// as it does for ATen.
+// Each op has a kernel file csrc/cpu/<op>_kernel.cpp, compiled once per ISA level through a generated unit
+// (tools/build_config.py) that sets `#pragma GCC target(...)`, CPU_CAPABILITY (the inline namespace of at::vec and of
+// our kernels) and PT_ISA_LEVEL, then includes the file. Each copy puts its kernels in `namespace CPU_CAPABILITY` and
+// registers them in a KernelTable with PT_REGISTER_CPU_KERNEL; the op's glue, csrc/cpu/<op>.cpp, compiled once,
+// defines the tables and calls `table.get()(params)`. At run time the best level the processor supports is used;
+// ATEN_CPU_CAPABILITY=default|avx2|avx512 caps it, as it does for ATen.
+//
+// Everything a kernel file defines outside namespace CPU_CAPABILITY exists once per level under the same name, and
+// the linker keeps one copy for all callers: code that differs by level (anything using PT_ISA_LEVEL included) must
+// sit in that namespace or be expanded at the call site, as PT_REGISTER_CPU_KERNEL is.
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #ifndef PT_ISA_LEVEL  // an IDE or a plain compile of the file: the baseline level
 #define CPU_CAPABILITY DEFAULT
@@ -53,14 +58,29 @@ struct KernelTable {
   }
 };
 
+// The registered (table, level) pairs, for tests of the build (pytransformer._C.cpu_kernels()).
+struct KernelRegistration {
+  const char* table;
+  int level;
+};
+inline std::vector<KernelRegistration>& kernel_registrations() {
+  static std::vector<KernelRegistration> registrations;
+  return registrations;
+}
+
+// `level` comes from the expansion site of PT_REGISTER_CPU_KERNEL: this constructor is one function for every level.
 struct KernelRegistrar {
   template <class Fn>
-  KernelRegistrar(KernelTable<Fn>& table, Fn fn) { table.fns[PT_ISA_LEVEL] = fn; }
+  KernelRegistrar(KernelTable<Fn>& table, Fn fn, int level, const char* name) {
+    table.fns[level] = fn;
+    kernel_registrations().push_back({name, level});
+  }
 };
 
 }  // namespace pytransformer::cpu
 
 #define PT_CONCAT_INNER(a, b) a##b
 #define PT_CONCAT(a, b) PT_CONCAT_INNER(a, b)
-#define PT_REGISTER_CPU_KERNEL(table, fn) \
-  static ::pytransformer::cpu::KernelRegistrar PT_CONCAT(pt_registrar_, __LINE__)(table, fn)
+#define PT_REGISTER_CPU_KERNEL(table, fn)                                                            \
+  static ::pytransformer::cpu::KernelRegistrar PT_CONCAT(pt_registrar_, __LINE__)(table, fn, PT_ISA_LEVEL, \
+                                                                                 #table)

@@ -1,232 +1,14 @@
-// CPU kernels of masked_softmax (forward and backward), compiled once per ISA level (see isa.h).
-// Forward, per row of scores.view(-1, Lk), rows split over threads: over the n visible columns (n < Lk only in
-// causal rows, whose other columns are never read) a = scale * x + bias goes into a float (double for float64) row
-// buffer while the max is taken; then a = exp(a - max) in place while summing; then out = a / sum, zeros past n.
-// The bias row is the mask read through its strides (0 / -inf for a bool mask), rebuilt only when the mask row
-// changes, and read in place when it is a contiguous float32/float64 row.
-#include "isa.h"
-#include "vec_util.h"
-
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
-#include <bit>
-#include <cstring>
-#include <limits>
-#include <vector>
-
-#include "../masked_softmax.h"
-
-namespace pytransformer::cpu {
-
-// x, out: [rows, Lk] contiguous; mask: undefined or expanded to scores' shape, laid out as `ml`; lq: the size of
-// scores' second-to-last dim when causal, else 0.
-using SoftmaxFwdFn = void (*)(const at::Tensor& x, const at::Tensor& mask, const MaskLayout& ml, double scale,
-                              int64_t lq, at::Tensor& out);
-// grad_out, out, grad_scores: [rows, Lk] contiguous.
-using SoftmaxBwdFn = void (*)(const at::Tensor& grad_out, const at::Tensor& out, double scale, at::Tensor& grad);
-extern KernelTable<SoftmaxFwdFn> masked_softmax_fwd_kernel;
-extern KernelTable<SoftmaxBwdFn> masked_softmax_bwd_kernel;
-
-inline namespace CPU_CAPABILITY {
-using at::vec::Vectorized;
-
-// bias[j] = mask element j as an additive bias for j < n. M = uint8_t reads a bool mask (1 kept -> 0, 0 removed ->
-// -inf; read as bytes, which GCC vectorises where it does not for bool).
-template <typename M, typename acc_t>
-void mask_bias(const M* __restrict__ m, int64_t stride, int64_t n, acc_t* __restrict__ bias) {
-  using bits_t = std::conditional_t<sizeof(acc_t) == 4, uint32_t, uint64_t>;
-  constexpr bits_t ninf_bits = std::bit_cast<bits_t>(-std::numeric_limits<acc_t>::infinity());
-  auto value = [](M v) {
-    if constexpr (std::is_same_v<M, uint8_t>)  // branch-free: no mispredictions on random masks
-      return std::bit_cast<acc_t>(static_cast<bits_t>(static_cast<bits_t>(v) - 1) & ninf_bits);
-    else
-      return static_cast<acc_t>(v);
-  };
-  if (stride == 1) {
-    for (int64_t j = 0; j < n; ++j) bias[j] = value(m[j]);
-  } else {
-    for (int64_t j = 0; j < n; ++j) bias[j] = value(m[j * stride]);
-  }
-}
-
-// a[j] = scale * x[j] + bias[j] for j < n (a -inf bias removes the entry whatever x is; bias may be null);
-// returns max(a), -inf when n == 0. `a` may alias `x`.
-template <typename acc_t>
-acc_t scale_bias_max(const acc_t* x, const acc_t* bias, acc_t scale, int64_t n, acc_t* a) {
-  using Vec = Vectorized<acc_t>;
-  constexpr int64_t kV = Vec::size();
-  const Vec vscale(scale), vninf(-std::numeric_limits<acc_t>::infinity());
-  auto step = [&](int64_t j, int64_t count) {
-    Vec v = Vec::loadu(x + j, count) * vscale;
-    if (bias) {
-      const Vec b = Vec::loadu(bias + j, count);
-      v = Vec::blendv(v + b, b, b == vninf);
-    }
-    v.store(a + j, count);
-    return count == kV ? v : Vec::set(vninf, v, count);
-  };
-  // Four running maxima: at::vec::maximum propagates NaN, a chain of several dependent instructions.
-  Vec m0 = vninf, m1 = vninf, m2 = vninf, m3 = vninf;
-  int64_t j = 0;
-  for (; j + 4 * kV <= n; j += 4 * kV) {
-    m0 = at::vec::maximum(m0, step(j, kV)), m1 = at::vec::maximum(m1, step(j + kV, kV));
-    m2 = at::vec::maximum(m2, step(j + 2 * kV, kV)), m3 = at::vec::maximum(m3, step(j + 3 * kV, kV));
-  }
-  for (; j + kV <= n; j += kV) m0 = at::vec::maximum(m0, step(j, kV));
-  if (j < n) m1 = at::vec::maximum(m1, step(j, n - j));
-  auto vmax = [](Vec p, Vec q) { return at::vec::maximum(p, q); };
-  return at::vec::vec_reduce_all<acc_t>(vmax, vmax(vmax(m0, m1), vmax(m2, m3)));
-}
-
-// a[j] = exp(a[j] - max) in place for j < n; returns the sum. exp_u20 is ATen's fast float exp (about 20 ulp, the
-// exact exp for double).
-template <typename acc_t>
-acc_t exp_sum(acc_t* a, acc_t max, int64_t n) {
-  using Vec = Vectorized<acc_t>;
-  constexpr int64_t kV = Vec::size();
-  const Vec vmax(max);
-  Vec s0(0), s1(0);
-  int64_t j = 0;
-  for (; j + 2 * kV <= n; j += 2 * kV) {
-    const Vec e0 = (Vec::loadu(a + j) - vmax).exp_u20(), e1 = (Vec::loadu(a + j + kV) - vmax).exp_u20();
-    e0.store(a + j), e1.store(a + j + kV);
-    s0 += e0, s1 += e1;
-  }
-  for (; j < n; j += kV) {
-    const int64_t count = std::min(kV, n - j);
-    const Vec e = Vec::set(Vec(0), (Vec::loadu(a + j, count) - vmax).exp_u20(), count);
-    e.store(a + j, count);
-    s0 += e;
-  }
-  return at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), s0 + s1);
-}
-
-// out[j] = a[j] * factor for j < n (a is overwritten when T is narrower than acc_t).
-template <typename T, typename acc_t>
-void scale_to(acc_t* a, acc_t factor, int64_t n, T* out) {
-  using Vec = Vectorized<acc_t>;
-  const Vec f(factor);
-  if constexpr (std::is_same_v<T, acc_t>) {
-    at::vec::map<acc_t>([f](Vec v) { return v * f; }, out, a, n);
-  } else {
-    at::vec::map<acc_t>([f](Vec v) { return v * f; }, a, a, n);
-    at::vec::convert(a, out, n);
-  }
-}
-
-// M: uint8_t for a bool mask, T for a float mask (unused without a mask).
-template <typename T, typename M>
-void fwd_typed(const at::Tensor& x, const at::Tensor& mask, const MaskLayout& ml, double scale, int64_t lq,
-               at::Tensor& out) {
-  using acc_t = at::opmath_type<T>;
-  const int64_t rows = x.size(0), lk = x.size(1);
-  const T* xp = x.const_data_ptr<T>();
-  T* op = out.mutable_data_ptr<T>();
-  const M* mp = mask.defined() ? static_cast<const M*>(mask.const_data_ptr()) : nullptr;
-  const bool mask_in_place = std::is_same_v<M, acc_t> && ml.col_stride == 1;
-  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / lk), [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> buf(lk), bias(mp && !mask_in_place ? lk : 0);
-    int64_t bias_offset = -1, bias_cols = 0;  // the mask row held in `bias`, and how many columns of it
-    for (int64_t r = begin; r < end; ++r) {
-      const int64_t n = lq ? causal_cols(r, lq, lk) : lk;
-      T* o = op + r * lk;
-      const acc_t* b = nullptr;
-      if (mp) {
-        const int64_t offset = ml.row_offset(r);
-        if constexpr (std::is_same_v<M, acc_t>) {
-          if (mask_in_place) b = mp + offset;
-        }
-        if (!b) {
-          if (offset != bias_offset || n > bias_cols) {
-            mask_bias(mp + offset, ml.col_stride, n, bias.data());
-            bias_offset = offset, bias_cols = n;
-          }
-          b = bias.data();
-        }
-      }
-      const acc_t mx = scale_bias_max(widen_row(xp + r * lk, n, buf), b, acc_t(scale), n, buf.data());
-      if (mx == -std::numeric_limits<acc_t>::infinity()) {  // no visible entry (or n == 0)
-        std::memset(o, 0, lk * sizeof(T));
-        continue;
-      }
-      const acc_t sum = exp_sum(buf.data(), mx, n);
-      scale_to(buf.data(), acc_t(1) / sum, n, o);
-      std::memset(o + n, 0, (lk - n) * sizeof(T));
-    }
-  });
-}
-
-// sum(a * b) over n elements, with four accumulators (one would serialise on the fma latency).
-template <typename acc_t>
-acc_t dot(const acc_t* a, const acc_t* b, int64_t n) {
-  using Vec = Vectorized<acc_t>;
-  constexpr int64_t kV = Vec::size();
-  Vec s0(0), s1(0), s2(0), s3(0);
-  int64_t j = 0;
-  for (; j + 4 * kV <= n; j += 4 * kV) {
-    s0 = at::vec::fmadd(Vec::loadu(a + j), Vec::loadu(b + j), s0);
-    s1 = at::vec::fmadd(Vec::loadu(a + j + kV), Vec::loadu(b + j + kV), s1);
-    s2 = at::vec::fmadd(Vec::loadu(a + j + 2 * kV), Vec::loadu(b + j + 2 * kV), s2);
-    s3 = at::vec::fmadd(Vec::loadu(a + j + 3 * kV), Vec::loadu(b + j + 3 * kV), s3);
-  }
-  for (; j + kV <= n; j += kV) s0 = at::vec::fmadd(Vec::loadu(a + j), Vec::loadu(b + j), s0);
-  if (j < n) s1 += Vec::set(Vec(0), Vec::loadu(a + j, n - j) * Vec::loadu(b + j, n - j), n - j);
-  return at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), (s0 + s1) + (s2 + s3));
-}
-
-// grad = scale * y * (g - sum(g * y)) per row.
-template <typename T>
-void bwd_typed(const at::Tensor& g, const at::Tensor& y, double scale, at::Tensor& grad) {
-  using acc_t = at::opmath_type<T>;
-  using Vec = Vectorized<acc_t>;
-  const int64_t rows = y.size(0), lk = y.size(1);
-  const T *gp = g.const_data_ptr<T>(), *yp = y.const_data_ptr<T>();
-  T* dp = grad.mutable_data_ptr<T>();
-  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / lk), [&](int64_t begin, int64_t end) {
-    const int64_t bufsize = std::is_same_v<T, acc_t> ? 0 : lk;
-    std::vector<acc_t> gbuf(bufsize), ybuf(bufsize), dbuf(bufsize);
-    for (int64_t r = begin; r < end; ++r) {
-      const acc_t* gr = widen_row(gp + r * lk, lk, gbuf);
-      const acc_t* yr = widen_row(yp + r * lk, lk, ybuf);
-      const Vec vdot(dot(gr, yr, lk)), vscale(scale);
-      acc_t* d = std::is_same_v<T, acc_t> ? reinterpret_cast<acc_t*>(dp + r * lk) : dbuf.data();
-      at::vec::map2<acc_t>([&](Vec gv, Vec yv) { return vscale * yv * (gv - vdot); }, d, gr, yr, lk);
-      if constexpr (!std::is_same_v<T, acc_t>) at::vec::convert(dbuf.data(), dp + r * lk, lk);
-    }
-  });
-}
-
-void masked_softmax_fwd(const at::Tensor& x, const at::Tensor& mask, const MaskLayout& ml, double scale, int64_t lq,
-                        at::Tensor& out) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "masked_softmax_fwd", [&] {
-    if (mask.defined() && mask.scalar_type() == at::kBool)
-      fwd_typed<scalar_t, uint8_t>(x, mask, ml, scale, lq, out);
-    else
-      fwd_typed<scalar_t, scalar_t>(x, mask, ml, scale, lq, out);
-  });
-}
-
-void masked_softmax_bwd(const at::Tensor& g, const at::Tensor& y, double scale, at::Tensor& grad) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "masked_softmax_bwd",
-                                  [&] { bwd_typed<scalar_t>(g, y, scale, grad); });
-}
-}  // namespace CPU_CAPABILITY
-
-PT_REGISTER_CPU_KERNEL(masked_softmax_fwd_kernel, &CPU_CAPABILITY::masked_softmax_fwd);
-PT_REGISTER_CPU_KERNEL(masked_softmax_bwd_kernel, &CPU_CAPABILITY::masked_softmax_bwd);
-
-}  // namespace pytransformer::cpu
-
-#if PT_ISA_LEVEL == 0
+// CPU glue of masked_softmax: argument checks, allocation, the kernel of the best ISA level
+// (masked_softmax_kernel.cpp), registration.
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include "../masked_softmax.h"
+#include "isa.h"
+
 namespace pytransformer::cpu {
-KernelTable<SoftmaxFwdFn> masked_softmax_fwd_kernel;
-KernelTable<SoftmaxBwdFn> masked_softmax_bwd_kernel;
+KernelTable<void (*)(const MaskedSoftmaxFwdParams&)> masked_softmax_fwd_kernel;
+KernelTable<void (*)(const MaskedSoftmaxBwdParams&)> masked_softmax_bwd_kernel;
 
 namespace {
 at::Tensor forward(const at::Tensor& scores, const std::optional<at::Tensor>& mask, double scale, bool causal) {
@@ -235,8 +17,10 @@ at::Tensor forward(const at::Tensor& scores, const std::optional<at::Tensor>& ma
   at::Tensor out = at::empty_like(scores, at::MemoryFormat::Contiguous);
   if (out.numel() == 0) return out;
   const int64_t lk = scores.size(-1);
-  at::Tensor x2 = scores.contiguous().view({-1, lk}), out2 = out.view({-1, lk});  // [rows, Lk]
-  masked_softmax_fwd_kernel.get()(x2, m, ml, scale, causal ? scores.size(-2) : 0, out2);
+  at::Tensor x = scores.contiguous();
+  masked_softmax_fwd_kernel.get()({scores.scalar_type(), x.numel() / lk, lk, causal ? scores.size(-2) : 0, scale,
+                                   x.const_data_ptr(), m.defined() ? m.const_data_ptr() : nullptr,
+                                   m.defined() && m.scalar_type() == at::kBool, ml, out.mutable_data_ptr()});
   return out;
 }
 
@@ -245,9 +29,9 @@ at::Tensor backward(const at::Tensor& grad_out, const at::Tensor& out, double sc
   at::Tensor grad = at::empty_like(out, at::MemoryFormat::Contiguous);
   if (grad.numel() == 0) return grad;
   const int64_t lk = out.size(-1);
-  at::Tensor grad2 = grad.view({-1, lk});  // [rows, Lk]
-  masked_softmax_bwd_kernel.get()(grad_out.contiguous().view({-1, lk}), out.contiguous().view({-1, lk}), scale,
-                                  grad2);
+  at::Tensor g = grad_out.contiguous(), y = out.contiguous();
+  masked_softmax_bwd_kernel.get()({out.scalar_type(), out.numel() / lk, lk, scale, g.const_data_ptr(),
+                                   y.const_data_ptr(), grad.mutable_data_ptr()});
   return grad;
 }
 }  // namespace
@@ -257,4 +41,3 @@ TORCH_LIBRARY_IMPL(pytransformer, CPU, m) {
   m.impl("masked_softmax_backward", &backward);
 }
 }  // namespace pytransformer::cpu
-#endif

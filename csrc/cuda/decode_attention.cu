@@ -1,5 +1,5 @@
-// CUDA glue of decode_attention: the shared checks of kv_cache.h, cache_lengths checked on the host unless the stream
-// is capturing a CUDA graph (then the kernel gives zeros for a row whose length is out of range: see kv_cache.cuh),
+// CUDA glue of decode_attention: the shared checks of decode_attention.h, cache_lengths checked on the host unless the stream
+// is capturing a CUDA graph (then the kernel gives zeros for a row whose length is out of range: see common.cuh),
 // then the split and combine kernels of decode_attention_kernel.cuh on the current stream of q's device. The caches
 // are read in place (a cache with a strided last dim is copied, like on the CPU).
 #include <ATen/ops/empty.h>

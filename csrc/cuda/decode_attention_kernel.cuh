@@ -18,8 +18,7 @@
 // 4 flops per byte: memory-bound on H100/H200 (the floor is the cache bytes over the copy bandwidth). Partials add
 // splits * B * Hq * T * (Dv + 2) * 4 bytes written and read again (about 1% for the acceptance case).
 #include "common.cuh"
-#include "kv_cache.cuh"
-#include "../kv_cache.h"
+#include "../decode_attention.h"
 
 #include <cmath>
 

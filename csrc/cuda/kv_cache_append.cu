@@ -1,5 +1,5 @@
-// CUDA glue of kv_cache_append: the shared checks of kv_cache.h, the positions checked on the host unless the stream
-// is capturing a CUDA graph (then the kernel skips rows that do not fit: see kv_cache.cuh), then the copy kernel of
+// CUDA glue of kv_cache_append: the shared checks of kv_cache_append.h, the positions checked on the host unless the stream
+// is capturing a CUDA graph (then the kernel skips rows that do not fit: see common.cuh), then the copy kernel of
 // kv_cache_append_kernel.cuh on the current stream of the caches' device.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

@@ -8,8 +8,7 @@
 // elements); a group of row_threads = min(32, pow2 >= chunks) threads copies a row, a block holds several row groups,
 // and each thread loads kAppendUnroll rows' chunks before storing any (several 16-byte loads in flight a thread).
 #include "common.cuh"
-#include "kv_cache.cuh"
-#include "../kv_cache.h"
+#include "../kv_cache_append.h"
 
 namespace pytransformer::cuda {
 
@@ -46,7 +45,7 @@ __global__ void __launch_bounds__(kAppendThreads) kv_cache_append_kernel(AppendA
   const int64_t row_step = int64_t(gridDim.x) * rows_per_block;  // between the rows a thread copies
   for (int64_t bh = blockIdx.y; bh < p.batch * p.kv_heads; bh += gridDim.y) {
     const int64_t b = bh / p.kv_heads, h = bh % p.kv_heads, pos = a.positions.at(b);
-    if (pos < 0 || pos > p.capacity - p.new_len) continue;  // only under graph capture (see kv_cache.cuh)
+    if (pos < 0 || pos > p.capacity - p.new_len) continue;  // only under graph capture (see common.cuh)
     E* dst = a.cache[values] + b * cs[0] + h * cs[1] + pos * cs[2];
     const E* src = a.src[values] + b * ns[0] + h * ns[1];
     for (int64_t t = blockIdx.x * rows_per_block + threadIdx.x / row_threads; t < p.new_len;

@@ -1,9 +1,10 @@
 """kv_cache_append: wrapper and fake kernel over the pytransformer KV-cache append kernels.
 
-An inference op: it stores values, not autograd history (its Autograd kernel is a fallthrough,
-csrc/registration.cpp). Bad positions raise ValueError before anything is written. On CUDA that check reads the
-positions on the host, which a stream being captured into a CUDA graph cannot do: under capture the kernel checks
-them on the device instead, a row that does not fit writes nothing, and nothing raises.
+An inference op: it stores values, not autograd history, and, as torch's in-place ops do, refuses a cache that is a
+leaf requiring grad and bumps the caches' version counters (its Autograd kernel, csrc/registration.cpp).
+Bad positions raise ValueError before anything is written. On CUDA that check reads the positions on the host, which
+a stream being captured into a CUDA graph cannot do: under capture the kernel checks them on the device instead, a
+row that does not fit writes nothing, and nothing raises.
 """
 import torch
 from torch import Tensor
