@@ -42,19 +42,19 @@ bad_usage() {
 
 ALL_STEPS=(env build test sanitizers bandwidth bench)
 SANITIZERS=(memcheck racecheck synccheck initcheck)
-OUT_ARG=""
+DEST_ARG=""
 STEPS=()
 while [ $# -gt 0 ]; do
   case $1 in
     -h | --help) usage; exit 0 ;;
     --out)
       [ $# -ge 2 ] && [ -n "$2" ] || bad_usage "--out needs a directory"
-      OUT_ARG=$2
+      DEST_ARG=$2
       shift 2
       ;;
     --out=*)
-      OUT_ARG=${1#--out=}
-      [ -n "$OUT_ARG" ] || bad_usage "--out needs a directory"
+      DEST_ARG=${1#--out=}
+      [ -n "$DEST_ARG" ] || bad_usage "--out needs a directory"
       shift
       ;;
     -*) bad_usage "unknown option: $1" ;;
@@ -73,12 +73,12 @@ done
 START_DIR=$PWD
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
-case $OUT_ARG in
-  "") OUT=$ROOT/gpu_check_out ;;
-  /*) OUT=$OUT_ARG ;;
-  *) OUT=$START_DIR/$OUT_ARG ;;
+case $DEST_ARG in
+  "") DEST_DIR=$ROOT/gpu_check_out ;;
+  /*) DEST_DIR=$DEST_ARG ;;
+  *) DEST_DIR=$START_DIR/$DEST_ARG ;;
 esac
-mkdir -p "$OUT" || bad_usage "cannot create $OUT"
+mkdir -p "$DEST_DIR" || bad_usage "cannot create $DEST_DIR"
 
 PYTHON=${PYTHON:-python3}
 export MAX_JOBS=${MAX_JOBS:-$(nproc 2>/dev/null || echo 4)} FORCE_CUDA=1
@@ -100,7 +100,7 @@ if [ -z "${CUDA_HOME:-}" ]; then
 fi
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
-SUMMARY=$OUT/summary.md
+SUMMARY=$DEST_DIR/summary.md
 FAILED=0
 RAN=" "  # the steps run this time (DIR may hold logs of earlier runs)
 BUILD_OK=1
@@ -123,7 +123,7 @@ BUILD_OK=1
 
 # run_step NAME CMD...: runs CMD, output to the terminal and DIR/NAME.log; records the result in the summary.
 run_step() {
-  local name=$1 log=$OUT/$1.log start=$SECONDS rc result
+  local name=$1 log=$DEST_DIR/$1.log start=$SECONDS rc result
   shift
   RAN="$RAN$name "
   echo "=== $name: $*"
@@ -154,13 +154,13 @@ bench() {
   for name in norm softmax decode; do
     for dtype in float32 bfloat16; do
       run_step "bench_${name}_$dtype" "$PYTHON" "benchmarks/bench_$name.py" --device cuda --dtype "$dtype" \
-        --record "$OUT/bench_${name}_$dtype.md"
+        --record "$DEST_DIR/bench_${name}_$dtype.md"
     done
   done
   # Attention in bfloat16 (head dims 64 and 128, L 512..16k) against SDPA's flash and cuDNN backends.
   run_step bench_attention_bfloat16 "$PYTHON" benchmarks/bench_attention.py --device cuda --dtype bfloat16 --runs 10 \
-    --record "$OUT/bench_attention_bfloat16.md"
-  run_step bench_quantize "$PYTHON" benchmarks/bench_quantize.py --device cuda --record "$OUT/bench_quantize.md"
+    --record "$DEST_DIR/bench_attention_bfloat16.md"
+  run_step bench_quantize "$PYTHON" benchmarks/bench_quantize.py --device cuda --record "$DEST_DIR/bench_quantize.md"
 }
 
 bandwidth() {
@@ -208,7 +208,7 @@ compute-sanitizer --version | head -3"
     *)
       if [ $BUILD_OK -eq 0 ]; then skip_step "$step" "build failed"; continue; fi
       case $step in
-        test) run_step test "$PYTHON" -m pytest tests -m cuda -q -rfE --junitxml="$OUT/test.xml" ;;
+        test) run_step test "$PYTHON" -m pytest tests -m cuda -q -rfE --junitxml="$DEST_DIR/test.xml" ;;
         sanitizers) for tool in "${SANITIZERS[@]}"; do sanitize "$tool"; done ;;
         memcheck | racecheck | synccheck | initcheck) sanitize "$step" ;;
         bench) bench ;;
@@ -224,12 +224,12 @@ done
   # highlight STEP PATTERN: the last line of the step's log matching PATTERN
   highlight() {
     case $RAN in *" $1 "*) ;; *) return 0 ;; esac
-    echo "- $1: $(grep -E "$2" "$OUT/$1.log" | tail -1 | grep . || echo '(no result line; see the log)')"
+    echo "- $1: $(grep -E "$2" "$DEST_DIR/$1.log" | tail -1 | grep . || echo '(no result line; see the log)')"
   }
   highlight test '(passed|failed|error)'
   for tool in "${SANITIZERS[@]}"; do highlight "$tool" 'ERROR SUMMARY|RACECHECK SUMMARY|passed|failed'; done
   highlight bandwidth 'GB/s'
-  for f in "$OUT"/bench_*.md; do
+  for f in "$DEST_DIR"/bench_*.md; do
     case $RAN in *" $(basename "$f" .md) "*) ;; *) continue ;; esac
     [ -f "$f" ] && { echo; echo "### $(basename "$f")"; echo; cat "$f"; }
   done
