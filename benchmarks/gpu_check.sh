@@ -1,32 +1,95 @@
 #!/usr/bin/env bash
-# One command for the GPU machine: build the CUDA extension for sm_90, run the CUDA tests and the kernel path check,
-# run compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on a small run of every CUDA op, measure the
-# device copy bandwidth, and run the op benchmarks. Each step logs to $OUT/<step>.log; a failing step is reported and
-# the next one still runs; $OUT/summary.md collects the results and is printed last. Exit status: failed steps.
-#
-#   bash benchmarks/gpu_check.sh                 # every step
-#   bash benchmarks/gpu_check.sh test bench      # only these steps (the build is kept between runs on a warm machine)
-#
-# Steps: env build test opscheck memcheck racecheck synccheck initcheck bandwidth bench alltests, and `attention` (not
-# in the default list: the attention cases of the path check and the CUDA attention tests alone, for iterating on it).
-# Everything takes longer than one 10-minute device call: run it in parts, e.g. `env build test opscheck`, then
-# `memcheck racecheck synccheck initcheck`, then `bandwidth bench alltests`. Steps stop at TIME_BUDGET seconds from the
-# start (default 570, inside a 600-second call) so that the summary is always written; later steps are skipped.
-# A device machine goes back 30 s after a call, so each call starts bare: `build` copies the built extension
-# (pytransformer/_C*.so) into $OUT; put it back into pytransformer/ of the checkout, name it in the next call's `carry`
-# and leave `build` out of that call's steps to skip the rebuild (only while csrc/ is unchanged).
-# Environment: OUT (default ./gpu_check_out), PYTHON (python3), MAX_JOBS (16), TORCH_CUDA_ARCH_LIST (9.0),
-# TIME_BUDGET (570), TEST_WORKERS (8: pytest-xdist processes for the CUDA tests, when it is installed).
+# gpu_check.sh: build, test, sanitize and benchmark the CUDA kernels on a machine with an NVIDIA GPU.
+# Run `bash benchmarks/gpu_check.sh --help` for the usage. Each step logs to DIR/<step>.log; a failing step is
+# reported and the next one still runs (steps that need the extension are skipped when the build failed);
+# DIR/summary.md collects the results and is printed last.
 set -u
-cd "$(dirname "$0")/.."
+
+usage() {
+  cat <<'EOF'
+Usage: bash benchmarks/gpu_check.sh [--out DIR] [STEP ...]
+
+Builds the CUDA extension in place, runs the CUDA tests, runs them under compute-sanitizer, measures the device copy
+bandwidth and runs the op benchmarks. With no STEP, runs every step in this order:
+
+  env         nvidia-smi, nvcc, torch and compute-sanitizer versions, CUDA_HOME
+  build       MAX_JOBS=... TORCH_CUDA_ARCH_LIST=... python setup.py build_ext --inplace (FORCE_CUDA=1),
+              then checks that the extension has the CUDA kernels
+  test        python -m pytest tests -m cuda -q
+  sanitizers  compute-sanitizer memcheck, racecheck, synccheck and initcheck, each over
+              python -m pytest tests/ops -m cuda -q -x  (also runnable alone: memcheck racecheck synccheck initcheck)
+  bandwidth   device-to-device copy bandwidth (the ceiling the memory-bound kernels are compared with)
+  bench       benchmarks/bench_{norm,softmax,decode}.py (float32, bfloat16), bench_attention.py (bfloat16),
+              bench_quantize.py, each recorded as DIR/bench_<op>_<dtype>.md
+
+Options:
+  --out DIR   where logs, records and summary.md go (default: gpu_check_out/ in the repository root)
+  -h, --help  print this help and exit
+
+Environment: PYTHON (python3), MAX_JOBS (number of CPUs), TORCH_CUDA_ARCH_LIST (default: the compute capability
+of the visible GPU, e.g. 9.0; 8.0;9.0 when it cannot be read), CUDA_HOME (default: the toolkit of the nvcc on PATH,
+else /usr/local/cuda, whichever has lib64/libcudart.so).
+
+Exit status: 0 when every step passed, 1 when a step failed, 2 for bad arguments.
+EOF
+}
+
+bad_usage() {
+  echo "gpu_check.sh: $1" >&2
+  echo "Run 'bash benchmarks/gpu_check.sh --help' for the usage." >&2
+  exit 2
+}
+
+ALL_STEPS=(env build test sanitizers bandwidth bench)
+SANITIZERS=(memcheck racecheck synccheck initcheck)
+DEST_ARG=""
+STEPS=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    -h | --help) usage; exit 0 ;;
+    --out)
+      [ $# -ge 2 ] && [ -n "$2" ] || bad_usage "--out needs a directory"
+      DEST_ARG=$2
+      shift 2
+      ;;
+    --out=*)
+      DEST_ARG=${1#--out=}
+      [ -n "$DEST_ARG" ] || bad_usage "--out needs a directory"
+      shift
+      ;;
+    -*) bad_usage "unknown option: $1" ;;
+    *)
+      case " ${ALL_STEPS[*]} ${SANITIZERS[*]} " in
+        *" $1 "*) STEPS+=("$1") ;;
+        *) bad_usage "unknown step: $1 (steps: ${ALL_STEPS[*]} ${SANITIZERS[*]})" ;;
+      esac
+      shift
+      ;;
+  esac
+done
+[ ${#STEPS[@]} -gt 0 ] || STEPS=("${ALL_STEPS[@]}")
+
+# Relative --out paths are taken from the directory the script was started in.
+START_DIR=$PWD
+cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
-OUT=${OUT:-$ROOT/gpu_check_out}
+case $DEST_ARG in
+  "") DEST_DIR=$ROOT/gpu_check_out ;;
+  /*) DEST_DIR=$DEST_ARG ;;
+  *) DEST_DIR=$START_DIR/$DEST_ARG ;;
+esac
+mkdir -p "$DEST_DIR" || bad_usage "cannot create $DEST_DIR"
+
 PYTHON=${PYTHON:-python3}
-TIME_BUDGET=${TIME_BUDGET:-570}
-export MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} FORCE_CUDA=1
+export MAX_JOBS=${MAX_JOBS:-$(nproc 2>/dev/null || echo 4)} FORCE_CUDA=1
+if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
+  TORCH_CUDA_ARCH_LIST=$("$PYTHON" -c \
+    "import torch; print('%d.%d' % torch.cuda.get_device_capability())" 2>/dev/null) || TORCH_CUDA_ARCH_LIST="8.0;9.0"
+fi
+export TORCH_CUDA_ARCH_LIST
 # CUDA_HOME, when unset: the first of (the toolkit of the nvcc on PATH, links resolved; /usr/local/cuda) that has
-# lib64/libcudart.so. torch would take the directory above `which nvcc`, and a wrapper script /usr/local/bin/nvcc
-# (seen on a CPU machine here) then sends the link step to /usr/local/lib64, where libcudart is not.
+# lib64/libcudart.so. torch would take the directory above `which nvcc`, and a wrapper script such as
+# /usr/local/bin/nvcc would then send the link step to /usr/local/lib64, where libcudart is not.
 if [ -z "${CUDA_HOME:-}" ]; then
   for home in "$(dirname "$(dirname "$(readlink -f "$(command -v nvcc || echo /none/bin/nvcc)")")")" /usr/local/cuda; do
     if [ -x "$home/bin/nvcc" ] && [ -e "$home/lib64/libcudart.so" ]; then
@@ -36,12 +99,10 @@ if [ -z "${CUDA_HOME:-}" ]; then
   done
 fi
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-mkdir -p "$OUT"
-SUMMARY=$OUT/summary.md
-ALL_STEPS=(env build test opscheck memcheck racecheck synccheck initcheck bandwidth bench alltests)
-STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=("${ALL_STEPS[@]}")
+
+SUMMARY=$DEST_DIR/summary.md
 FAILED=0
+RAN=" "  # the steps run this time (DIR may hold logs of earlier runs)
 BUILD_OK=1
 {
   echo "# GPU check"
@@ -54,29 +115,21 @@ BUILD_OK=1
   fi
   echo "- commit: $commit"
   echo "- steps: ${STEPS[*]}"
+  echo "- TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST MAX_JOBS=$MAX_JOBS CUDA_HOME=${CUDA_HOME:-unset}"
   echo
   echo "| step | result | seconds | log |"
   echo "|---|---|---|---|"
 } > "$SUMMARY"
 
-# run_step NAME CMD...: runs CMD within the time left, output to the terminal and $OUT/NAME.log; records the result.
+# run_step NAME CMD...: runs CMD, output to the terminal and DIR/NAME.log; records the result in the summary.
 run_step() {
-  local name=$1 log=$OUT/$1.log start=$SECONDS left=$((TIME_BUDGET - SECONDS - 10)) rc result
+  local name=$1 log=$DEST_DIR/$1.log start=$SECONDS rc result
   shift
-  if [ "$left" -lt 20 ]; then
-    skip_step "$name" "out of time"
-    FAILED=$((FAILED + 1))
-    return 1
-  fi
+  RAN="$RAN$name "
   echo "=== $name: $*"
-  timeout --kill-after=5 "$left" "$@" 2>&1 | tee "$log"
+  "$@" 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
-  case $rc in
-    0) result=ok ;;
-    124|137) result="TIMEOUT (after $left s)" ;;
-    *) result="FAILED (exit $rc)" ;;
-  esac
-  [ "$rc" -eq 0 ] || FAILED=$((FAILED + 1))
+  if [ "$rc" -eq 0 ]; then result=ok; else result="FAILED (exit $rc)"; FAILED=$((FAILED + 1)); fi
   echo "| $name | $result | $((SECONDS - start)) | $name.log |" >> "$SUMMARY"
   echo "=== $name: $result"
   return "$rc"
@@ -87,64 +140,34 @@ skip_step() {
   echo "=== $1: skipped ($2)"
 }
 
-# Sanitizer runs of the quick path check: every allocation exact (no caching allocator), so out-of-bounds accesses
-# are not hidden inside a larger cached block.
-SANITIZE=(env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --error-exitcode 1)
-OPS_QUICK=("$PYTHON" benchmarks/gpu_ops_check.py --quick)
-XDIST=()
-"$PYTHON" -c "import xdist" 2>/dev/null && XDIST=(-n "${TEST_WORKERS:-8}")
+# Every allocation exact under the sanitizers (no caching allocator), so that an out-of-bounds access is not hidden
+# inside a larger cached block.
+sanitize() {
+  local tool=$1 extra=()
+  [ "$tool" = racecheck ] && extra=(--racecheck-report analysis)
+  run_step "$tool" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+    ${extra[@]+"${extra[@]}"} "$PYTHON" -m pytest tests/ops -m cuda -q -x
+}
 
-for step in "${STEPS[@]}"; do
-  case $step in
-    env)
-      run_step env bash -c "nvidia-smi; nvcc --version; echo CUDA_HOME=${CUDA_HOME:-unset}; \"$PYTHON\" -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())'; compute-sanitizer --version | head -3"
-      ;;
-    build)
-      run_step build "$PYTHON" setup.py build_ext --inplace || BUILD_OK=0
-      [ $BUILD_OK -eq 0 ] || run_step with_cuda "$PYTHON" -c \
-        "import pytransformer as pt; assert pt.with_cuda(), 'the extension was built without CUDA'; print('with_cuda: True')" \
-        || BUILD_OK=0
-      [ $BUILD_OK -eq 0 ] || cp pytransformer/_C*.so "$OUT"/  # for the next call's carry (see the header)
-      ;;
-    test | opscheck | attention | memcheck | racecheck | synccheck | initcheck | bench | alltests)
-      if [ $BUILD_OK -eq 0 ]; then skip_step "$step" "build failed"; continue; fi
-      case $step in
-        test) run_step test "$PYTHON" -m pytest -q -m cuda tests -rfE "${XDIST[@]}" --junitxml="$OUT/test.xml" ;;
-        opscheck) run_step opscheck "$PYTHON" benchmarks/gpu_ops_check.py ;;
-        attention)
-          run_step attention_opscheck "$PYTHON" benchmarks/gpu_ops_check.py --ops attention
-          run_step attention_test "$PYTHON" -m pytest -q -m cuda tests/test_attention.py -rfE
-          ;;
-        memcheck) run_step memcheck "${SANITIZE[@]}" --tool memcheck "${OPS_QUICK[@]}" ;;
-        racecheck) run_step racecheck "${SANITIZE[@]}" --tool racecheck --racecheck-report analysis "${OPS_QUICK[@]}" ;;
-        synccheck) run_step synccheck "${SANITIZE[@]}" --tool synccheck "${OPS_QUICK[@]}" ;;
-        initcheck) run_step initcheck "${SANITIZE[@]}" --tool initcheck "${OPS_QUICK[@]}" ;;
-        bench)
-          # The benchmark scripts are others'; their --dtype and --record options are used when they have them.
-          for name in norm softmax decode quantize; do
-            script=benchmarks/bench_$name.py
-            if [ ! -f "$script" ]; then skip_step "bench_$name" "$script not present"; continue; fi
-            usage=$("$PYTHON" "$script" --help 2>/dev/null)
-            dtypes=(default)
-            grep -q -- --dtype <<< "$usage" && dtypes=(float32 bfloat16)
-            for dtype in "${dtypes[@]}"; do
-              args=(--device cuda)
-              [ "$dtype" = default ] || args+=(--dtype "$dtype")
-              grep -q -- --record <<< "$usage" && args+=(--record "$OUT/bench_${name}_$dtype.md")
-              run_step "bench_${name}_$dtype" "$PYTHON" "$script" "${args[@]}"
-            done
-          done
-          # attention in bf16 only (head dims 64 and 128, L 512..16k, vs SDPA flash and cuDNN)
-          run_step bench_attention_bfloat16 "$PYTHON" benchmarks/bench_attention.py --device cuda --dtype bfloat16 \
-            --runs 10 --record "$OUT/bench_attention_bfloat16.md"
-          ;;
-        alltests) run_step alltests "$PYTHON" -m pytest -q tests -rfE --junitxml="$OUT/alltests.xml" ;;
-      esac
-      ;;
-    bandwidth)
-      run_step bandwidth "$PYTHON" - <<'EOF'
+bench() {
+  local name dtype
+  for name in norm softmax decode; do
+    for dtype in float32 bfloat16; do
+      run_step "bench_${name}_$dtype" "$PYTHON" "benchmarks/bench_$name.py" --device cuda --dtype "$dtype" \
+        --record "$DEST_DIR/bench_${name}_$dtype.md"
+    done
+  done
+  # Attention in bfloat16 (head dims 64 and 128, L 512..16k) against SDPA's flash and cuDNN backends.
+  run_step bench_attention_bfloat16 "$PYTHON" benchmarks/bench_attention.py --device cuda --dtype bfloat16 --runs 10 \
+    --record "$DEST_DIR/bench_attention_bfloat16.md"
+  run_step bench_quantize "$PYTHON" benchmarks/bench_quantize.py --device cuda --record "$DEST_DIR/bench_quantize.md"
+}
+
+bandwidth() {
+  "$PYTHON" - <<'PYEOF'
 """Device copy ceiling: a 2 GiB device-to-device copy, bytes read + written, median of 30 after warm-up."""
 import statistics
+
 import torch
 
 n = 1 << 29  # float32 elements: 2 GiB
@@ -161,14 +184,35 @@ for _ in range(30):
     end.synchronize()
     times.append(start.elapsed_time(end) / 1e3)
 t = statistics.median(times)
+moved = 2 * src.numel() * 4
 print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-print(f"copy {2 * src.numel() * 4 / 2**30:.1f} GiB moved: median {t * 1e3:.3f} ms "
-      f"(min {min(times) * 1e3:.3f}, max {max(times) * 1e3:.3f}) -> {2 * src.numel() * 4 / t / 1e9:.1f} GB/s")
-EOF
+print(f"copy {moved / 2**30:.1f} GiB moved: median {t * 1e3:.3f} ms (min {min(times) * 1e3:.3f}, "
+      f"max {max(times) * 1e3:.3f}) -> {moved / t / 1e9:.1f} GB/s")
+PYEOF
+}
+
+for step in "${STEPS[@]}"; do
+  case $step in
+    env)
+      run_step env bash -c "nvidia-smi; nvcc --version; echo CUDA_HOME=${CUDA_HOME:-unset}; \"$PYTHON\" -c \
+'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())'; \
+compute-sanitizer --version | head -3"
       ;;
+    build)
+      run_step build "$PYTHON" setup.py build_ext --inplace || BUILD_OK=0
+      [ $BUILD_OK -eq 0 ] || run_step with_cuda "$PYTHON" -c \
+        "import pytransformer as pt; assert pt.with_cuda(), 'the extension was built without CUDA'; print('with_cuda: True')" \
+        || BUILD_OK=0
+      ;;
+    bandwidth) run_step bandwidth bandwidth ;;
     *)
-      skip_step "$step" "unknown step (known: ${ALL_STEPS[*]})"
-      FAILED=$((FAILED + 1))
+      if [ $BUILD_OK -eq 0 ]; then skip_step "$step" "build failed"; continue; fi
+      case $step in
+        test) run_step test "$PYTHON" -m pytest tests -m cuda -q -rfE --junitxml="$DEST_DIR/test.xml" ;;
+        sanitizers) for tool in "${SANITIZERS[@]}"; do sanitize "$tool"; done ;;
+        memcheck | racecheck | synccheck | initcheck) sanitize "$step" ;;
+        bench) bench ;;
+      esac
       ;;
   esac
 done
@@ -179,15 +223,14 @@ done
   echo
   # highlight STEP PATTERN: the last line of the step's log matching PATTERN
   highlight() {
-    [ -f "$OUT/$1.log" ] || return 0
-    echo "- $1: $(grep -E "$2" "$OUT/$1.log" | tail -1 | grep . || echo '(no result line; see the log)')"
+    case $RAN in *" $1 "*) ;; *) return 0 ;; esac
+    echo "- $1: $(grep -E "$2" "$DEST_DIR/$1.log" | tail -1 | grep . || echo '(no result line; see the log)')"
   }
   highlight test '(passed|failed|error)'
-  highlight alltests '(passed|failed|error)'
-  highlight opscheck '^[0-9]+ failures'
-  for tool in memcheck racecheck synccheck initcheck; do highlight $tool 'ERROR SUMMARY|RACECHECK SUMMARY'; done
+  for tool in "${SANITIZERS[@]}"; do highlight "$tool" 'ERROR SUMMARY|RACECHECK SUMMARY|passed|failed'; done
   highlight bandwidth 'GB/s'
-  for f in "$OUT"/bench_*.md; do
+  for f in "$DEST_DIR"/bench_*.md; do
+    case $RAN in *" $(basename "$f" .md) "*) ;; *) continue ;; esac
     [ -f "$f" ] && { echo; echo "### $(basename "$f")"; echo; cat "$f"; }
   done
   echo
@@ -195,4 +238,4 @@ done
 } >> "$SUMMARY"
 echo
 cat "$SUMMARY"
-exit "$FAILED"
+[ "$FAILED" -eq 0 ]
