@@ -1,95 +1,137 @@
 #!/usr/bin/env bash
-# gpu_check.sh: build, test, sanitize and benchmark the CUDA kernels on a machine with an NVIDIA GPU.
-# Run `bash benchmarks/gpu_check.sh --help` for the usage. Each step logs to DIR/<step>.log; a failing step is
-# reported and the next one still runs (steps that need the extension are skipped when the build failed);
-# DIR/summary.md collects the results and is printed last.
+# Checks pytransformer's CUDA kernels on a machine with an NVIDIA GPU: builds the extension with its CUDA kernels, runs
+# the CUDA tests, runs them again under compute-sanitizer, measures the device's copy bandwidth and runs the op
+# benchmarks. Logs and records go to one directory. `bash benchmarks/gpu_check.sh --help` prints the usage.
 set -u
 
 usage() {
   cat <<'EOF'
-Usage: bash benchmarks/gpu_check.sh [--out DIR] [STEP ...]
+usage: bash benchmarks/gpu_check.sh [--out DIR] [--timeout SECONDS] [STEP ...]
 
-Builds the CUDA extension in place, runs the CUDA tests, runs them under compute-sanitizer, measures the device copy
-bandwidth and runs the op benchmarks. With no STEP, runs every step in this order:
+Builds pytransformer with its CUDA kernels and checks them on this machine's GPU. Run it from a checkout of the
+repository, with a CUDA build of torch, nvcc and pytest installed (compute-sanitizer for the sanitizer steps).
 
-  env         nvidia-smi, nvcc, torch and compute-sanitizer versions, CUDA_HOME
-  build       MAX_JOBS=... TORCH_CUDA_ARCH_LIST=... python setup.py build_ext --inplace (FORCE_CUDA=1),
-              then checks that the extension has the CUDA kernels
-  test        python -m pytest tests -m cuda -q
-  sanitizers  compute-sanitizer memcheck, racecheck, synccheck and initcheck, each over
-              python -m pytest tests/ops -m cuda -q -x  (also runnable alone: memcheck racecheck synccheck initcheck)
-  bandwidth   device-to-device copy bandwidth (the ceiling the memory-bound kernels are compared with)
-  bench       benchmarks/bench_{norm,softmax,decode}.py (float32, bfloat16), bench_attention.py (bfloat16),
-              bench_quantize.py, each recorded as DIR/bench_<op>_<dtype>.md
+Steps (default: env build test sanitizers bandwidth bench):
+  env         the GPU, driver, nvcc, torch and compute-sanitizer versions
+  build       build the extension in place with the CUDA kernels (setup.py build_ext --inplace, FORCE_CUDA=1) and
+              check that pytransformer.with_cuda() is True
+  test        the CUDA tests: python -m pytest tests -m cuda -q
+  sanitizers  memcheck, racecheck, synccheck and initcheck, each a step of its own that can also be named alone:
+              compute-sanitizer --tool TOOL python -m pytest tests/ops -m cuda -q -x, with PyTorch's caching
+              allocator off so that every allocation has its exact size (the CUDA-graph tests, which need the
+              caching allocator, are left out of these runs)
+  bandwidth   the device-to-device copy bandwidth (2 GiB), the ceiling of the memory-bound kernels
+  bench       the op benchmarks on CUDA (norms, softmax, attention, decode, int8), each recorded as DIR/bench_*.md
+  alltests    the whole test suite, CPU and CUDA: python -m pytest tests -q (not in the default list)
 
 Options:
-  --out DIR   where logs, records and summary.md go (default: gpu_check_out/ in the repository root)
-  -h, --help  print this help and exit
+  -o, --out DIR          where logs and records go (default: gpu_check_out/ at the top of the repository, which git
+                         ignores); created if needed
+  -t, --timeout SECONDS  stop a step that runs longer than SECONDS (default 0: no limit)
+  -h, --help             print this help and exit
 
-Environment: PYTHON (python3), MAX_JOBS (number of CPUs), TORCH_CUDA_ARCH_LIST (default: the compute capability
-of the visible GPU, e.g. 9.0; 8.0;9.0 when it cannot be read), CUDA_HOME (default: the toolkit of the nvcc on PATH,
-else /usr/local/cuda, whichever has lib64/libcudart.so).
+Environment:
+  PYTHON                the interpreter (default: .venv/bin/python of the repository if there is one, else python3)
+  CUDA_HOME             the CUDA toolkit (default: the toolkit of the nvcc on PATH, or /usr/local/cuda, whichever
+                        has lib64/libcudart.so)
+  TORCH_CUDA_ARCH_LIST  architectures to build for (default: the compute capability of GPU 0, e.g. 9.0 on an H100)
+  MAX_JOBS              parallel compile jobs (default: the number of cores)
+  PYTEST_ADDOPTS        extra pytest options for the test steps, e.g. "-k attention" or "-n 8" (pytest-xdist);
+                        the sanitizer steps set their own -k, which takes precedence over one given here
 
-Exit status: 0 when every step passed, 1 when a step failed, 2 for bad arguments.
+Each step writes DIR/STEP.log. DIR/summary.md lists every step's result with the date, commit, GPU and torch version,
+followed by the key lines of the logs and the benchmark tables; it is printed at the end. A failing step does not stop
+the next ones (the steps that need the build are skipped when it fails). Exit status: 0 when every step passed, 1 when
+one failed, 2 for bad arguments.
 EOF
 }
 
+ALL_STEPS=(env build test memcheck racecheck synccheck initcheck bandwidth bench alltests)
+DEFAULT_STEPS=(env build test sanitizers bandwidth bench)
+SANITIZER_TOOLS=(memcheck racecheck synccheck initcheck)
+
 bad_usage() {
   echo "gpu_check.sh: $1" >&2
-  echo "Run 'bash benchmarks/gpu_check.sh --help' for the usage." >&2
+  echo "usage: bash benchmarks/gpu_check.sh [--out DIR] [--timeout SECONDS] [STEP ...]  (--help for more)" >&2
   exit 2
 }
 
-ALL_STEPS=(env build test sanitizers bandwidth bench)
-SANITIZERS=(memcheck racecheck synccheck initcheck)
-DEST_ARG=""
-STEPS=()
+is_step() {
+  local s
+  for s in "${ALL_STEPS[@]}" sanitizers; do [ "$1" = "$s" ] && return 0; done
+  return 1
+}
+
+DIR_ARG=""
+TIMEOUT=0
+REQUESTED=()
 while [ $# -gt 0 ]; do
   case $1 in
     -h | --help) usage; exit 0 ;;
-    --out)
-      [ $# -ge 2 ] && [ -n "$2" ] || bad_usage "--out needs a directory"
-      DEST_ARG=$2
+    -o | --out)
+      [ $# -ge 2 ] && [ -n "$2" ] || bad_usage "$1 needs a directory"
+      DIR_ARG=$2
       shift 2
       ;;
     --out=*)
-      DEST_ARG=${1#--out=}
-      [ -n "$DEST_ARG" ] || bad_usage "--out needs a directory"
+      DIR_ARG=${1#--out=}
+      [ -n "$DIR_ARG" ] || bad_usage "--out needs a directory"
       shift
+      ;;
+    -t | --timeout)
+      [ $# -ge 2 ] || bad_usage "$1 needs a number of seconds"
+      TIMEOUT=$2
+      shift 2
+      ;;
+    --timeout=*)
+      TIMEOUT=${1#--timeout=}
+      shift
+      ;;
+    --)
+      shift
+      REQUESTED+=("$@")
+      break
       ;;
     -*) bad_usage "unknown option: $1" ;;
     *)
-      case " ${ALL_STEPS[*]} ${SANITIZERS[*]} " in
-        *" $1 "*) STEPS+=("$1") ;;
-        *) bad_usage "unknown step: $1 (steps: ${ALL_STEPS[*]} ${SANITIZERS[*]})" ;;
-      esac
+      REQUESTED+=("$1")
       shift
       ;;
   esac
 done
-[ ${#STEPS[@]} -gt 0 ] || STEPS=("${ALL_STEPS[@]}")
-
-# Relative --out paths are taken from the directory the script was started in.
-START_DIR=$PWD
-cd "$(dirname "$0")/.." || exit 1
-ROOT=$PWD
-case $DEST_ARG in
-  "") DEST_DIR=$ROOT/gpu_check_out ;;
-  /*) DEST_DIR=$DEST_ARG ;;
-  *) DEST_DIR=$START_DIR/$DEST_ARG ;;
+case $TIMEOUT in
+  '' | *[!0-9]*) bad_usage "--timeout expects a whole number of seconds, got '$TIMEOUT'" ;;
 esac
-mkdir -p "$DEST_DIR" || bad_usage "cannot create $DEST_DIR"
+for step in ${REQUESTED[@]+"${REQUESTED[@]}"}; do
+  is_step "$step" || bad_usage "unknown step: $step (steps: ${ALL_STEPS[*]} sanitizers)"
+done
+[ ${#REQUESTED[@]} -gt 0 ] || REQUESTED=("${DEFAULT_STEPS[@]}")
+STEPS=()  # `sanitizers` expanded into its four tools
+for step in "${REQUESTED[@]}"; do
+  if [ "$step" = sanitizers ]; then STEPS+=("${SANITIZER_TOOLS[@]}"); else STEPS+=("$step"); fi
+done
 
-PYTHON=${PYTHON:-python3}
-export MAX_JOBS=${MAX_JOBS:-$(nproc 2>/dev/null || echo 4)} FORCE_CUDA=1
-if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
-  TORCH_CUDA_ARCH_LIST=$("$PYTHON" -c \
-    "import torch; print('%d.%d' % torch.cuda.get_device_capability())" 2>/dev/null) || TORCH_CUDA_ARCH_LIST="8.0;9.0"
+# DIR relative to where the script was called from; the steps run from the top of the repository.
+CALLER_DIR=$PWD
+cd "$(dirname "$0")/.." || exit 2
+ROOT=$PWD
+if [ -z "$DIR_ARG" ]; then
+  LOG_DIR=$ROOT/gpu_check_out
+else
+  case $DIR_ARG in
+    /*) LOG_DIR=$DIR_ARG ;;
+    *) LOG_DIR=$CALLER_DIR/$DIR_ARG ;;
+  esac
 fi
-export TORCH_CUDA_ARCH_LIST
+mkdir -p "$LOG_DIR" || bad_usage "cannot create the output directory $LOG_DIR"
+LOG_DIR=$(cd "$LOG_DIR" && pwd)
+
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON=$ROOT/.venv/bin/python; else PYTHON=python3; fi
+fi
 # CUDA_HOME, when unset: the first of (the toolkit of the nvcc on PATH, links resolved; /usr/local/cuda) that has
-# lib64/libcudart.so. torch would take the directory above `which nvcc`, and a wrapper script such as
-# /usr/local/bin/nvcc would then send the link step to /usr/local/lib64, where libcudart is not.
+# lib64/libcudart.so. torch.utils.cpp_extension would take the directory above `which nvcc`, and a wrapper script
+# such as /usr/local/bin/nvcc would then send the link step to /usr/local/lib64, where libcudart is not.
 if [ -z "${CUDA_HOME:-}" ]; then
   for home in "$(dirname "$(dirname "$(readlink -f "$(command -v nvcc || echo /none/bin/nvcc)")")")" /usr/local/cuda; do
     if [ -x "$home/bin/nvcc" ] && [ -e "$home/lib64/libcudart.so" ]; then
@@ -98,38 +140,64 @@ if [ -z "${CUDA_HOME:-}" ]; then
     fi
   done
 fi
+# Build for the GPU that is here unless told otherwise.
+if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
+  TORCH_CUDA_ARCH_LIST=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
+  [ -n "$TORCH_CUDA_ARCH_LIST" ] || TORCH_CUDA_ARCH_LIST="8.0;9.0"
+fi
+export TORCH_CUDA_ARCH_LIST MAX_JOBS=${MAX_JOBS:-$(nproc)} FORCE_CUDA=1
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
-SUMMARY=$DEST_DIR/summary.md
+SUMMARY=$LOG_DIR/summary.md
 FAILED=0
-RAN=" "  # the steps run this time (DIR may hold logs of earlier runs)
-BUILD_OK=1
+BUILD_STATE=unknown  # ok | failed | unknown (no build step run yet: an existing build is checked when needed)
+BENCH_RECORDS=()
+
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+torch_version=$("$PYTHON" -c "import torch; print(torch.__version__)" 2>/dev/null)
+if commit=$(git rev-parse --short HEAD 2>/dev/null); then
+  git diff --quiet HEAD 2>/dev/null || commit="$commit (with local changes)"
+else
+  commit="unknown (not a git checkout)"
+fi
 {
   echo "# GPU check"
   echo
   echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  if commit=$(git rev-parse --short HEAD 2>/dev/null); then
-    git diff --quiet HEAD 2>/dev/null || commit="$commit (with local changes)"
-  else
-    commit="unknown (no git checkout)"
-  fi
   echo "- commit: $commit"
-  echo "- steps: ${STEPS[*]}"
-  echo "- TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST MAX_JOBS=$MAX_JOBS CUDA_HOME=${CUDA_HOME:-unset}"
+  echo "- GPU: ${gpu_name:-unknown (nvidia-smi failed)}"
+  echo "- torch: ${torch_version:-unknown (cannot import torch with $PYTHON)}"
+  echo "- CUDA_HOME: ${CUDA_HOME:-unset}; TORCH_CUDA_ARCH_LIST: $TORCH_CUDA_ARCH_LIST"
+  timeout_arg=""
+  [ "$TIMEOUT" -eq 0 ] || timeout_arg=" --timeout $TIMEOUT"
+  echo "- command: bash benchmarks/gpu_check.sh --out $LOG_DIR$timeout_arg ${REQUESTED[*]}"
   echo
   echo "| step | result | seconds | log |"
   echo "|---|---|---|---|"
 } > "$SUMMARY"
 
-# run_step NAME CMD...: runs CMD, output to the terminal and DIR/NAME.log; records the result in the summary.
+# run_step NAME CMD...: runs CMD with its output on the terminal and in DIR/NAME.log, and records the result.
 run_step() {
-  local name=$1 log=$DEST_DIR/$1.log start=$SECONDS rc result
+  local name=$1 log=$LOG_DIR/$1.log start=$SECONDS rc result cmd
   shift
-  RAN="$RAN$name "
-  echo "=== $name: $*"
-  "$@" 2>&1 | tee "$log"
-  rc=${PIPESTATUS[0]}
-  if [ "$rc" -eq 0 ]; then result=ok; else result="FAILED (exit $rc)"; FAILED=$((FAILED + 1)); fi
+  cmd="$*"
+  cmd=${cmd//$'\n'/ }
+  echo "=== $name: ${cmd:0:200}"
+  if [ "$TIMEOUT" -gt 0 ]; then
+    timeout --kill-after=10 "$TIMEOUT" "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+  else
+    "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+  fi
+  if [ "$rc" -eq 0 ]; then
+    result=ok
+  elif [ "$TIMEOUT" -gt 0 ] && { [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; }; then
+    result="TIMEOUT (after $TIMEOUT s)"
+  else
+    result="FAILED (exit $rc)"
+  fi
+  [ "$rc" -eq 0 ] || FAILED=$((FAILED + 1))
   echo "| $name | $result | $((SECONDS - start)) | $name.log |" >> "$SUMMARY"
   echo "=== $name: $result"
   return "$rc"
@@ -140,34 +208,29 @@ skip_step() {
   echo "=== $1: skipped ($2)"
 }
 
-# Every allocation exact under the sanitizers (no caching allocator), so that an out-of-bounds access is not hidden
-# inside a larger cached block.
-sanitize() {
-  local tool=$1 extra=()
-  [ "$tool" = racecheck ] && extra=(--racecheck-report analysis)
-  run_step "$tool" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-    ${extra[@]+"${extra[@]}"} "$PYTHON" -m pytest tests/ops -m cuda -q -x
+# Whether the extension importable from the checkout has the CUDA kernels (checked once when no build step ran).
+have_cuda_build() {
+  if [ "$BUILD_STATE" = unknown ]; then
+    if "$PYTHON" -c "import sys, pytransformer; sys.exit(0 if pytransformer.with_cuda() else 1)" >/dev/null 2>&1; then
+      BUILD_STATE=ok
+    else
+      BUILD_STATE=missing
+    fi
+  fi
+  [ "$BUILD_STATE" = ok ]
 }
 
-bench() {
-  local name dtype
-  for name in norm softmax decode; do
-    for dtype in float32 bfloat16; do
-      run_step "bench_${name}_$dtype" "$PYTHON" "benchmarks/bench_$name.py" --device cuda --dtype "$dtype" \
-        --record "$DEST_DIR/bench_${name}_$dtype.md"
-    done
-  done
-  # Attention in bfloat16 (head dims 64 and 128, L 512..16k) against SDPA's flash and cuDNN backends.
-  run_step bench_attention_bfloat16 "$PYTHON" benchmarks/bench_attention.py --device cuda --dtype bfloat16 --runs 10 \
-    --record "$DEST_DIR/bench_attention_bfloat16.md"
-  run_step bench_quantize "$PYTHON" benchmarks/bench_quantize.py --device cuda --record "$DEST_DIR/bench_quantize.md"
+# The reason the steps that need the CUDA build cannot run.
+no_build_reason() {
+  case $BUILD_STATE in
+    failed) echo "the build failed" ;;
+    *) echo "no CUDA build of pytransformer in this checkout (run the build step)" ;;
+  esac
 }
 
-bandwidth() {
-  "$PYTHON" - <<'PYEOF'
+BANDWIDTH_PY='
 """Device copy ceiling: a 2 GiB device-to-device copy, bytes read + written, median of 30 after warm-up."""
 import statistics
-
 import torch
 
 n = 1 << 29  # float32 elements: 2 GiB
@@ -184,34 +247,81 @@ for _ in range(30):
     end.synchronize()
     times.append(start.elapsed_time(end) / 1e3)
 t = statistics.median(times)
-moved = 2 * src.numel() * 4
+moved = 2 * src.numel() * src.element_size()
 print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
 print(f"copy {moved / 2**30:.1f} GiB moved: median {t * 1e3:.3f} ms (min {min(times) * 1e3:.3f}, "
       f"max {max(times) * 1e3:.3f}) -> {moved / t / 1e9:.1f} GB/s")
-PYEOF
-}
+'
+
+# Run by `bash -c`: the variables expand in that shell.
+# shellcheck disable=SC2016
+ENV_SH='
+nvidia-smi || exit 1
+echo
+nvcc --version || echo "nvcc: not found on PATH"
+echo "CUDA_HOME=${CUDA_HOME:-unset} TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST MAX_JOBS=$MAX_JOBS"
+"$PYTHON" -c "
+import torch
+print(\"torch\", torch.__version__, \"CUDA\", torch.version.cuda)
+assert torch.cuda.is_available(), \"torch sees no GPU (a CPU-only torch, or no driver)\"
+print(torch.cuda.get_device_name(), \"compute capability\", torch.cuda.get_device_capability())
+" || exit 1
+compute-sanitizer --version 2>/dev/null | head -3 || true
+command -v compute-sanitizer >/dev/null || echo "compute-sanitizer: not found on PATH (the sanitizer steps need it)"
+'
+
+# The bench scripts with the dtypes recorded for each (bench_quantize has no --dtype option).
+BENCHES=("norm float32" "norm bfloat16" "softmax float32" "softmax bfloat16" "attention bfloat16"
+         "decode float32" "decode bfloat16" "quantize default")
 
 for step in "${STEPS[@]}"; do
   case $step in
     env)
-      run_step env bash -c "nvidia-smi; nvcc --version; echo CUDA_HOME=${CUDA_HOME:-unset}; \"$PYTHON\" -c \
-'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())'; \
-compute-sanitizer --version | head -3"
+      run_step env env PYTHON="$PYTHON" bash -c "$ENV_SH"
       ;;
     build)
-      run_step build "$PYTHON" setup.py build_ext --inplace || BUILD_OK=0
-      [ $BUILD_OK -eq 0 ] || run_step with_cuda "$PYTHON" -c \
-        "import pytransformer as pt; assert pt.with_cuda(), 'the extension was built without CUDA'; print('with_cuda: True')" \
-        || BUILD_OK=0
+      if run_step build "$PYTHON" setup.py build_ext --inplace &&
+         run_step with_cuda "$PYTHON" -c "import pytransformer as pt; assert pt.with_cuda(), \
+'the extension was built without its CUDA kernels (see build.log)'; print('with_cuda: True')"; then
+        BUILD_STATE=ok
+      else
+        BUILD_STATE=failed
+      fi
       ;;
-    bandwidth) run_step bandwidth bandwidth ;;
+    bandwidth)
+      run_step bandwidth "$PYTHON" -c "$BANDWIDTH_PY"
+      ;;
     *)
-      if [ $BUILD_OK -eq 0 ]; then skip_step "$step" "build failed"; continue; fi
+      if ! have_cuda_build; then
+        skip_step "$step" "$(no_build_reason)"
+        FAILED=$((FAILED + 1))
+        continue
+      fi
       case $step in
-        test) run_step test "$PYTHON" -m pytest tests -m cuda -q -rfE --junitxml="$DEST_DIR/test.xml" ;;
-        sanitizers) for tool in "${SANITIZERS[@]}"; do sanitize "$tool"; done ;;
-        memcheck | racecheck | synccheck | initcheck) sanitize "$step" ;;
-        bench) bench ;;
+        test)
+          run_step test "$PYTHON" -m pytest tests -m cuda -q -rfE --junitxml="$LOG_DIR/test.xml"
+          ;;
+        memcheck | racecheck | synccheck | initcheck)
+          extra=()
+          [ "$step" = racecheck ] && extra=(--racecheck-report analysis)
+          run_step "$step" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+            compute-sanitizer --error-exitcode 1 --tool "$step" ${extra[@]+"${extra[@]}"} \
+            "$PYTHON" -m pytest tests/ops -m cuda -q -x -k "not cuda_graph and not under_capture"
+          ;;
+        bench)
+          for spec in "${BENCHES[@]}"; do
+            read -r name dtype <<< "$spec"
+            record=$LOG_DIR/bench_${name}_$dtype.md
+            args=(--device cuda --record "$record")
+            [ "$dtype" = default ] || args+=(--dtype "$dtype")
+            [ "$name" = attention ] && args+=(--runs 10)
+            run_step "bench_${name}_$dtype" "$PYTHON" "benchmarks/bench_$name.py" "${args[@]}" &&
+              BENCH_RECORDS+=("$record")
+          done
+          ;;
+        alltests)
+          run_step alltests "$PYTHON" -m pytest tests -q -rfE --junitxml="$LOG_DIR/alltests.xml"
+          ;;
       esac
       ;;
   esac
@@ -219,23 +329,27 @@ done
 
 {
   echo
-  echo "## Highlights"
+  echo "## Key lines"
   echo
-  # highlight STEP PATTERN: the last line of the step's log matching PATTERN
-  highlight() {
-    case $RAN in *" $1 "*) ;; *) return 0 ;; esac
-    echo "- $1: $(grep -E "$2" "$DEST_DIR/$1.log" | tail -1 | grep . || echo '(no result line; see the log)')"
+  # key_line STEP PATTERN: the last line of the step's log matching PATTERN.
+  key_line() {
+    [ -f "$LOG_DIR/$1.log" ] || return 0
+    echo "- $1: $(grep -E "$2" "$LOG_DIR/$1.log" | tail -1 | grep . || echo '(no result line; see the log)')"
   }
-  highlight test '(passed|failed|error)'
-  for tool in "${SANITIZERS[@]}"; do highlight "$tool" 'ERROR SUMMARY|RACECHECK SUMMARY|passed|failed'; done
-  highlight bandwidth 'GB/s'
-  for f in "$DEST_DIR"/bench_*.md; do
-    case $RAN in *" $(basename "$f" .md) "*) ;; *) continue ;; esac
-    [ -f "$f" ] && { echo; echo "### $(basename "$f")"; echo; cat "$f"; }
+  for step in "${STEPS[@]}"; do
+    case $step in
+      test | alltests) key_line "$step" '(passed|failed|error|no tests ran)' ;;
+      memcheck | racecheck | synccheck | initcheck) key_line "$step" 'ERROR SUMMARY|RACECHECK SUMMARY' ;;
+      bandwidth) key_line bandwidth 'GB/s' ;;
+    esac
+  done
+  for record in ${BENCH_RECORDS[@]+"${BENCH_RECORDS[@]}"}; do
+    [ -f "$record" ] && { echo; echo "### $(basename "$record")"; echo; cat "$record"; }
   done
   echo
   echo "$FAILED failed step(s)."
 } >> "$SUMMARY"
 echo
 cat "$SUMMARY"
-[ "$FAILED" -eq 0 ]
+[ "$FAILED" -eq 0 ] || exit 1
+exit 0

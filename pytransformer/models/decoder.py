@@ -6,6 +6,7 @@ from ..nn import KVCache, TransformerDecoder, token_positions
 from .common import Embeddings, float_parameter, init_normal, rotary_for
 from .configs import DecoderConfig
 from .generation import beam_search, check_generate_args, decode, next_token
+from .hf import decoder_lm_from_hf
 
 
 class DecoderLM(nn.Module):
@@ -95,5 +96,4 @@ class DecoderLM(nn.Module):
     @classmethod
     def from_hf(cls, model) -> "DecoderLM":
         """A DecoderLM with the config and weights of a Hugging Face GPT2LMHeadModel object."""
-        from ..interop.hf import decoder_lm_from_hf
-        return decoder_lm_from_hf(model)
+        return decoder_lm_from_hf(cls, model)

@@ -5,6 +5,7 @@ from torch import Tensor, nn
 from ..nn import LayerNorm, TransformerEncoder
 from .common import Embeddings, init_normal, rotary_for
 from .configs import EncoderConfig
+from .hf import encoder_model_from_hf
 
 
 class MLMHead(nn.Module):
@@ -60,5 +61,4 @@ class EncoderModel(nn.Module):
     @classmethod
     def from_hf(cls, model) -> "EncoderModel":
         """An EncoderModel with the config and weights of a Hugging Face BertModel object."""
-        from ..interop.hf import encoder_model_from_hf
-        return encoder_model_from_hf(model)
+        return encoder_model_from_hf(cls, model)

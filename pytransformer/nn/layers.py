@@ -4,6 +4,7 @@ from torch import Tensor, nn
 from .attention import MultiHeadAttention
 from .feedforward import FeedForward
 from .kv_cache import KVCache, LayerCache
+from .torch_nn import decoder_layer_from_torch, encoder_layer_from_torch
 from .norm import LayerNorm
 
 NORMS = ("post", "pre", "sandwich")
@@ -55,8 +56,7 @@ class TransformerEncoderLayer(nn.Module):
     @classmethod
     def from_torch(cls, layer: nn.TransformerEncoderLayer) -> "TransformerEncoderLayer":
         """A layer with the weights and settings of a torch.nn.TransformerEncoderLayer (inputs are batch-first)."""
-        from ..interop.torch_nn import encoder_layer_from_torch
-        return encoder_layer_from_torch(layer)
+        return encoder_layer_from_torch(cls, layer)
 
 
 class TransformerDecoderLayer(nn.Module):
@@ -94,8 +94,7 @@ class TransformerDecoderLayer(nn.Module):
     @classmethod
     def from_torch(cls, layer: nn.TransformerDecoderLayer) -> "TransformerDecoderLayer":
         """A layer with the weights and settings of a torch.nn.TransformerDecoderLayer (inputs are batch-first)."""
-        from ..interop.torch_nn import decoder_layer_from_torch
-        return decoder_layer_from_torch(layer)
+        return decoder_layer_from_torch(cls, layer)
 
 
 class TransformerEncoder(nn.Module):

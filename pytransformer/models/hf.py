@@ -1,7 +1,8 @@
-"""Import of Hugging Face GPT2LMHeadModel and BertModel objects (already in memory) into our models."""
+"""Import of Hugging Face GPT2LMHeadModel and BertModel objects (already in memory) into our models (the classmethods
+DecoderLM.from_hf / EncoderModel.from_hf, which pass their class as `cls`)."""
 import torch
 
-from ..models import DecoderLM, EncoderModel, bert_base, gpt2_small
+from .configs import bert_base, gpt2_small
 
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
 
@@ -20,7 +21,7 @@ def _norm(prefix: str, norm) -> dict:
     return {f"{prefix}.weight": norm.weight, f"{prefix}.bias": norm.bias}
 
 
-def decoder_lm_from_hf(model) -> DecoderLM:
+def decoder_lm_from_hf(cls, model):
     """DecoderLM with the config and weights of a transformers GPT2LMHeadModel (Conv1D weights are [in, out])."""
     c, t = model.config, model.transformer
     tied = model.lm_head.weight is t.wte.weight
@@ -36,10 +37,10 @@ def decoder_lm_from_hf(model) -> DecoderLM:
                   | _linear(f"{p}.self_attn.out_proj", h.attn.c_proj.weight, h.attn.c_proj.bias, True)
                   | _linear(f"{p}.ff.fc1", h.mlp.c_fc.weight, h.mlp.c_fc.bias, True)
                   | _linear(f"{p}.ff.fc2", h.mlp.c_proj.weight, h.mlp.c_proj.bias, True))
-    return _load(DecoderLM(config), state, model)
+    return _load(cls(config), state, model)
 
 
-def encoder_model_from_hf(model) -> EncoderModel:
+def encoder_model_from_hf(cls, model):
     """EncoderModel with the config and weights of a transformers BertModel (pooler included when it has one)."""
     c, e = model.config, model.embeddings
     config = bert_base(vocab_size=c.vocab_size, d_model=c.hidden_size, n_heads=c.num_attention_heads,
@@ -59,7 +60,7 @@ def encoder_model_from_hf(model) -> EncoderModel:
                   | _linear(f"{p}.ff.fc1", layer.intermediate.dense.weight, layer.intermediate.dense.bias)
                   | _linear(f"{p}.ff.fc2", layer.output.dense.weight, layer.output.dense.bias)
                   | _norm(f"{p}.res_ff.norm", layer.output.LayerNorm))
-    return _load(EncoderModel(config), state, model)
+    return _load(cls(config), state, model)
 
 
 def _load(ours, state: dict, model):

@@ -1,8 +1,8 @@
-"""Import of torch.nn.TransformerEncoderLayer / TransformerDecoderLayer weights into our layers."""
+"""Import of torch.nn.TransformerEncoderLayer / TransformerDecoderLayer weights into our layers (the classmethods
+TransformerEncoderLayer.from_torch / TransformerDecoderLayer.from_torch, which pass their class as `cls`)."""
 import torch.nn.functional as F
 from torch import nn
 
-from ..nn.layers import TransformerDecoderLayer, TransformerEncoderLayer
 
 
 def _settings(layer) -> dict:
@@ -33,18 +33,18 @@ def _module(prefix: str, m: nn.Module) -> dict:
     return {f"{prefix}.{name}": p for name, p in m.named_parameters()}
 
 
-def encoder_layer_from_torch(layer: nn.TransformerEncoderLayer) -> TransformerEncoderLayer:
+def encoder_layer_from_torch(cls, layer: nn.TransformerEncoderLayer):
     """A TransformerEncoderLayer with the settings and weights of a torch.nn.TransformerEncoderLayer."""
-    ours = TransformerEncoderLayer(**_settings(layer))
+    ours = cls(**_settings(layer))
     state = (_attention("self_attn", layer.self_attn) | _module("ff.fc1", layer.linear1) | _module("ff.fc2", layer.linear2)
              | _module("res_attn.norm", layer.norm1) | _module("res_ff.norm", layer.norm2))
     ours.load_state_dict(state)
     return ours.train(layer.training)
 
 
-def decoder_layer_from_torch(layer: nn.TransformerDecoderLayer) -> TransformerDecoderLayer:
+def decoder_layer_from_torch(cls, layer: nn.TransformerDecoderLayer):
     """A TransformerDecoderLayer (with cross-attention) with the settings and weights of a torch.nn one."""
-    ours = TransformerDecoderLayer(**_settings(layer))
+    ours = cls(**_settings(layer))
     state = (_attention("self_attn", layer.self_attn) | _attention("cross_attn", layer.multihead_attn)
              | _module("ff.fc1", layer.linear1) | _module("ff.fc2", layer.linear2) | _module("res_self.norm", layer.norm1)
              | _module("res_cross.norm", layer.norm2) | _module("res_ff.norm", layer.norm3))

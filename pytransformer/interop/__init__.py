@@ -1,1 +1,0 @@
-"""Weight import from torch.nn layers and Hugging Face models (objects in memory, never downloads)."""
