@@ -21,7 +21,7 @@ Steps (default: env build test sanitizers bandwidth bench):
               allocator off so that every allocation has its exact size (the CUDA-graph tests, which need the
               caching allocator, are left out of these runs)
   bandwidth   the device-to-device copy bandwidth (2 GiB), the ceiling of the memory-bound kernels
-  bench       the op benchmarks on CUDA (norms, softmax, attention, decode, int8), each recorded as DIR/bench_*.md
+  bench       the op benchmarks on CUDA (norms, masked_softmax, attention, decode, append, int8), each recorded as DIR/bench_*.md
   alltests    the whole test suite, CPU and CUDA: python -m pytest tests -q (not in the default list)
 
 Options:
@@ -270,9 +270,10 @@ compute-sanitizer --version 2>/dev/null | head -3 || true
 command -v compute-sanitizer >/dev/null || echo "compute-sanitizer: not found on PATH (the sanitizer steps need it)"
 '
 
-# The bench scripts with the dtypes recorded for each (bench_quantize has no --dtype option).
-BENCHES=("norm float32" "norm bfloat16" "softmax float32" "softmax bfloat16" "attention bfloat16"
-         "decode float32" "decode bfloat16" "quantize default")
+# The bench scripts with the dtypes recorded for each (bench_int8_linear and bench_quantization have no --dtype).
+BENCHES=("norm float32" "norm bfloat16" "masked_softmax float32" "masked_softmax bfloat16" "attention bfloat16"
+         "decode_attention float32" "decode_attention bfloat16" "kv_cache_append bfloat16" "int8_linear default"
+         "quantization default")
 
 for step in "${STEPS[@]}"; do
   case $step in

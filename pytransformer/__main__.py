@@ -91,6 +91,12 @@ def main(argv=None) -> int:
         from .bench import record
         from .bench.plot import plot_report
         from .bench.suite import run
+        from .plotting import pyplot
+        if args.plot:
+            try:
+                pyplot()
+            except ImportError as e:
+                parser().error(f"--plot: {e}")
         if args.threads:
             torch.set_num_threads(args.threads)
         report = run(args.device or _default_device(), getattr(torch, args.dtype), args.only, args.runs, args.quick)

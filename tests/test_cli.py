@@ -1,6 +1,7 @@
 """The command line: bad arguments, `count` against count_parameters, `bench --json/--plot` on tiny sizes, and a
 few-step demo end to end."""
 import json
+import sys
 import re
 
 import pytest
@@ -75,3 +76,19 @@ def test_demo_few_steps_end_to_end(tmp_path, capsys, keep_threads):
     assert "| greedy |" in out and "| beam 4 |" in out
     for name in ("demo_loss.png", "demo_attention.png"):
         assert (out_dir / name).read_bytes().startswith(PNG_MAGIC)
+
+
+def test_without_matplotlib_the_demo_runs_and_says_how_to_get_the_figures(tmp_path, capsys, keep_threads, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    out_dir = tmp_path / "demo"
+    assert main(["demo", "--steps", "2", "--held-out", "4", "--no-progress", "--out-dir", str(out_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "| greedy |" in out and "figures skipped" in out and "pytransformer[plot]" in out
+    assert not list(out_dir.glob("*.png"))
+
+
+def test_without_matplotlib_bench_plot_fails_with_the_install_hint(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--quick", "--only", "norm", "--plot", str(tmp_path / "b.png")])
+    assert e.value.code == 2 and "pytransformer[plot]" in capsys.readouterr().err

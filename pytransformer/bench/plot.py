@@ -1,6 +1,7 @@
 """Throughput against problem size, one panel per op, ours (solid) and PyTorch's (dashed), from a bench Report."""
 import math
 
+from ..plotting import pyplot
 from . import Report, Row
 
 
@@ -11,9 +12,7 @@ def _size(row: Row) -> float:
 def plot_report(report: Report, path: str) -> None:
     """Write a PNG: per op, GB/s (or FLOP/s) of ours and of the PyTorch op against bytes moved (or FLOPs) per call,
     one colour per variant (fwd / bwd, mask kind, ...), with the measured ceiling dotted."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     from matplotlib.ticker import NullFormatter
 
     ops = list(dict.fromkeys(r.op for r in report.rows))

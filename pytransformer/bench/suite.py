@@ -2,9 +2,10 @@
 the per-family benchmark scripts; `quick` uses tiny sizes (a smoke test of the whole pipeline)."""
 import torch
 
-from . import Report, attention, decode, matmul_ceiling, new_report, norm, quantize, softmax
+from . import (Report, attention, decode_attention, int8_linear, kv_cache_append, masked_softmax, matmul_ceiling,
+               new_report, norm)
 
-FAMILIES = ("norm", "softmax", "attention", "decode", "quantize")
+FAMILIES = ("norm", "masked_softmax", "attention", "decode_attention", "kv_cache_append", "int8_linear")
 # A CPU forward+backward at L=4096 takes about 10 s a call on two cores: the CPU run stops at L=1024.
 CPU_MAX_ATTENTION_LENGTH = 1024
 
@@ -20,15 +21,18 @@ def run(device, dtype=torch.float32, families=FAMILIES, runs: int | None = None,
         return runs or (2 if quick else default)
     if "norm" in families:
         norm.bench(report, device, dtype, shapes=[(64, 128)] if quick else norm.SHAPES, runs=n(30))
-    if "softmax" in families:
-        softmax.bench(report, device, dtype, shapes=[(1, 2, 16, 16)] if quick else softmax.SHAPES, runs=n(20))
+    if "masked_softmax" in families:
+        masked_softmax.bench(report, device, dtype, shapes=[(1, 2, 16, 16)] if quick else masked_softmax.SHAPES,
+                             runs=n(20))
     if "attention" in families:
         lengths = (16,) if quick else tuple(length for length in attention.LENGTHS
                                             if not cpu or length <= CPU_MAX_ATTENTION_LENGTH)
         attention.bench_attention(report, device, dtype, lengths=lengths, runs=n(10 if cpu else 20))
-    if "decode" in families:
-        decode.bench(report, device, dtype, decode_cases=[(1, 4, 2, 32, 16)] if quick else None,
-                     append_cases=[(1, 2, 4, 16)] if quick else decode.APPEND_CASES, runs=n(30))
-    if "quantize" in families:
-        quantize.bench_ops(report, device, cases=[(1, 64, 32, dtype)] if quick else quantize.OP_CASES, runs=n(20))
+    if "decode_attention" in families:
+        decode_attention.bench(report, device, dtype, cases=[(1, 4, 2, 32, 16)] if quick else None, runs=n(30))
+    if "kv_cache_append" in families:
+        kv_cache_append.bench(report, device, dtype, cases=[(1, 2, 4, 16)] if quick else kv_cache_append.APPEND_CASES,
+                              runs=n(30))
+    if "int8_linear" in families:
+        int8_linear.bench(report, device, cases=[(1, 64, 32, dtype)] if quick else int8_linear.OP_CASES, runs=n(20))
     return report

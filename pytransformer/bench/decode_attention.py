@@ -1,6 +1,5 @@
-"""KV-cache decoding: decode_attention vs F.scaled_dot_product_attention (the faster of SDPA on K/V already expanded
-to all query heads, the repeat_interleave done outside the timing, and SDPA with enable_gqa=True on the cache itself),
-and kv_cache_append vs a sliced copy_."""
+"""decode_attention vs F.scaled_dot_product_attention: the faster of SDPA on K/V already expanded to all query heads
+(the repeat_interleave done outside the timing) and SDPA with enable_gqa=True on the cache itself."""
 import argparse
 import sys
 
@@ -14,8 +13,6 @@ from . import Row, interleaved_median_times, new_report, record
 DECODE_CASES = [(1, 32, 8, 4096, 128), (8, 32, 8, 1024, 128), (1, 32, 32, 4096, 128), (1, 32, 8, 16384, 128)]
 # On CUDA also the acceptance case of the CUDA kernel: B=8, Hq=32, Hkv=8, an 8192-token cache (bfloat16 run).
 CUDA_DECODE_CASES = [(8, 32, 8, 8192, 128)]
-# (B, Hkv, T, D): a 2048-token prefill (the CUDA acceptance case in bfloat16) and one decode step.
-APPEND_CASES = [(8, 8, 2048, 128), (8, 8, 1, 128)]
 
 
 def bench_decode(report, case, dtype, device, runs=30):
@@ -33,30 +30,11 @@ def bench_decode(report, case, dtype, device, runs=30):
                    bytes=(k.numel() + v.numel()) * k.element_size(), variant=f"Hq/Hkv={hq // hkv}"))
 
 
-def bench_append(report, case, dtype, device, runs=30):
-    """Append T tokens at position 0 of caches with room for 2T; bytes = read + written."""
-    b, hkv, t, d = case
-    k_cache, v_cache = (torch.zeros(b, hkv, 2 * t, d, dtype=dtype, device=device) for _ in range(2))
-    k_new, v_new = (torch.randn(b, hkv, t, d, dtype=dtype, device=device) for _ in range(2))
-    positions = torch.zeros(b, dtype=torch.int32, device=device)
-
-    def torch_copy():
-        k_cache[:, :, :t].copy_(k_new)
-        v_cache[:, :, :t].copy_(v_new)
-
-    times = interleaved_median_times([lambda: ops.kv_cache_append(k_cache, v_cache, k_new, v_new, positions),
-                                      torch_copy], device, runs)
-    report.add(Row("kv_cache_append", f"B{b} Hkv{hkv} T{t} D{d} {str(dtype)[6:]}", *times,
-                   bytes=2 * (k_new.numel() + v_new.numel()) * k_new.element_size()))
-
-
-def bench(report, device, dtype=torch.float32, decode_cases=None, append_cases=APPEND_CASES, runs=30):
-    if decode_cases is None:
-        decode_cases = DECODE_CASES + (CUDA_DECODE_CASES if torch.device(device).type == "cuda" else [])
-    for case in decode_cases:
+def bench(report, device, dtype=torch.float32, cases=None, runs=30):
+    if cases is None:
+        cases = DECODE_CASES + (CUDA_DECODE_CASES if torch.device(device).type == "cuda" else [])
+    for case in cases:
         bench_decode(report, case, dtype, device, runs)
-    for case in append_cases:
-        bench_append(report, case, dtype, device, runs)
 
 
 def main(argv=None):
@@ -69,4 +47,4 @@ def main(argv=None):
     report = new_report(args.device)
     bench(report, args.device, getattr(torch, args.dtype), runs=args.runs)
     if args.record:
-        record(report, args.record, "KV-cache decoding benchmark", sys.argv)
+        record(report, args.record, "decode_attention benchmark", sys.argv)

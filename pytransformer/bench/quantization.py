@@ -1,6 +1,6 @@
 """Weight-only int8 quantization of a GPT-2-small-shaped DecoderLM (random weights): state-dict size, logits error
-against the float model, and greedy generation tokens/s of both on the same device in the same run; and the op,
-ops.int8_linear, against F.linear on the float weight for GPT-2-small layer shapes."""
+against the float model, and greedy generation tokens/s of both on the same device in the same run; the record also
+has the op benchmark of bench/int8_linear.py."""
 import argparse
 import copy
 import datetime
@@ -8,36 +8,12 @@ import statistics
 import sys
 
 import torch
-import torch.nn.functional as F
 
-from .. import ops, quantize
+from .. import quantize
 from ..models import DecoderLM, count_parameters, gpt2_small
-from ..nn.quantized import quantize_per_channel
 from ..quantization import state_dict_bytes
-from . import Row, device_name, interleaved_median_times, matmul_ceiling, new_report
+from . import device_name, int8_linear, matmul_ceiling, new_report
 from .generate import timed
-
-# (rows M, out features N, in features K, dtype): GPT-2 small's LM head and MLP input at one decoding row, 8 rows (a
-# batch of 8 decoding) and a 512-token prefill in float32; a 4096 x 4096 layer decoding 1 and 8 rows in bfloat16 (the
-# weight-bound case: int8 reads half the bytes of the bfloat16 weight).
-OP_CASES = [(1, 50257, 768, torch.float32), (1, 3072, 768, torch.float32), (8, 50257, 768, torch.float32),
-            (8, 3072, 768, torch.float32), (512, 3072, 768, torch.float32), (1, 4096, 4096, torch.bfloat16),
-            (8, 4096, 4096, torch.bfloat16)]
-
-
-def bench_ops(report, device, cases=OP_CASES, runs=20):
-    """int8_linear vs F.linear with the float weight; bytes = int8 weight + x + out (ours), FLOPs for many rows."""
-    for m, n, k, dtype in cases:
-        weight = torch.randn(n, k, device=device, dtype=dtype) * 0.02
-        q, scale = quantize_per_channel(weight)
-        bias = torch.zeros(n, device=device, dtype=dtype)
-        x = torch.randn(m, k, device=device, dtype=dtype)
-        with torch.no_grad():
-            ours, theirs = interleaved_median_times([lambda: ops.int8_linear(x, q, scale, bias),
-                                                     lambda: F.linear(x, weight, bias)], device, runs)
-        report.add(Row("int8_linear", f"M{m} N{n} K{k} {str(dtype)[6:]}", ours, theirs,
-                       bytes=q.numel() + x.element_size() * (x.numel() + m * n),
-                       flops=2 * m * n * k if m > 16 else 0.0))
 
 
 def logits_error(model, quantized, ids) -> dict:
@@ -106,7 +82,7 @@ def main(argv=None):
     config = gpt2_small(dropout=0.0, n_layers=args.n_layers)
     report = new_report(args.device)
     report.ceiling_flops_s = matmul_ceiling(args.device)
-    bench_ops(report, args.device, runs=args.op_runs)
+    int8_linear.bench(report, args.device, runs=args.op_runs)
     print("| batch | variant | tokens/s |\n|---|---|---|", flush=True)
     sizes, error, rows = bench(args.device, config, args.batch_sizes, args.prompt_len, args.new_tokens, args.runs)
     model_desc = f"GPT-2 small shape, {args.n_layers} layers ({sizes['parameters']:,} parameters, random weights, " \

@@ -1,0 +1,46 @@
+"""kv_cache_append vs a sliced copy_ of the new rows into the caches."""
+import argparse
+import sys
+
+import torch
+
+from .. import ops
+from . import Row, interleaved_median_times, new_report, record
+
+# (B, Hkv, T, D): a 2048-token prefill (the CUDA acceptance case in bfloat16) and one decode step.
+APPEND_CASES = [(8, 8, 2048, 128), (8, 8, 1, 128)]
+
+
+def bench_append(report, case, dtype, device, runs=30):
+    """Append T tokens at position 0 of caches with room for 2T; bytes = read + written."""
+    b, hkv, t, d = case
+    k_cache, v_cache = (torch.zeros(b, hkv, 2 * t, d, dtype=dtype, device=device) for _ in range(2))
+    k_new, v_new = (torch.randn(b, hkv, t, d, dtype=dtype, device=device) for _ in range(2))
+    positions = torch.zeros(b, dtype=torch.int32, device=device)
+
+    def torch_copy():
+        k_cache[:, :, :t].copy_(k_new)
+        v_cache[:, :, :t].copy_(v_new)
+
+    times = interleaved_median_times([lambda: ops.kv_cache_append(k_cache, v_cache, k_new, v_new, positions),
+                                      torch_copy], device, runs)
+    report.add(Row("kv_cache_append", f"B{b} Hkv{hkv} T{t} D{d} {str(dtype)[6:]}", *times,
+                   bytes=2 * (k_new.numel() + v_new.numel()) * k_new.element_size()))
+
+
+def bench(report, device, dtype=torch.float32, cases=APPEND_CASES, runs=30):
+    for case in cases:
+        bench_append(report, case, dtype, device, runs)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--runs", type=int, default=30)
+    p.add_argument("--record", help="write the table as markdown to this file")
+    args = p.parse_args(argv)
+    report = new_report(args.device)
+    bench(report, args.device, getattr(torch, args.dtype), runs=args.runs)
+    if args.record:
+        record(report, args.record, "kv_cache_append benchmark", sys.argv)
