@@ -75,3 +75,22 @@ def captured_in_cuda_graph(fn):
     with torch.cuda.graph(graph):
         out = fn()
     return graph, out
+
+
+WHERE = ["eager", "meta"]  # bad inputs on real tensors (the C++ glue) and on meta tensors (the fake kernels)
+
+
+def factory_device(where: str):
+    """A context in which tensor factories (torch.randn, torch.ones, ...) make CPU tensors ("eager") or meta
+    tensors ("meta": the op runs its fake kernel)."""
+    return torch.device("cpu" if where == "eager" else "meta")
+
+
+def compiled(fn):
+    """fn under torch.compile(fullgraph=True) with the aot_eager backend: traced through the fake kernels."""
+    return torch.compile(fn, fullgraph=True, backend="aot_eager")
+
+
+# What a fake kernel's error becomes while torch.compile traces (the eager op would raise a ValueError only later,
+# when the compiled graph runs).
+TRACING_ERROR = torch._dynamo.exc.TorchRuntimeError

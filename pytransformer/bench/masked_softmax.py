@@ -11,7 +11,7 @@ import sys
 import torch
 
 from .. import ops
-from ..ops.reference import causal_mask
+from ..ops.visibility import visible_keys
 from . import Row, interleaved_median_times, new_report, record
 
 SHAPES = [(16, 8, 512, 512), (8, 12, 128, 128), (2, 8, 1024, 1024)]
@@ -22,7 +22,7 @@ def _case(case, x):
     """(ours, theirs) forward closures for scores x [B, H, Lq, Lk]."""
     b, _, lq, lk = x.shape
     if case == "causal":
-        drop = ~causal_mask(lq, lk, device=x.device)  # [Lq, Lk]
+        drop = ~visible_keys(lq, lk, causal=True, device=x.device)  # [Lq, Lk]
         return (lambda: ops.masked_softmax(x, causal=True),
                 lambda: torch.softmax(x.masked_fill(drop, float("-inf")), -1))
     if case == "padding":

@@ -3,6 +3,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import ops
+from ..ops.visibility import visible_keys
 from .kv_cache import AttentionCache, rolling_attention
 from .positional import RotaryEmbedding
 from .quantized import linear_rows
@@ -54,15 +55,7 @@ class MultiHeadAttention(nn.Module):
         ops.masked_softmax for inspection (forward never materialises them)."""
         q, k, _ = self._qkv(x, context, None)  # [B, Hq, L, D], [B, Hkv, Lk, D]
         k = k.repeat_interleave(self.n_heads // self.n_kv_heads, 1)  # [B, Hq, Lk, D]
-        lq, lk = q.shape[2], k.shape[2]
-        keys = torch.arange(lk, device=k.device)
-        mask = None
-        if self.window is not None:  # [Lq, Lk]: query i at p = i + Lk - Lq sees p - window < j <= p
-            p = torch.arange(lq, device=k.device)[:, None] + lk - lq
-            mask = (keys <= p) & (keys > p - self.window)
-        if key_lengths is not None:  # [B, 1, 1, Lk], True = a real key
-            padding = (keys < key_lengths.to(k.device)[:, None])[:, None, None]
-            mask = padding if mask is None else mask & padding
+        mask = visible_keys(q.shape[2], k.shape[2], window=self.window, key_lengths=key_lengths, device=k.device)
         return ops.masked_softmax(q @ k.transpose(-1, -2), mask, scale=self.head_dim ** -0.5, causal=causal)
 
     def forward(self, x: Tensor, context: Tensor | None = None, *, mask: Tensor | None = None, causal: bool = False,

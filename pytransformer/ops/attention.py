@@ -4,6 +4,9 @@ import math
 import torch
 from torch import Tensor
 
+from . import _checks
+from .visibility import visible_keys
+
 _ops = torch.ops.pytransformer
 
 
@@ -14,11 +17,17 @@ def _lse_like(q: Tensor) -> Tensor:
 
 @torch.library.register_fake("pytransformer::attention")
 def _(q, k, v, mask, causal, window, key_lengths, scale):
+    _checks.attention(q, k, v, mask, window, key_lengths)
     return q.new_empty((*q.shape[:3], v.shape[-1])), _lse_like(q)
 
 
 @torch.library.register_fake("pytransformer::attention_backward")
 def _(grad_out, q, k, v, out, lse, mask, causal, window, key_lengths, scale):
+    _checks.attention(q, k, v, mask, window, key_lengths)
+    expected = (*q.shape[:3], v.shape[3])
+    for t, name in ((grad_out, "grad_out"), (out, "out")):
+        _checks.like(t, name, q, "q")
+        _checks.check(t.shape == expected, f"{name}: expected shape {list(expected)}, got {list(t.shape)}")
     return torch.empty_like(q, memory_format=torch.contiguous_format), \
         torch.empty_like(k, memory_format=torch.contiguous_format), \
         torch.empty_like(v, memory_format=torch.contiguous_format)
@@ -52,12 +61,9 @@ def _attention_unfused(q, k, v, mask, causal, window, key_lengths, scale, dropou
         keep = keep & mask
     elif mask is not None:
         s = s + mask
-    if causal or window is not None:
-        pos = torch.arange(lq, device=q.device)[:, None] + (lk - lq)
-        j = torch.arange(lk, device=q.device)
-        keep = keep & (j <= pos) & ((j > pos - window) if window is not None else True)
-    if key_lengths is not None:
-        keep = keep & (torch.arange(lk, device=q.device) < key_lengths[:, None, None, None])
+    visible = visible_keys(lq, lk, causal=causal, window=window, key_lengths=key_lengths, device=q.device)
+    if visible is not None:
+        keep = keep & visible
     s = s.masked_fill(~keep, float("-inf"))
     empty = torch.isneginf(s).all(-1, keepdim=True)  # rows with no visible key give zeros
     p = torch.softmax(s.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)

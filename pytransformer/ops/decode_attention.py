@@ -13,11 +13,14 @@ import math
 import torch
 from torch import Tensor
 
+from . import _checks
+
 _ops = torch.ops.pytransformer
 
 
 @torch.library.register_fake("pytransformer::decode_attention")
 def _(q, k_cache, v_cache, cache_lengths, scale, window):
+    _checks.decode_attention(q, k_cache, v_cache, cache_lengths, scale, window)
     return q.new_empty(q.shape[0], q.shape[1], q.shape[2], v_cache.shape[3])  # [B, Hq, T, Dv]
 
 

@@ -5,11 +5,14 @@ Like decode_attention it has no backward: differentiating through it raises (qua
 import torch
 from torch import Tensor
 
+from . import _checks
+
 _ops = torch.ops.pytransformer
 
 
 @torch.library.register_fake("pytransformer::int8_linear")
 def _(x, weight, scale, bias):
+    _checks.int8_linear(x, weight, scale, bias)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))  # [..., N]
 
 

@@ -9,11 +9,14 @@ row that does not fit writes nothing, and nothing raises.
 import torch
 from torch import Tensor
 
+from . import _checks
+
 _ops = torch.ops.pytransformer
 
 
 @torch.library.register_fake("pytransformer::kv_cache_append")
 def _(k_cache, v_cache, k_new, v_new, positions):
+    _checks.kv_cache_append(k_cache, v_cache, k_new, v_new, positions)
     return None  # writes the caches in place; the schema declares the mutation
 
 

@@ -5,16 +5,22 @@ Gradients flow to scores, and to a float mask that requires grad (a learned bias
 import torch
 from torch import Tensor
 
+from . import _checks
+
 _ops = torch.ops.pytransformer
 
 
 @torch.library.register_fake("pytransformer::masked_softmax")
 def _(scores, mask, scale, causal):
+    _checks.masked_softmax(scores, mask, scale, causal)
     return torch.empty_like(scores, memory_format=torch.contiguous_format)
 
 
 @torch.library.register_fake("pytransformer::masked_softmax_backward")
 def _(grad_out, out, scale):
+    _checks.float_dtype(out, "out")
+    _checks.same_shape(grad_out, "grad_out", out, "out")
+    _checks.finite(scale, "scale")
     return torch.empty_like(out, memory_format=torch.contiguous_format)
 
 

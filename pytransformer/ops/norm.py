@@ -2,6 +2,8 @@
 import torch
 from torch import Tensor
 
+from . import _checks
+
 _ops = torch.ops.pytransformer
 
 
@@ -12,11 +14,14 @@ def _stats_like(x: Tensor) -> Tensor:
 
 @torch.library.register_fake("pytransformer::layer_norm")
 def _(x, weight, bias, eps):
+    _checks.norm(x, weight, bias, eps)
     return torch.empty_like(x, memory_format=torch.contiguous_format), _stats_like(x), _stats_like(x)
 
 
 @torch.library.register_fake("pytransformer::layer_norm_backward")
 def _(grad_out, x, mean, rstd, weight, has_bias):
+    _checks.norm(x, weight, None, 0.0)
+    _checks.same_shape(grad_out, "grad_out", x, "x")
     n = x.shape[-1]
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
             x.new_empty(n if weight is not None else 0), x.new_empty(n if has_bias else 0))
@@ -24,11 +29,14 @@ def _(grad_out, x, mean, rstd, weight, has_bias):
 
 @torch.library.register_fake("pytransformer::rms_norm")
 def _(x, weight, eps):
+    _checks.norm(x, weight, None, eps)
     return torch.empty_like(x, memory_format=torch.contiguous_format), _stats_like(x)
 
 
 @torch.library.register_fake("pytransformer::rms_norm_backward")
 def _(grad_out, x, rstd, weight):
+    _checks.norm(x, weight, None, 0.0)
+    _checks.same_shape(grad_out, "grad_out", x, "x")
     return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[-1] if weight is not None else 0)
 
 

@@ -1,9 +1,11 @@
 """Pure-PyTorch references of every op, materialising everything in the input's dtype (use float64 for ground
-truth). For tests only: the library never falls back to these."""
+truth), for the tests, the benchmarks and correctness checks: the ops never fall back to these."""
 import math
 
 import torch
 from torch import Tensor
+
+from .visibility import visible_keys
 
 
 def layer_norm(x: Tensor, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
@@ -17,14 +19,6 @@ def layer_norm(x: Tensor, weight=None, bias=None, eps: float = 1e-5) -> Tensor:
 def rms_norm(x: Tensor, weight=None, eps: float = 1e-6) -> Tensor:
     y = x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
     return y * weight if weight is not None else y
-
-
-def causal_mask(lq: int, lk: int, window: int | None = None, device=None) -> Tensor:
-    """Bool [Lq, Lk], True = may attend; bottom-right aligned (query i sits at position i + Lk - Lq)."""
-    pos = torch.arange(lq, device=device)[:, None] + (lk - lq)
-    j = torch.arange(lk, device=device)[None, :]
-    keep = j <= pos
-    return keep & (j > pos - window) if window is not None else keep
 
 
 def _apply_mask(s: Tensor, mask) -> Tensor:
@@ -45,7 +39,7 @@ def softmax_rows(s: Tensor) -> Tensor:
 def masked_softmax(scores: Tensor, mask=None, *, scale: float = 1.0, causal: bool = False) -> Tensor:
     s = _apply_mask(scores * scale, mask)
     if causal:
-        s = s.masked_fill(~causal_mask(s.shape[-2], s.shape[-1], device=s.device), float("-inf"))
+        s = s.masked_fill(~visible_keys(s.shape[-2], s.shape[-1], causal=True, device=s.device), float("-inf"))
     return softmax_rows(s)
 
 
@@ -54,13 +48,9 @@ def attention_scores(q, k, *, mask=None, causal=False, window=None, key_lengths=
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     s = _apply_mask(torch.matmul(q, k.transpose(-1, -2)) * scale, mask)
-    lq, lk = q.shape[-2], k.shape[-2]
-    if causal or window is not None:
-        s = s.masked_fill(~causal_mask(lq, lk, window, device=s.device), float("-inf"))
-    if key_lengths is not None:
-        pad = torch.arange(lk, device=s.device)[None, :] >= key_lengths.to(s.device)[:, None]  # [B, Lk]
-        s = s.masked_fill(pad[:, None, None, :], float("-inf"))
-    return s
+    keep = visible_keys(q.shape[-2], k.shape[-2], causal=causal, window=window, key_lengths=key_lengths,
+                        device=s.device)
+    return s if keep is None else s.masked_fill(~keep, float("-inf"))
 
 
 def attention(q, k, v, *, mask=None, causal=False, window=None, key_lengths=None, scale=None) -> Tensor:
