@@ -34,8 +34,8 @@ $(STAMP):
 cuda-check: $(STAMP)
 	PYTHON=$(PY) bash tools/check_cuda.sh
 
-cuda-emulate: $(STAMP)  # after make build: the emulator imports the built CPU extension
-	PYTHONPATH=. $(PY) .ci/cuda_emulator/run.py
+cuda-emulate: build  # the CUDA kernel cases of tests/ops through tools/cuda_emulator (no GPU needed)
+	$(PY) -m pytest -q tests/ops -m cuda --cuda-emulator
 
 sdist: $(STAMP)  # dist/pytransformer-<version>.tar.gz; install it with pip install --no-build-isolation
 	rm -f dist/pytransformer-*.tar.gz

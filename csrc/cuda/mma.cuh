@@ -9,7 +9,7 @@
 // and every lane gets, of each matrix, row g, elements 2t..2t+1 (.trans: column g, elements 2t..2t+1). The four
 // loaders below place the matrices so that the registers come out as the fragments above, from 16x16 blocks of
 // row-major shared-memory tiles with `ld` elements per row.
-// .ci/cuda_emulator/mma.cuh implements the same functions on the host (keep the two in step).
+// tools/cuda_emulator/mma.cuh implements the same functions on the host (keep the two in step).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

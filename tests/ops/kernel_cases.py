@@ -1,21 +1,17 @@
-"""CUDA check of every kernel on shapes chosen to reach every path, against float64 references: the row kernels
-(pack/scalar loads, sub-warp, warp and block row groups, rows streamed from memory, misaligned rows, masks of every
-kind, causal rows with nothing visible), attention (forward out and lse, backward grad q/k/v over every mask, GQA/MQA,
-odd and unequal head dims, Lq != Lk both ways, misaligned and strided operands), the KV-cache append and split-KV
-decode, and int8_linear (GEMV rows per block, split-K, tiled GEMM, 16-byte and byte weight loads). Outputs are
-allocated over freed NaN-filled memory so unwritten elements show up as NaN.
+"""The CUDA kernel cases of every op, against float64 references, on shapes chosen to reach every path: the row
+kernels (pack/scalar loads, sub-warp, warp and block row groups, rows streamed from memory, misaligned rows, masks of
+every kind, causal rows with nothing visible), attention (forward out and lse, backward grad q/k/v over every mask,
+GQA/MQA, odd and unequal head dims, Lq != Lk both ways, misaligned and strided operands), the KV-cache append and
+split-KV decode, and int8_linear (GEMV rows per block, split-K, tiled GEMM, 16-byte and byte weight loads). Outputs
+are allocated over freed NaN-filled memory so unwritten elements show up as NaN.
 
-Used by benchmarks/gpu_check.sh, also under compute-sanitizer (--quick). Exit code 1 if any case fails.
+The tests of tests/ops/test_<op>.py run them against the op namespace of the `kernel_target` fixture (conftest.py):
+the CUDA kernels on a GPU, or the same sources through the host emulator (tools/cuda_emulator) on a CPU-only machine.
 """
-import argparse
-import sys
-
 import torch
 
-import pytransformer  # noqa: F401  registers torch.ops.pytransformer
 from pytransformer.ops import reference
 
-ops = torch.ops.pytransformer
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Relative error ||out - ref|| / ||ref|| allowed per dtype.
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -48,7 +44,6 @@ DECODE_SHAPES_QUICK = [(3, 8, 2, 1, 128, 128, 700, None), (2, 6, 1, 3, 37, 37, 9
 INT8_SHAPES = [(m, k, n) for m in (1, 3, 64, 200) for k in (1, 15, 16, 4096, 4104) for n in (1, 7, 512)]
 INT8_SHAPES_QUICK = [(1, 4104, 512), (3, 15, 7), (1, 1, 1), (64, 16, 512), (16, 4096, 7), (200, 100, 130)]
 
-failures = []
 
 
 def poison(like: torch.Tensor, count: int = 4) -> None:
@@ -69,70 +64,12 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor | None
     return ((out - ref).norm() / magnitude.norm().clamp_min(1e-30)).item()
 
 
-def check(name: str, out: torch.Tensor, ref: torch.Tensor, dtype, terms: torch.Tensor | None = None) -> None:
-    """Passes within TOL[dtype] of ref, or, for sums given the sum of their terms' magnitudes `terms`, within float32
-    rounding of those (a sum may cancel to far below its terms: one dot product of 4096 terms has no other outputs to
-    average that out)."""
-    err = rel_err(out, ref)
-    ok = err <= TOL[dtype] or (terms is not None and rel_err(out, ref, terms) <= SUM_TOL)  # NaN fails
-    print(f"{'ok  ' if ok else 'FAIL'} {name:70s} rel err {err:.2e}", flush=True)
-    if not ok:
-        failures.append(name)
-
-
 def misaligned(t: torch.Tensor) -> torch.Tensor:
     """A contiguous copy of t whose data starts one element past a 16-byte boundary."""
     buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
     out = buf[1:].view(t.shape)
     out.copy_(t)
     return out
-
-
-def check_norms(shapes, dtypes, device) -> None:
-    for rows, n in shapes:
-        for dtype in dtypes:
-            for variant in ("affine", "plain", "misaligned"):
-                x64 = torch.randn(rows, n, dtype=torch.float64) * 3 + 1.5
-                w64 = torch.randn(n, dtype=torch.float64) if variant != "plain" else None
-                b64 = torch.randn(n, dtype=torch.float64) if variant != "plain" else None
-                g64 = torch.randn(rows, n, dtype=torch.float64)
-                to = (lambda t: None if t is None else t.to(device, dtype))  # noqa: E731
-                x, w, b, g = to(x64), to(w64), to(b64), to(g64)
-                if variant == "misaligned":
-                    x, w, b, g = misaligned(x), misaligned(w), misaligned(b), misaligned(g)
-                # float64 references of the values the kernel sees (inputs rounded to dtype)
-                xr = x.double().cpu().requires_grad_()
-                wr = None if w is None else w.double().cpu().requires_grad_()
-                br = None if b is None else b.double().cpu().requires_grad_()
-                gr = g.double().cpu()
-                tag = f"[{rows}, {n}] {str(dtype)[6:]} {variant}"
-
-                poison(x)
-                y, mean, rstd = ops.layer_norm(x, w, b, 1e-5)
-                ref = reference.layer_norm(xr, wr, br, 1e-5)
-                check(f"layer_norm fwd {tag}", y, ref, dtype)
-                check(f"layer_norm mean {tag}", mean, xr.detach().mean(-1), torch.float32)
-                leaves = [t for t in (xr, wr, br) if t is not None]
-                grads = torch.autograd.grad(ref, leaves, gr)
-                poison(x)
-                dx, dw, db = ops.layer_norm_backward(g, x, mean, rstd, w, b is not None)
-                check(f"layer_norm bwd dx {tag}", dx, grads[0], dtype)
-                if w is not None:
-                    check(f"layer_norm bwd dw {tag}", dw, grads[1], dtype)
-                    check(f"layer_norm bwd db {tag}", db, grads[2], dtype)
-
-                poison(x)
-                y, rstd = ops.rms_norm(x, w, 1e-6)
-                ref = reference.rms_norm(xr, wr, 1e-6)
-                check(f"rms_norm fwd {tag}", y, ref, dtype)
-                leaves = [t for t in (xr, wr) if t is not None]
-                grads = torch.autograd.grad(ref, leaves, gr)
-                poison(x)
-                dx, dw = ops.rms_norm_backward(g, x, rstd, w)
-                if n > 1:  # n = 1: grad_x is eps-sized, 1 - xhat^2 cancels in any float32 evaluation
-                    check(f"rms_norm bwd dx {tag}", dx, grads[0], dtype)
-                if w is not None:
-                    check(f"rms_norm bwd dw {tag}", dw, grads[1], dtype)
 
 
 def masks(shape, dtype, device):
@@ -151,34 +88,6 @@ def masks(shape, dtype, device):
         ("float [B,H,Lq,Lk]", bias),
         ("float [Lq,Lk]", torch.randn(lq, lk, device=device).to(dtype)),
     ]
-
-
-def check_softmax(shapes, dtypes, device) -> None:
-    for shape in shapes:
-        for dtype in dtypes:
-            for causal, lq_shift in ((False, 0), (True, 0), (True, 3)):
-                # lq_shift > 0: more queries than keys, so the first causal rows see nothing
-                b, h, lq, lk = shape
-                lq += lq_shift
-                for mask_name, mask in masks((b, h, lq, lk), dtype, device):
-                    scores = (torch.randn(b, h, lq, lk, dtype=torch.float64) * 4).to(device, dtype)
-                    scale = 0.7
-                    tag = f"[{b}, {h}, {lq}, {lk}] {str(dtype)[6:]} causal={causal} mask={mask_name}"
-                    mref = None if mask is None else (mask if mask.dtype == torch.bool else mask.double()).cpu()
-                    ref = reference.masked_softmax(scores.double().cpu(), mref, scale=scale, causal=causal)
-                    poison(scores)
-                    out = ops.masked_softmax(scores, mask, scale, causal)
-                    check(f"masked_softmax fwd {tag}", out, ref, dtype)
-                    g = torch.randn_like(out)
-                    o64, g64 = out.double().cpu(), g.double().cpu()
-                    gref = scale * o64 * (g64 - (g64 * o64).sum(-1, keepdim=True))
-                    poison(scores)
-                    grad = ops.masked_softmax_backward(g, out, scale)
-                    if gref.norm() > 0:
-                        check(f"masked_softmax bwd {tag}", grad, gref, dtype)
-                    elif grad.ne(0).any():
-                        print(f"FAIL masked_softmax bwd {tag}: expected zeros", flush=True)
-                        failures.append(tag)
 
 
 # (B, Hq, Hkv, Lq, Lk, D, Dv): Lq = 1, Lk = 1, Lq != Lk both ways, odd D and Dv != D, D = 128, MQA and GQA 4, head
@@ -240,58 +149,6 @@ def attention_operands(shape, dtype, device, layout):
     return q, k, v
 
 
-def check_finite_equal(name, out, ref) -> None:
-    """out == ref where ref is -inf (rows that see nothing), relative error elsewhere (lse)."""
-    out, ref = out.double().cpu(), ref.double().cpu()
-    empty = torch.isneginf(ref)
-    if not torch.equal(torch.isneginf(out), empty):
-        print(f"FAIL {name:70s} -inf rows differ", flush=True)
-        failures.append(name)
-        return
-    check(name, out[~empty], ref[~empty], torch.float32)
-
-
-def check_attention(shapes, dtypes, device, quick: bool) -> None:
-    if quick:
-        cases = [(kind, "contiguous") for kind in ATTENTION_MASKS] + ATTENTION_LAYOUT_CASES_QUICK
-    else:
-        cases = [(kind, layout) for kind in ATTENTION_MASKS for layout in ATTENTION_LAYOUTS]
-    for shape in shapes:
-        b, hq, hkv, lq, lk, d, dv = shape
-        for dtype in dtypes:
-            for kind, layout in cases:
-                q, k, v = attention_operands(shape, dtype, device, layout)
-                kwargs = attention_kwargs(kind, b, hq, lq, lk, dtype, device)
-                scale = d ** -0.5
-                # float64 references of the values the kernels see (inputs rounded to dtype)
-                ref_kwargs = {n: (a.double().cpu() if torch.is_tensor(a) and a.is_floating_point() else
-                                  a.cpu() if torch.is_tensor(a) else a) for n, a in kwargs.items()}
-                qr, kr, vr = (t.double().cpu().requires_grad_() for t in (q, k, v))
-                ref = reference.attention(qr, kr, vr, scale=scale, **ref_kwargs)
-                lse_ref = torch.logsumexp(reference.attention_scores(qr.detach(), kr.detach(), scale=scale,
-                                                                     **ref_kwargs), -1)
-                tag = f"{list(shape)} {str(dtype)[6:]} {kind} {layout}"
-                args = (kwargs.get("mask"), kwargs.get("causal", False), kwargs.get("window"),
-                        kwargs.get("key_lengths"), scale)
-                poison(q)
-                out, lse = ops.attention(q, k, v, *args)
-                check(f"attention fwd {tag}", out, ref, dtype)
-                check_finite_equal(f"attention lse {tag}", lse, lse_ref)
-                g = torch.randn(out.shape, dtype=torch.float64).to(device, dtype)
-                grads_ref = torch.autograd.grad(ref, (qr, kr, vr), g.double().cpu())
-                poison(q)
-                grads = ops.attention_backward(g, q, k, v, out, lse, *args)
-                # A zero reference (rows that see one key: P = 1, dS = 0) is compared with rounding-level values at
-                # the scale of |grad_out| * max|q, k, v|.
-                zero_scale = g.double().norm().item() * max(t.detach().abs().max().item() for t in (qr, kr, vr))
-                for name, grad, grad_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
-                    if grad_ref.norm() > 0:
-                        check(f"attention bwd {name} {tag}", grad, grad_ref, dtype)
-                    elif grad.double().norm().item() > TOL[dtype] * zero_scale:
-                        print(f"FAIL attention bwd {name} {tag}: expected zeros", flush=True)
-                        failures.append(f"attention bwd {name} {tag}")
-
-
 def layouts(t: torch.Tensor, extra: int = 3):
     """(name, tensor) pairs holding t's values [B, H, L, E]: contiguous, one element past a 16-byte boundary
     (scalar path), and a slice of a bigger buffer (strided, still 16-byte aligned rows when E allows)."""
@@ -302,128 +159,265 @@ def layouts(t: torch.Tensor, extra: int = 3):
     return [("contiguous", t.clone()), ("misaligned", misaligned(t)), ("slice", view)]
 
 
-def check_kv_cache(shapes, dtypes, device) -> None:
-    """kv_cache_append: bit-exact against slice assignment; other cache rows untouched."""
-    for b, hkv, t, d, dv, cap in shapes:
-        for dtype in dtypes:
-            k0, v0 = (torch.randn(b, hkv, cap, e, dtype=torch.float64).to(device, dtype) for e in (d, dv))
-            k_new, v_new = (torch.randn(b, hkv, t, e, dtype=torch.float64).to(device, dtype) for e in (d, dv))
-            positions = torch.randint(0, cap - t + 1, (b,))
-            positions[0] = cap - t  # the last rows of the cache
-            expected_k, expected_v = k0.clone(), v0.clone()
-            for i, p in enumerate(positions.tolist()):
-                expected_k[i, :, p:p + t], expected_v[i, :, p:p + t] = k_new[i], v_new[i]
-            for (name, kc), (_, vc), (_, kn), (_, vn) in zip(layouts(k0), layouts(v0), layouts(k_new), layouts(v_new)):
-                ops.kv_cache_append(kc, vc, kn, vn, positions.to(device, torch.int32))
-                ok = torch.equal(kc, expected_k) and torch.equal(vc, expected_v)
-                tag = f"kv_cache_append [B{b} Hkv{hkv} T{t} D{d} Dv{dv} cap{cap}] {str(dtype)[6:]} {name}"
-                print(f"{'ok  ' if ok else 'FAIL'} {tag}", flush=True)
-                if not ok:
-                    failures.append(tag)
+class KernelChecks:
+    """The cases of every CUDA kernel run against `ops` (torch.ops.pytransformer on a GPU, or the emulator's
+    namespace) on `device`; the names of failed cases collect in `failures`."""
+
+    def __init__(self, ops, device: str):
+        self.ops, self.device, self.failures = ops, device, []
+
+    def check(self, name: str, out: torch.Tensor, ref: torch.Tensor, dtype, terms: torch.Tensor | None = None) -> None:
+        """Passes within TOL[dtype] of ref, or, for sums given the sum of their terms' magnitudes `terms`, within float32
+        rounding of those (a sum may cancel to far below its terms: one dot product of 4096 terms has no other outputs to
+        average that out)."""
+        err = rel_err(out, ref)
+        ok = err <= TOL[dtype] or (terms is not None and rel_err(out, ref, terms) <= SUM_TOL)  # NaN fails
+        if not ok:
+            self.failures.append(f"{name}: rel err {err:.2e}")
+
+    def check_norms(self, shapes) -> None:
+        device, dtypes = self.device, DTYPES
+        for rows, n in shapes:
+            for dtype in dtypes:
+                for variant in ("affine", "plain", "misaligned"):
+                    x64 = torch.randn(rows, n, dtype=torch.float64) * 3 + 1.5
+                    w64 = torch.randn(n, dtype=torch.float64) if variant != "plain" else None
+                    b64 = torch.randn(n, dtype=torch.float64) if variant != "plain" else None
+                    g64 = torch.randn(rows, n, dtype=torch.float64)
+                    to = (lambda t: None if t is None else t.to(device, dtype))  # noqa: E731
+                    x, w, b, g = to(x64), to(w64), to(b64), to(g64)
+                    if variant == "misaligned":
+                        x, w, b, g = misaligned(x), misaligned(w), misaligned(b), misaligned(g)
+                    # float64 references of the values the kernel sees (inputs rounded to dtype)
+                    xr = x.double().cpu().requires_grad_()
+                    wr = None if w is None else w.double().cpu().requires_grad_()
+                    br = None if b is None else b.double().cpu().requires_grad_()
+                    gr = g.double().cpu()
+                    tag = f"[{rows}, {n}] {str(dtype)[6:]} {variant}"
+
+                    poison(x)
+                    y, mean, rstd = self.ops.layer_norm(x, w, b, 1e-5)
+                    ref = reference.layer_norm(xr, wr, br, 1e-5)
+                    self.check(f"layer_norm fwd {tag}", y, ref, dtype)
+                    self.check(f"layer_norm mean {tag}", mean, xr.detach().mean(-1), torch.float32)
+                    leaves = [t for t in (xr, wr, br) if t is not None]
+                    grads = torch.autograd.grad(ref, leaves, gr)
+                    poison(x)
+                    dx, dw, db = self.ops.layer_norm_backward(g, x, mean, rstd, w, b is not None)
+                    self.check(f"layer_norm bwd dx {tag}", dx, grads[0], dtype)
+                    if w is not None:
+                        self.check(f"layer_norm bwd dw {tag}", dw, grads[1], dtype)
+                        self.check(f"layer_norm bwd db {tag}", db, grads[2], dtype)
+
+                    poison(x)
+                    y, rstd = self.ops.rms_norm(x, w, 1e-6)
+                    ref = reference.rms_norm(xr, wr, 1e-6)
+                    self.check(f"rms_norm fwd {tag}", y, ref, dtype)
+                    leaves = [t for t in (xr, wr) if t is not None]
+                    grads = torch.autograd.grad(ref, leaves, gr)
+                    poison(x)
+                    dx, dw = self.ops.rms_norm_backward(g, x, rstd, w)
+                    if n > 1:  # n = 1: grad_x is eps-sized, 1 - xhat^2 cancels in any float32 evaluation
+                        self.check(f"rms_norm bwd dx {tag}", dx, grads[0], dtype)
+                    if w is not None:
+                        self.check(f"rms_norm bwd dw {tag}", dw, grads[1], dtype)
+
+    def check_softmax(self, shapes) -> None:
+        device, dtypes = self.device, DTYPES
+        for shape in shapes:
+            for dtype in dtypes:
+                for causal, lq_shift in ((False, 0), (True, 0), (True, 3)):
+                    # lq_shift > 0: more queries than keys, so the first causal rows see nothing
+                    b, h, lq, lk = shape
+                    lq += lq_shift
+                    for mask_name, mask in masks((b, h, lq, lk), dtype, device):
+                        scores = (torch.randn(b, h, lq, lk, dtype=torch.float64) * 4).to(device, dtype)
+                        scale = 0.7
+                        tag = f"[{b}, {h}, {lq}, {lk}] {str(dtype)[6:]} causal={causal} mask={mask_name}"
+                        mref = None if mask is None else (mask if mask.dtype == torch.bool else mask.double()).cpu()
+                        ref = reference.masked_softmax(scores.double().cpu(), mref, scale=scale, causal=causal)
+                        poison(scores)
+                        out = self.ops.masked_softmax(scores, mask, scale, causal)
+                        self.check(f"masked_softmax fwd {tag}", out, ref, dtype)
+                        g = torch.randn_like(out)
+                        o64, g64 = out.double().cpu(), g.double().cpu()
+                        gref = scale * o64 * (g64 - (g64 * o64).sum(-1, keepdim=True))
+                        poison(scores)
+                        grad = self.ops.masked_softmax_backward(g, out, scale)
+                        if gref.norm() > 0:
+                            self.check(f"masked_softmax bwd {tag}", grad, gref, dtype)
+                        elif grad.ne(0).any():
+                            self.failures.append(f"masked_softmax bwd {tag}: expected zeros")
+
+    def check_finite_equal(self, name, out, ref) -> None:
+        """out == ref where ref is -inf (rows that see nothing), relative error elsewhere (lse)."""
+        out, ref = out.double().cpu(), ref.double().cpu()
+        empty = torch.isneginf(ref)
+        if not torch.equal(torch.isneginf(out), empty):
+            self.failures.append(f"{name}: -inf rows differ")
+            return
+        self.check(name, out[~empty], ref[~empty], torch.float32)
+
+    def check_attention(self, shapes) -> None:
+        device, dtypes = self.device, DTYPES
+        if shapes is ATTENTION_SHAPES_QUICK:
+            cases = [(kind, "contiguous") for kind in ATTENTION_MASKS] + ATTENTION_LAYOUT_CASES_QUICK
+        else:
+            cases = [(kind, layout) for kind in ATTENTION_MASKS for layout in ATTENTION_LAYOUTS]
+        for shape in shapes:
+            b, hq, hkv, lq, lk, d, dv = shape
+            for dtype in dtypes:
+                for kind, layout in cases:
+                    q, k, v = attention_operands(shape, dtype, device, layout)
+                    kwargs = attention_kwargs(kind, b, hq, lq, lk, dtype, device)
+                    scale = d ** -0.5
+                    # float64 references of the values the kernels see (inputs rounded to dtype)
+                    ref_kwargs = {n: (a.double().cpu() if torch.is_tensor(a) and a.is_floating_point() else
+                                      a.cpu() if torch.is_tensor(a) else a) for n, a in kwargs.items()}
+                    qr, kr, vr = (t.double().cpu().requires_grad_() for t in (q, k, v))
+                    ref = reference.attention(qr, kr, vr, scale=scale, **ref_kwargs)
+                    lse_ref = torch.logsumexp(reference.attention_scores(qr.detach(), kr.detach(), scale=scale,
+                                                                         **ref_kwargs), -1)
+                    tag = f"{list(shape)} {str(dtype)[6:]} {kind} {layout}"
+                    args = (kwargs.get("mask"), kwargs.get("causal", False), kwargs.get("window"),
+                            kwargs.get("key_lengths"), scale)
+                    poison(q)
+                    out, lse = self.ops.attention(q, k, v, *args)
+                    self.check(f"attention fwd {tag}", out, ref, dtype)
+                    self.check_finite_equal(f"attention lse {tag}", lse, lse_ref)
+                    g = torch.randn(out.shape, dtype=torch.float64).to(device, dtype)
+                    grads_ref = torch.autograd.grad(ref, (qr, kr, vr), g.double().cpu())
+                    poison(q)
+                    grads = self.ops.attention_backward(g, q, k, v, out, lse, *args)
+                    # A zero reference (rows that see one key: P = 1, dS = 0) is compared with rounding-level values at
+                    # the scale of |grad_out| * max|q, k, v|.
+                    zero_scale = g.double().norm().item() * max(t.detach().abs().max().item() for t in (qr, kr, vr))
+                    for name, grad, grad_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
+                        if grad_ref.norm() > 0:
+                            self.check(f"attention bwd {name} {tag}", grad, grad_ref, dtype)
+                        elif grad.double().norm().item() > TOL[dtype] * zero_scale:
+                            self.failures.append(f"attention bwd {name} {tag}: expected zeros")
+
+    def check_kv_cache(self, shapes) -> None:
+        """kv_cache_append: bit-exact against slice assignment; other cache rows untouched."""
+        device, dtypes = self.device, DTYPES
+        for b, hkv, t, d, dv, cap in shapes:
+            for dtype in dtypes:
+                k0, v0 = (torch.randn(b, hkv, cap, e, dtype=torch.float64).to(device, dtype) for e in (d, dv))
+                k_new, v_new = (torch.randn(b, hkv, t, e, dtype=torch.float64).to(device, dtype) for e in (d, dv))
+                positions = torch.randint(0, cap - t + 1, (b,))
+                positions[0] = cap - t  # the last rows of the cache
+                expected_k, expected_v = k0.clone(), v0.clone()
+                for i, p in enumerate(positions.tolist()):
+                    expected_k[i, :, p:p + t], expected_v[i, :, p:p + t] = k_new[i], v_new[i]
+                for (name, kc), (_, vc), (_, kn), (_, vn) in zip(layouts(k0), layouts(v0), layouts(k_new), layouts(v_new)):
+                    self.ops.kv_cache_append(kc, vc, kn, vn, positions.to(device, torch.int32))
+                    ok = torch.equal(kc, expected_k) and torch.equal(vc, expected_v)
+                    tag = f"kv_cache_append [B{b} Hkv{hkv} T{t} D{d} Dv{dv} cap{cap}] {str(dtype)[6:]} {name}"
+                    if not ok:
+                        self.failures.append(tag)
+
+    def check_decode(self, shapes) -> None:
+        """decode_attention against float64 references, with a full row, an unused row (length 0) and random lengths."""
+        device, dtypes = self.device, DTYPES
+        for b, hq, hkv, t, d, dv, cap, window in shapes:
+            for dtype in dtypes:
+                q = torch.randn(b, hq, t, d, dtype=torch.float64).to(device, dtype)
+                k0, v0 = (torch.randn(b, hkv, cap, e, dtype=torch.float64).to(device, dtype) for e in (d, dv))
+                lengths = torch.randint(t, cap + 1, (b,))
+                lengths[0] = cap
+                lengths[-1] = 0 if b > 1 else lengths[-1]
+                ref = reference.decode_attention(q.double().cpu(), k0.double().cpu(), v0.double().cpu(), lengths,
+                                                 window=window, scale=0.3)
+                for (name, k), (_, v) in zip(layouts(k0), layouts(v0)):
+                    poison(q)
+                    out = self.ops.decode_attention(q, k, v, lengths.to(device), 0.3, window)
+                    tag = f"decode_attention [B{b} Hq{hq} Hkv{hkv} T{t} D{d} Dv{dv} cap{cap} w{window}] {str(dtype)[6:]} {name}"
+                    self.check(tag, out, ref, dtype)
+
+    def check_kv_device_checks(self, captured) -> None:
+        """The values the kernels check themselves when the host cannot (graph capture): an append row whose positions
+        do not fit writes nothing, a decode row with an out-of-range length gives zeros, the other rows are right.
+        `captured(fn)` runs fn as it would run under capture and returns its result."""
+        device = self.device
+        k0, v0 = torch.randn(3, 2, 10, 8, device=device), torch.randn(3, 2, 10, 8, device=device)
+        k_new, v_new = torch.randn(3, 2, 4, 8, device=device), torch.randn(3, 2, 4, 8, device=device)
+        k, v = k0.clone(), v0.clone()
+        captured(lambda: self.ops.kv_cache_append(k, v, k_new, v_new, torch.tensor([7, 2, -1], device=device)))
+        expected_k, expected_v = k0.clone(), v0.clone()
+        expected_k[1, :, 2:6], expected_v[1, :, 2:6] = k_new[1], v_new[1]
+        ok = torch.equal(k, expected_k) and torch.equal(v, expected_v)
+        if not ok:
+            self.failures.append("kv_cache_append device check")
+        q = torch.randn(3, 4, 2, 8, device=device)
+        lengths = torch.tensor([11, 6, 1], device=device)  # over capacity, good, under T
+        out = captured(lambda: self.ops.decode_attention(q, k0, v0, lengths, 0.5, None))
+        ref = reference.decode_attention(q[1:2].double().cpu(), k0[1:2].double().cpu(), v0[1:2].double().cpu(),
+                                         torch.tensor([6]), scale=0.5)
+        self.check("decode_attention device check: good row", out[1:2], ref, torch.float32)
+        ok = torch.equal(out[0::2], torch.zeros_like(out[0::2]))
+        if not ok:
+            self.failures.append("decode_attention device check")
+
+    def check_int8_linear(self, shapes) -> None:
+        device, dtypes = self.device, DTYPES
+        for m, k, n in shapes:
+            for dtype in dtypes:
+                for variant in ("bias", "plain", "misaligned"):
+                    # "bias": scale and bias in x's dtype; "plain": no bias, a float32 scale; "misaligned": x, weight,
+                    # scale and a float32 bias each one element past a 16-byte boundary.
+                    x = torch.randn(m, k, dtype=torch.float64).to(device, dtype)
+                    weight = torch.randint(-128, 128, (n, k), dtype=torch.int8, device=device)
+                    sdtype = torch.float32 if variant == "plain" else dtype
+                    scale = (torch.rand(n, dtype=torch.float64) * 0.02 + 1e-3).to(device, sdtype)
+                    bias = None
+                    if variant != "plain":
+                        bias = torch.randn(n, dtype=torch.float64).to(device, dtype if variant == "bias" else torch.float32)
+                    if variant == "misaligned":
+                        x, weight, scale, bias = misaligned(x), misaligned(weight), misaligned(scale), misaligned(bias)
+                    x64, w64 = x.double().cpu(), weight.double().cpu() * scale.double().cpu()[:, None]
+                    b64 = torch.zeros(n, dtype=torch.float64) if bias is None else bias.double().cpu()
+                    ref = x64 @ w64.t() + b64  # [M, N]
+                    terms = x64.abs() @ w64.abs().t() + b64.abs()
+                    poison(x)
+                    out = self.ops.int8_linear(x, weight, scale, bias)
+                    self.check(f"int8_linear [M {m}, K {k}, N {n}] {str(dtype)[6:]} {variant}", out, ref, dtype, terms)
 
 
-def check_decode(shapes, dtypes, device) -> None:
-    """decode_attention against float64 references, with a full row, an unused row (length 0) and random lengths."""
-    for b, hq, hkv, t, d, dv, cap, window in shapes:
-        for dtype in dtypes:
-            q = torch.randn(b, hq, t, d, dtype=torch.float64).to(device, dtype)
-            k0, v0 = (torch.randn(b, hkv, cap, e, dtype=torch.float64).to(device, dtype) for e in (d, dv))
-            lengths = torch.randint(t, cap + 1, (b,))
-            lengths[0] = cap
-            lengths[-1] = 0 if b > 1 else lengths[-1]
-            ref = reference.decode_attention(q.double().cpu(), k0.double().cpu(), v0.double().cpu(), lengths,
-                                             window=window, scale=0.3)
-            for (name, k), (_, v) in zip(layouts(k0), layouts(v0)):
-                poison(q)
-                out = ops.decode_attention(q, k, v, lengths.to(device), 0.3, window)
-                tag = f"decode_attention [B{b} Hq{hq} Hkv{hkv} T{t} D{d} Dv{dv} cap{cap} w{window}] {str(dtype)[6:]} {name}"
-                check(tag, out, ref, dtype)
+class KernelTarget:
+    """Where the CUDA kernel cases run: the op namespace, its device, and (emulated) the pretend device sizes."""
 
+    def __init__(self, ops, device: str, emulated: bool, full: bool):
+        self.ops, self.device, self.emulated, self.full = ops, device, emulated, full
 
-def check_kv_device_checks(device, captured) -> None:
-    """The values the kernels check themselves when the host cannot (graph capture): an append row whose positions
-    do not fit writes nothing, a decode row with an out-of-range length gives zeros, the other rows are right.
-    `captured(fn)` runs fn as it would run under capture and returns its result."""
-    k0, v0 = torch.randn(3, 2, 10, 8, device=device), torch.randn(3, 2, 10, 8, device=device)
-    k_new, v_new = torch.randn(3, 2, 4, 8, device=device), torch.randn(3, 2, 4, 8, device=device)
-    k, v = k0.clone(), v0.clone()
-    captured(lambda: ops.kv_cache_append(k, v, k_new, v_new, torch.tensor([7, 2, -1], device=device)))
-    expected_k, expected_v = k0.clone(), v0.clone()
-    expected_k[1, :, 2:6], expected_v[1, :, 2:6] = k_new[1], v_new[1]
-    ok = torch.equal(k, expected_k) and torch.equal(v, expected_v)
-    print(f"{'ok  ' if ok else 'FAIL'} kv_cache_append device check: rows that do not fit write nothing", flush=True)
-    if not ok:
-        failures.append("kv_cache_append device check")
-    q = torch.randn(3, 4, 2, 8, device=device)
-    lengths = torch.tensor([11, 6, 1], device=device)  # over capacity, good, under T
-    out = captured(lambda: ops.decode_attention(q, k0, v0, lengths, 0.5, None))
-    ref = reference.decode_attention(q[1:2].double().cpu(), k0[1:2].double().cpu(), v0[1:2].double().cpu(),
-                                     torch.tensor([6]), scale=0.5)
-    check("decode_attention device check: good row", out[1:2], ref, torch.float32)
-    ok = torch.equal(out[0::2], torch.zeros_like(out[0::2]))
-    print(f"{'ok  ' if ok else 'FAIL'} decode_attention device check: rows with bad lengths give zeros", flush=True)
-    if not ok:
-        failures.append("decode_attention device check")
+    def shapes(self, quick, full):
+        """The full shape list with --cuda-full, else the quick one."""
+        return full if self.full else quick
 
+    def run(self, cases, each_device_size: bool = False) -> list[str]:
+        """cases(KernelChecks) from a fixed seed, on a small and a large pretend device when emulated and
+        `each_device_size` (persistent grids looping over many rows, or many row groups and split-K partial sums);
+        returns the names of the failed cases."""
+        torch.manual_seed(0)
+        checks = KernelChecks(self.ops, self.device)
+        for sms, blocks in ((2, 2), (64, 8)) if self.emulated and each_device_size else ((None, None),):
+            if sms is not None:
+                self.ops.set_device(sms, blocks)
+            cases(checks)
+        return checks.failures
 
-def cuda_graph_captured(fn):
-    """Runs fn captured in a CUDA graph, then replays the graph once; returns what fn returned (filled by the replay)."""
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    return out
+    def captured(self, fn):
+        """fn() as it runs while a stream is captured into a CUDA graph (on the GPU: captured, then replayed once)."""
+        if self.emulated:
+            self.ops.set_capturing(True)
+            try:
+                return fn()
+            finally:
+                self.ops.set_capturing(False)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        return out
 
-def check_int8_linear(shapes, dtypes, device) -> None:
-    for m, k, n in shapes:
-        for dtype in dtypes:
-            for variant in ("bias", "plain", "misaligned"):
-                # "bias": scale and bias in x's dtype; "plain": no bias, a float32 scale; "misaligned": x, weight,
-                # scale and a float32 bias each one element past a 16-byte boundary.
-                x = torch.randn(m, k, dtype=torch.float64).to(device, dtype)
-                weight = torch.randint(-128, 128, (n, k), dtype=torch.int8, device=device)
-                sdtype = torch.float32 if variant == "plain" else dtype
-                scale = (torch.rand(n, dtype=torch.float64) * 0.02 + 1e-3).to(device, sdtype)
-                bias = None
-                if variant != "plain":
-                    bias = torch.randn(n, dtype=torch.float64).to(device, dtype if variant == "bias" else torch.float32)
-                if variant == "misaligned":
-                    x, weight, scale, bias = misaligned(x), misaligned(weight), misaligned(scale), misaligned(bias)
-                x64, w64 = x.double().cpu(), weight.double().cpu() * scale.double().cpu()[:, None]
-                b64 = torch.zeros(n, dtype=torch.float64) if bias is None else bias.double().cpu()
-                ref = x64 @ w64.t() + b64  # [M, N]
-                terms = x64.abs() @ w64.abs().t() + b64.abs()
-                poison(x)
-                out = ops.int8_linear(x, weight, scale, bias)
-                check(f"int8_linear [M {m}, K {k}, N {n}] {str(dtype)[6:]} {variant}", out, ref, dtype, terms)
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--quick", action="store_true", help="fewer shapes and float32/bfloat16 only (for sanitizers)")
-    families = ["norm", "softmax", "attention", "kv_cache", "int8_linear"]
-    p.add_argument("--ops", nargs="+", choices=families, default=families, help="op families to check (default: all)")
-    args = p.parse_args(argv)
-    torch.manual_seed(0)
-    device = "cuda"
-    dtypes = [torch.float32, torch.bfloat16] if args.quick else DTYPES
-    if "norm" in args.ops:
-        check_norms(NORM_SHAPES_QUICK if args.quick else NORM_SHAPES, dtypes, device)
-    if "softmax" in args.ops:
-        check_softmax(SOFTMAX_SHAPES_QUICK if args.quick else SOFTMAX_SHAPES, dtypes, device)
-    if "attention" in args.ops:
-        check_attention(ATTENTION_SHAPES_QUICK if args.quick else ATTENTION_SHAPES, dtypes, device, args.quick)
-    if "kv_cache" in args.ops:
-        check_kv_cache(APPEND_SHAPES_QUICK if args.quick else APPEND_SHAPES, dtypes, device)
-        check_decode(DECODE_SHAPES_QUICK if args.quick else DECODE_SHAPES, dtypes, device)
-        check_kv_device_checks(device, cuda_graph_captured)
-    if "int8_linear" in args.ops:
-        check_int8_linear(INT8_SHAPES_QUICK if args.quick else INT8_SHAPES, dtypes, device)
-    torch.cuda.synchronize()
-    print(f"\n{len(failures)} failures" + "".join(f"\n  {f}" for f in failures))
-    return 1 if failures else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

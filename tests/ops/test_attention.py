@@ -5,8 +5,10 @@ import torch
 import torch.nn.functional as F
 
 import pytransformer
-from tests.helpers import tolerance
 from pytransformer.ops import attention, reference
+from pytransformer.ops.visibility import visible_keys
+from tests.helpers import TRACING_ERROR, WHERE, compiled, factory_device, tolerance
+from tests.ops import kernel_cases as kc
 
 # (B, Hq, Hkv, Lq, Lk, D, Dv): L = 1, Lq != Lk both ways, D in {16, 40, 64, 80, 128}, Dv != D, Hkv in {1, 2, Hq}.
 SHAPES = [
@@ -220,7 +222,7 @@ def test_dropout_unfused_path():
     torch.manual_seed(1)
     kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
     s = (q @ kk.transpose(-1, -2)) / 8 ** 0.5
-    keep = reference.causal_mask(12, 16) & (torch.arange(16) < lengths[:, None, None, None])
+    keep = visible_keys(12, 16, causal=True, key_lengths=lengths)
     p = F.dropout(reference.softmax_rows(s.masked_fill(~keep, float("-inf"))), 0.3)
     torch.testing.assert_close(out, p @ vv)
     assert not torch.allclose(out, attention(q, k, v, causal=True, key_lengths=lengths))
@@ -235,8 +237,25 @@ def test_dropout_unfused_path():
     assert torch.autograd.gradcheck(same_dropout, (q[:1, :2, :3, :2], k[:1, :1, :4, :2], v[:1, :1, :4, :2]))
 
 
-def test_bad_inputs_raise():
-    q, k, v = _inputs((2, 4, 2, 5, 6, 8, 8), torch.float32, "cpu", requires_grad=False)
+@pytest.mark.parametrize("where", WHERE)
+def test_bad_inputs_raise(where):
+    with factory_device(where):
+        _bad_inputs_raise()
+
+
+def test_bad_call_under_compile_names_the_argument():
+    with pytest.raises(TRACING_ERROR, match="k: the number of query heads"):
+        compiled(attention)(torch.randn(2, 4, 5, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8))
+
+
+def test_tensors_on_different_devices_raise():
+    q, k, v = _inputs((1, 2, 2, 3, 4, 8, 8), torch.float32, "cpu", requires_grad=False)
+    with pytest.raises(ValueError, match="v: expected a tensor on"):
+        attention(q, k, v.to("meta"))
+
+
+def _bad_inputs_raise():
+    q, k, v = _inputs((2, 4, 2, 5, 6, 8, 8), torch.float32, None, requires_grad=False)
     cases = [
         ("q", lambda: attention(q[0], k, v)),
         ("q", lambda: attention(torch.tensor(1.0), k, v)),
@@ -304,7 +323,7 @@ def _sdpa_mask(kind, b, lq, lk, dtype, device):
     if kind == "none":
         return {}, None
     if kind == "causal":
-        return {"causal": True}, reference.causal_mask(lq, lk, device=device)
+        return {"causal": True}, visible_keys(lq, lk, causal=True, device=device)
     if kind == "bool":
         keep = torch.rand(b, 1, lq, lk, device=device) < 0.7
         keep[..., 0] = True
@@ -394,3 +413,14 @@ def test_cuda_head_dim_limit_raises():
         attention(q, q, q)
     with pytest.raises(ValueError, match="float64"):
         attention(q.double(), q.double(), q.double())
+
+
+# ---- The CUDA kernels on every path: on a GPU, or through the host emulator (--cuda-emulator) ----
+
+@pytest.mark.cuda
+def test_cuda_kernels(kernel_target):
+    """The CUDA attention kernels (tensor-core and SIMT, forward and backward) on every mask and layout
+    (kernel_cases.py) against float64 references; the emulator runs the quick list even with --cuda-full."""
+    full = kernel_target.full and not kernel_target.emulated
+    shapes = kc.ATTENTION_SHAPES if full else kc.ATTENTION_SHAPES_QUICK
+    assert kernel_target.run(lambda c: c.check_attention(shapes)) == []

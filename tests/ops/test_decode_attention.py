@@ -5,8 +5,9 @@ import torch
 
 import pytransformer as pt
 from pytransformer.ops import reference as ref
-from tests.helpers import (CPU_ISA_LEVELS, caches, captured_in_cuda_graph, cuda_only, randn, run_under_isa,
+from tests.helpers import (CPU_ISA_LEVELS, WHERE, caches, captured_in_cuda_graph, cuda_only, randn, run_under_isa,
                            skip_unsupported, tolerance)
+from tests.ops import kernel_cases as kc
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 ops = torch.ops.pytransformer
@@ -216,8 +217,13 @@ def _bad_decode_cases():
     ]
 
 
+@pytest.mark.parametrize("where", WHERE)
 @pytest.mark.parametrize("match,args,kwargs", _bad_decode_cases())
-def test_decode_attention_bad_inputs_raise(match, args, kwargs):
+def test_decode_attention_bad_inputs_raise(match, args, kwargs, where):
+    if where == "meta":
+        if "row " in match:
+            pytest.skip("a check of the lengths' values: eager only")
+        args = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
     with pytest.raises(ValueError, match=match):
         pt.ops.decode_attention(*args, **kwargs)
 
@@ -300,3 +306,18 @@ def test_cuda_head_dim_limit_raises():
     with pytest.raises(ValueError, match="q: the CUDA decode_attention supports head dims"):
         pt.ops.decode_attention(q, k, v, torch.tensor([5], device="cuda"))
 
+
+# ---- The CUDA kernels on every path: on a GPU, or through the host emulator (--cuda-emulator) ----
+
+@pytest.mark.cuda
+def test_cuda_kernels(kernel_target):
+    """The CUDA kernels of decode_attention (one split a row, several splits and the combine) against float64
+    references (kernel_cases.py)."""
+    assert kernel_target.run(lambda c: c.check_decode(kernel_target.shapes(kc.DECODE_SHAPES_QUICK, kc.DECODE_SHAPES)),
+                             each_device_size=True) == []
+
+
+@pytest.mark.cuda
+def test_cuda_kernels_check_values_under_cuda_graph_capture(kernel_target):
+    """Captured, the kernels check positions / cache_lengths themselves (kernel_cases.py)."""
+    assert kernel_target.run(lambda c: c.check_kv_device_checks(kernel_target.captured)) == []

@@ -6,7 +6,8 @@ import torch
 from pytransformer import ops
 from pytransformer.ops import reference
 
-from tests.helpers import CPU_ISA_LEVELS, run_under_isa, tolerance
+from tests.helpers import CPU_ISA_LEVELS, TRACING_ERROR, compiled, run_under_isa, tolerance
+from tests.ops import kernel_cases as kc
 
 
 def make(n, k, device, dtype=torch.float32, bias=True):
@@ -100,6 +101,16 @@ def test_no_backward(device):
         y.sum().backward()
 
 
+def test_bad_input_on_meta_tensors():
+    test_bad_input("meta")
+
+
+def test_bad_call_under_compile_names_the_argument():
+    weight, scale, b = make(4, 8, "cpu")
+    with pytest.raises(TRACING_ERROR, match="scale: expected shape"):
+        compiled(ops.int8_linear)(torch.randn(2, 8), weight, scale[:3], b)
+
+
 def test_bad_input(device):
     weight, scale, b = make(4, 8, device)
     x = torch.randn(2, 8, device=device)
@@ -122,3 +133,13 @@ def test_bad_input(device):
             ops.int8_linear(x.double(), weight, scale, b)  # float64 is CPU-only
         with pytest.raises(ValueError, match="weight"):
             ops.int8_linear(x, weight.cpu(), scale, b)
+
+
+# ---- The CUDA kernels on every path: on a GPU, or through the host emulator (--cuda-emulator) ----
+
+@pytest.mark.cuda
+def test_cuda_kernels(kernel_target):
+    """The CUDA kernels of int8_linear (GEMV rows per block, split-K, tiled GEMM) against float64 references
+    (kernel_cases.py)."""
+    assert kernel_target.run(lambda c: c.check_int8_linear(kernel_target.shapes(kc.INT8_SHAPES_QUICK, kc.INT8_SHAPES)),
+                             each_device_size=True) == []

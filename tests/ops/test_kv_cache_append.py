@@ -3,7 +3,8 @@ import pytest
 import torch
 
 import pytransformer as pt
-from tests.helpers import caches, randn, skip_unsupported
+from tests.helpers import TRACING_ERROR, WHERE, caches, compiled, randn, skip_unsupported
+from tests.ops import kernel_cases as kc
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 ops = torch.ops.pytransformer
@@ -115,7 +116,35 @@ def _bad_append_cases():
     ]
 
 
+@pytest.mark.parametrize("where", WHERE)
 @pytest.mark.parametrize("match,args", _bad_append_cases())
-def test_kv_cache_append_bad_inputs_raise(match, args):
+def test_kv_cache_append_bad_inputs_raise(match, args, where):
+    if where == "meta":
+        if any(s in match for s in EAGER_ONLY):
+            pytest.skip("a check of values or memory: eager only")
+        args = _to_meta(args)
     with pytest.raises(ValueError, match=match):
         pt.ops.kv_cache_append(*args)
+
+
+def test_bad_call_under_compile_names_the_argument():
+    k, v = caches(2, 4, 10, 64, 32, torch.float32, "cpu")
+    with pytest.raises(TRACING_ERROR, match="k_new: expected"):
+        compiled(pt.ops.kv_cache_append)(k, v, randn(2, 4, 3, 32), randn(2, 4, 3, 32), torch.tensor([0, 7]))
+
+# Checks of values (positions / lengths in range) and of memory overlap need real tensors: eager only.
+EAGER_ONLY = ("row ", "overlap", "memory separate")
+
+
+def _to_meta(args):
+    return tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
+
+
+
+# ---- The CUDA kernels on every path: on a GPU, or through the host emulator (--cuda-emulator) ----
+
+@pytest.mark.cuda
+def test_cuda_kernels(kernel_target):
+    """The CUDA kernel of kv_cache_append (kernel_cases.py): bit-exact, for every layout."""
+    assert kernel_target.run(lambda c: c.check_kv_cache(kernel_target.shapes(kc.APPEND_SHAPES_QUICK, kc.APPEND_SHAPES)),
+                             each_device_size=True) == []

@@ -5,7 +5,8 @@ import torch
 
 import pytransformer as pt
 from pytransformer.ops import reference as ref
-from tests.helpers import CPU_ISA_LEVELS, run_under_isa, tolerance
+from tests.helpers import CPU_ISA_LEVELS, TRACING_ERROR, WHERE, compiled, factory_device, run_under_isa, tolerance
+from tests.ops import kernel_cases as kc
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 SHAPES = [(5, 1), (3, 7), (2, 3, 384), (3, 1000), (2, 4096), (2, 2, 3, 33)]
@@ -189,7 +190,24 @@ def test_compile_fullgraph_forward_backward(device):
     torch.testing.assert_close(x.grad, x2.grad)
 
 
-def test_bad_inputs_raise():
+@pytest.mark.parametrize("where", WHERE)
+def test_bad_inputs_raise(where):
+    with factory_device(where):
+        _bad_inputs_raise()
+
+
+def test_bad_call_under_compile_names_the_argument():
+    with pytest.raises(TRACING_ERROR, match="mask: shape"):
+        compiled(lambda x, m: pt.ops.masked_softmax(x, m))(torch.randn(2, 3, 4, 5), torch.ones(3, 5, dtype=torch.bool))
+
+
+def test_a_mask_on_another_device_raises():
+    """A meta mask with CPU scores is refused by the kernel that serves the call, not answered with garbage."""
+    with pytest.raises(ValueError, match="mask: expected a tensor on"):
+        pt.ops.masked_softmax(torch.randn(3, 4), torch.ones(3, 4, dtype=torch.bool, device="meta"))
+
+
+def _bad_inputs_raise():
     x = torch.randn(2, 3, 4, 5)
     with pytest.raises(ValueError, match=r"mask: shape \[3, 5\] is not broadcastable to scores' shape \[2, 3, 4, 5\]"):
         pt.ops.masked_softmax(x, torch.ones(3, 5, dtype=torch.bool))
@@ -223,3 +241,12 @@ def test_each_cpu_isa_level_agrees(isa):
         "xb=x.bfloat16(); f=torch.randn(9,1000).bfloat16(); f[2]=float('-inf');"
         "torch.testing.assert_close(pt.ops.masked_softmax(xb,f).double(),ref.masked_softmax(xb.double(),f.double()),"
             " atol=2e-2, rtol=2e-2);"))
+
+
+# ---- The CUDA kernels on every path: on a GPU, or through the host emulator (--cuda-emulator) ----
+
+@pytest.mark.cuda
+def test_cuda_kernels(kernel_target):
+    """The CUDA kernels of masked_softmax on every path (kernel_cases.py) against float64 references."""
+    assert kernel_target.run(
+        lambda c: c.check_softmax(kernel_target.shapes(kc.SOFTMAX_SHAPES_QUICK, kc.SOFTMAX_SHAPES))) == []

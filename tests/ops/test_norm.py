@@ -5,7 +5,8 @@ import torch.nn.functional as F
 
 import pytransformer as pt
 from pytransformer.ops import reference as ref
-from tests.helpers import CPU_ISA_LEVELS, run_under_isa, tolerance
+from tests.helpers import CPU_ISA_LEVELS, TRACING_ERROR, WHERE, compiled, factory_device, run_under_isa, tolerance
+from tests.ops import kernel_cases as kc
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 SHAPES = [(5, 1), (3, 7), (2, 3, 384), (4, 1000), (2, 4096), (2, 2, 2, 33)]
@@ -134,7 +135,18 @@ def test_modules_are_drop_in_for_torch(device):
     assert set(pt.nn.LayerNorm(8, bias=False).state_dict()) == {"weight"}
 
 
-def test_bad_inputs_raise():
+@pytest.mark.parametrize("where", WHERE)
+def test_bad_inputs_raise(where):
+    with factory_device(where):
+        _bad_inputs_raise()
+
+
+def test_bad_call_under_compile_names_the_argument():
+    with pytest.raises(TRACING_ERROR, match=r"weight: expected shape \[8\]"):
+        compiled(lambda x, w: pt.ops.layer_norm(x, w))(torch.randn(4, 8), torch.ones(7))
+
+
+def _bad_inputs_raise():
     x = torch.randn(4, 8)
     with pytest.raises(ValueError, match="weight"):
         pt.ops.layer_norm(x, torch.ones(7))
@@ -158,3 +170,12 @@ def test_each_cpu_isa_level_agrees(isa):
         "torch.testing.assert_close(pt.ops.layer_norm(x,w), ref.layer_norm(x,w));"
             "xb=x.bfloat16(); torch.testing.assert_close(pt.ops.rms_norm(xb).double(), ref.rms_norm(xb.double()),"
             " atol=2e-2, rtol=2e-2);"))
+
+
+# ---- The CUDA kernels on every path: on a GPU, or through the host emulator (--cuda-emulator) ----
+
+@pytest.mark.cuda
+def test_cuda_kernels(kernel_target):
+    """The CUDA kernels of layer_norm and rms_norm on every path (kernel_cases.py) against float64 references."""
+    assert kernel_target.run(lambda c: c.check_norms(kernel_target.shapes(kc.NORM_SHAPES_QUICK, kc.NORM_SHAPES)),
+                             each_device_size=True) == []
