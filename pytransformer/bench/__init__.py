@@ -168,3 +168,25 @@ def record(report: Report, path: str, title: str, argv) -> None:
     """Write the report as markdown (device, torch version, date, command, table) to `path`."""
     with open(path, "w") as f:
         f.write(f"# {title}\n\n{report.markdown(' '.join(['python'] + list(argv)))}")
+
+
+def script_main(doc: str, title: str, bench, argv=None, runs: int = 30, dtype: bool = True,
+                flops: bool = False) -> None:
+    """The command line of a benchmark script with no options of its own: --device, --dtype (when `dtype`), --runs
+    and --record; runs bench(report, device[, dtype], runs=...) (after measuring the matmul ceiling when `flops`)."""
+    import argparse
+    import sys
+    p = argparse.ArgumentParser(description=doc)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    if dtype:
+        p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--runs", type=int, default=runs)
+    p.add_argument("--record", help="write the table as markdown to this file")
+    args = p.parse_args(argv)
+    report = new_report(args.device)
+    if flops:
+        report.ceiling_flops_s = matmul_ceiling(args.device)
+    bench(report, args.device, *([getattr(torch, args.dtype)] if dtype else []), runs=args.runs)
+    if args.record:
+        record(report, args.record, title, sys.argv)
+

@@ -1,13 +1,10 @@
 """decode_attention vs F.scaled_dot_product_attention: the faster of SDPA on K/V already expanded to all query heads
 (the repeat_interleave done outside the timing) and SDPA with enable_gqa=True on the cache itself."""
-import argparse
-import sys
-
 import torch
 import torch.nn.functional as F
 
 from .. import ops
-from . import Row, interleaved_median_times, new_report, record
+from . import Row, interleaved_median_times, script_main
 
 # (B, Hq, Hkv, cache length, D): the first is the acceptance case (one query over a 4096-token cache).
 DECODE_CASES = [(1, 32, 8, 4096, 128), (8, 32, 8, 1024, 128), (1, 32, 32, 4096, 128), (1, 32, 8, 16384, 128)]
@@ -38,13 +35,4 @@ def bench(report, device, dtype=torch.float32, cases=None, runs=30):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--runs", type=int, default=30)
-    p.add_argument("--record", help="write the table as markdown to this file")
-    args = p.parse_args(argv)
-    report = new_report(args.device)
-    bench(report, args.device, getattr(torch, args.dtype), runs=args.runs)
-    if args.record:
-        record(report, args.record, "decode_attention benchmark", sys.argv)
+    script_main(__doc__, "decode_attention benchmark", bench, argv)

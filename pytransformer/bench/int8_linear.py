@@ -1,13 +1,10 @@
 """ops.int8_linear against F.linear on the float weight, for GPT-2-small layer shapes and a 4096 x 4096 layer."""
-import argparse
-import sys
-
 import torch
 import torch.nn.functional as F
 
 from .. import ops
 from ..nn.quantized import quantize_per_channel
-from . import Row, interleaved_median_times, matmul_ceiling, new_report, record
+from . import Row, interleaved_median_times, script_main
 
 # (rows M, out features N, in features K, dtype): GPT-2 small's LM head and MLP input at one decoding row, 8 rows (a
 # batch of 8 decoding) and a 512-token prefill in float32; a 4096 x 4096 layer decoding 1 and 8 rows in bfloat16 (the
@@ -33,13 +30,4 @@ def bench(report, device, cases=OP_CASES, runs=20):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--runs", type=int, default=20)
-    p.add_argument("--record", help="write the table as markdown to this file")
-    args = p.parse_args(argv)
-    report = new_report(args.device)
-    report.ceiling_flops_s = matmul_ceiling(args.device)
-    bench(report, args.device, runs=args.runs)
-    if args.record:
-        record(report, args.record, "int8_linear benchmark", sys.argv)
+    script_main(__doc__, "int8_linear benchmark", bench, argv, runs=20, dtype=False, flops=True)

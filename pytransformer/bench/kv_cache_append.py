@@ -1,11 +1,8 @@
 """kv_cache_append vs a sliced copy_ of the new rows into the caches."""
-import argparse
-import sys
-
 import torch
 
 from .. import ops
-from . import Row, interleaved_median_times, new_report, record
+from . import Row, interleaved_median_times, script_main
 
 # (B, Hkv, T, D): a 2048-token prefill (the CUDA acceptance case in bfloat16) and one decode step.
 APPEND_CASES = [(8, 8, 2048, 128), (8, 8, 1, 128)]
@@ -34,13 +31,4 @@ def bench(report, device, dtype=torch.float32, cases=APPEND_CASES, runs=30):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--runs", type=int, default=30)
-    p.add_argument("--record", help="write the table as markdown to this file")
-    args = p.parse_args(argv)
-    report = new_report(args.device)
-    bench(report, args.device, getattr(torch, args.dtype), runs=args.runs)
-    if args.record:
-        record(report, args.record, "kv_cache_append benchmark", sys.argv)
+    script_main(__doc__, "kv_cache_append benchmark", bench, argv)

@@ -1,5 +1,4 @@
 """Seq2SeqTransformer: the encoder-decoder of Vaswani et al. 2017 with cached, greedy or beam-search decoding."""
-import math
 
 import torch
 from torch import Tensor, nn
