@@ -86,6 +86,11 @@ def factory_device(where: str):
     return torch.device("cpu" if where == "eager" else "meta")
 
 
+def to_meta(args) -> tuple:
+    """args with every tensor moved to the meta device (where an op runs its fake kernel)."""
+    return tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
+
+
 def compiled(fn):
     """fn under torch.compile(fullgraph=True) with the aot_eager backend: traced through the fake kernels."""
     return torch.compile(fn, fullgraph=True, backend="aot_eager")

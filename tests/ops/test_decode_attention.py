@@ -6,7 +6,7 @@ import torch
 import pytransformer as pt
 from pytransformer.ops import reference as ref
 from tests.helpers import (CPU_ISA_LEVELS, WHERE, caches, captured_in_cuda_graph, cuda_only, randn, run_under_isa,
-                           skip_unsupported, tolerance)
+                           skip_unsupported, to_meta, tolerance)
 from tests.ops import kernel_cases as kc
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -223,7 +223,7 @@ def test_decode_attention_bad_inputs_raise(match, args, kwargs, where):
     if where == "meta":
         if "row " in match:
             pytest.skip("a check of the lengths' values: eager only")
-        args = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
+        args = to_meta(args)
     with pytest.raises(ValueError, match=match):
         pt.ops.decode_attention(*args, **kwargs)
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import pytransformer as pt
-from tests.helpers import TRACING_ERROR, WHERE, caches, compiled, randn, skip_unsupported
+from tests.helpers import TRACING_ERROR, WHERE, caches, compiled, randn, skip_unsupported, to_meta
 from tests.ops import kernel_cases as kc
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -116,13 +116,17 @@ def _bad_append_cases():
     ]
 
 
+# Checks of values (positions in range) and of memory overlap need real tensors: eager only.
+EAGER_ONLY = ("row ", "overlap", "memory separate")
+
+
 @pytest.mark.parametrize("where", WHERE)
 @pytest.mark.parametrize("match,args", _bad_append_cases())
 def test_kv_cache_append_bad_inputs_raise(match, args, where):
     if where == "meta":
         if any(s in match for s in EAGER_ONLY):
             pytest.skip("a check of values or memory: eager only")
-        args = _to_meta(args)
+        args = to_meta(args)
     with pytest.raises(ValueError, match=match):
         pt.ops.kv_cache_append(*args)
 
@@ -131,13 +135,6 @@ def test_bad_call_under_compile_names_the_argument():
     k, v = caches(2, 4, 10, 64, 32, torch.float32, "cpu")
     with pytest.raises(TRACING_ERROR, match="k_new: expected"):
         compiled(pt.ops.kv_cache_append)(k, v, randn(2, 4, 3, 32), randn(2, 4, 3, 32), torch.tensor([0, 7]))
-
-# Checks of values (positions / lengths in range) and of memory overlap need real tensors: eager only.
-EAGER_ONLY = ("row ", "overlap", "memory separate")
-
-
-def _to_meta(args):
-    return tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
 
 
 
