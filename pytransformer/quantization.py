@@ -1,31 +1,10 @@
-"""pytransformer.quantize: post-training weight-only int8 quantization of a model's nn.Linear layers."""
+"""pytransformer.quantize: post-training weight-only int8 quantization of a model's nn.Linear layers (defined in
+nn.quantized, so that models can load a checkpoint quantized), and state_dict_bytes."""
 from torch import nn
 
-from .nn.quantized import QuantizedEmbedding, QuantizedLinear
+from .nn.quantized import quantize
 
-
-def quantize(model: nn.Module) -> nn.Module:
-    """Replace every nn.Linear of `model` in place by a QuantizedLinear (int8 weight, per-output-channel scale) and
-    return the model; an nn.Embedding whose weight is tied to a Linear's becomes a QuantizedEmbedding of that head."""
-    if isinstance(model, nn.Linear):
-        return QuantizedLinear.from_linear(model)
-    modules = list(model.modules())  # holds every original module (and weight) alive, so their ids stay unique
-    new = {id(m): QuantizedLinear.from_linear(m) for m in modules if isinstance(m, nn.Linear)}
-    heads = {}  # id(float weight) -> the QuantizedLinear of the first Linear using it
-    for m in modules:
-        if isinstance(m, nn.Linear):
-            heads.setdefault(id(m.weight), new[id(m)])
-    for m in modules:
-        if isinstance(m, nn.Embedding) and id(m.weight) in heads:
-            if m.max_norm is not None:
-                raise ValueError("model: an nn.Embedding tied to a Linear has max_norm, which the int8 table cannot "
-                                 "apply")
-            new[id(m)] = QuantizedEmbedding(heads[id(m.weight)])
-    for parent in modules:
-        for name, child in list(parent.named_children()):
-            if id(child) in new:
-                setattr(parent, name, new[id(child)])
-    return model
+__all__ = ["quantize", "state_dict_bytes"]
 
 
 def state_dict_bytes(model: nn.Module) -> int:

@@ -36,7 +36,9 @@ class Embeddings(nn.Module):
 
 def rotary_for(config) -> RotaryEmbedding | None:
     """The RotaryEmbedding shared by all layers of a model with positional="rotary", else None."""
-    return RotaryEmbedding(config.head_dim, config.max_len) if config.positional == "rotary" else None
+    if config.positional != "rotary":
+        return None
+    return RotaryEmbedding(config.head_dim, config.max_len, config.rope_theta, config.rope_scaling)
 
 
 def float_parameter(model: nn.Module) -> Tensor:

@@ -3,6 +3,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from ..nn.positional import rope_type
+
 POSITIONALS = ("sinusoidal", "learned", "rotary")
 
 
@@ -17,14 +19,19 @@ class _Config:
     dropout: float = 0.1
     activation: str = "relu"  # relu | gelu | gelu_tanh | swiglu
     norm: str = "post"  # post | pre | sandwich
+    norm_type: str = "layernorm"  # layernorm | rmsnorm
     positional: str = "sinusoidal"  # sinusoidal | learned | rotary
+    rope_theta: float = 10000.0  # rotary base
+    rope_scaling: dict | None = None  # None or {"rope_type": "llama3", ...} (nn.positional.rope_inv_freq)
     tie_embeddings: bool = True
     eps: float = 1e-5
-    bias: bool = True
+    bias: bool = True  # biases of the linear layers and LayerNorms
+    qkv_bias: bool | None = None  # the Q|K|V projection's bias (None: `bias`)
 
     def __post_init__(self):
         if self.positional not in POSITIONALS:
             raise ValueError(f"positional: expected one of {POSITIONALS}, got {self.positional!r}")
+        rope_type(self.rope_scaling)
 
     @property
     def head_dim(self) -> int:
@@ -34,7 +41,7 @@ class _Config:
         """Keyword arguments shared by every encoder/decoder layer of the model."""
         return {"d_model": self.d_model, "n_heads": self.n_heads, "d_ff": self.d_ff, "dropout": self.dropout,
                 "activation": self.activation, "norm": self.norm, "eps": self.eps, "bias": self.bias,
-                "n_kv_heads": self.n_kv_heads}
+                "n_kv_heads": self.n_kv_heads, "norm_type": self.norm_type, "qkv_bias": self.qkv_bias}
 
 
 @dataclass

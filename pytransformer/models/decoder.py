@@ -3,10 +3,11 @@ import torch
 from torch import Tensor, nn
 
 from ..nn import KVCache, TransformerDecoder, token_positions
+from ..nn.quantized import quantize as _quantize
 from .common import Embeddings, float_parameter, init_normal, rotary_for
 from .configs import DecoderConfig
 from .generation import beam_search, check_generate_args, decode, next_token
-from .hf import decoder_lm_from_hf
+from . import checkpoint
 
 
 class DecoderLM(nn.Module):
@@ -95,5 +96,17 @@ class DecoderLM(nn.Module):
 
     @classmethod
     def from_hf(cls, model) -> "DecoderLM":
-        """A DecoderLM with the config and weights of a Hugging Face GPT2LMHeadModel object."""
-        return decoder_lm_from_hf(cls, model)
+        """A DecoderLM with the config and weights of a Hugging Face GPT2LMHeadModel, LlamaForCausalLM,
+        MistralForCausalLM or Qwen2ForCausalLM object (on its device, in its dtype and train/eval mode). See
+        models/hf.py for what is supported; anything else raises ValueError naming the config field."""
+        return checkpoint.from_hf(cls, DecoderConfig, model)
+
+    @classmethod
+    def from_pretrained(cls, path, dtype: torch.dtype = torch.float32, quantize: bool = False, *,
+                        device=None) -> "DecoderLM":
+        """A DecoderLM (eval mode) from a local directory written by a Hugging Face model's save_pretrained
+        (config.json with model_type gpt2, llama, mistral or qwen2; model.safetensors or a sharded
+        model.safetensors.index.json), in `dtype` on `device` (default CPU), without importing transformers.
+        quantize=True returns the weight-only int8 model (pytransformer.quantize) of the loaded weights."""
+        model = checkpoint.from_pretrained(cls, DecoderConfig, path, dtype=dtype, device=device)
+        return _quantize(model) if quantize else model

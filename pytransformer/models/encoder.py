@@ -5,7 +5,7 @@ from torch import Tensor, nn
 from ..nn import LayerNorm, TransformerEncoder
 from .common import Embeddings, init_normal, rotary_for
 from .configs import EncoderConfig
-from .hf import encoder_model_from_hf
+from . import checkpoint
 
 
 class MLMHead(nn.Module):
@@ -60,5 +60,13 @@ class EncoderModel(nn.Module):
 
     @classmethod
     def from_hf(cls, model) -> "EncoderModel":
-        """An EncoderModel with the config and weights of a Hugging Face BertModel object."""
-        return encoder_model_from_hf(cls, model)
+        """An EncoderModel with the config and weights of a Hugging Face BertModel object (pooler included when it has
+        one; on its device, in its dtype and train/eval mode)."""
+        return checkpoint.from_hf(cls, EncoderConfig, model)
+
+    @classmethod
+    def from_pretrained(cls, path, dtype: torch.dtype = torch.float32, *, device=None) -> "EncoderModel":
+        """An EncoderModel (eval mode) from a local save_pretrained directory of a BERT model (config.json with
+        model_type bert; safetensors weights of BertModel, or the encoder and pooler of a BertFor* model), in `dtype`
+        on `device` (default CPU), without importing transformers."""
+        return checkpoint.from_pretrained(cls, EncoderConfig, path, dtype=dtype, device=device)

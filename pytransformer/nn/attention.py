@@ -11,11 +11,12 @@ from .quantized import linear_rows
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with GQA/MQA (`n_kv_heads`), one fused Q|K|V projection, optional rotary positions and
-    sliding window. Self-attention when `context` is None, cross-attention over `context` otherwise."""
+    sliding window. Self-attention when `context` is None, cross-attention over `context` otherwise. `bias` is the
+    output projection's; `qkv_bias` (default: `bias`) the Q|K|V projection's."""
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, dropout: float = 0.0,
-                 bias: bool = True, *, rotary: RotaryEmbedding | None = None, window: int | None = None,
-                 device=None, dtype=None):
+                 bias: bool = True, *, qkv_bias: bool | None = None, rotary: RotaryEmbedding | None = None,
+                 window: int | None = None, device=None, dtype=None):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if d_model % n_heads:
@@ -26,7 +27,8 @@ class MultiHeadAttention(nn.Module):
         self.dropout, self.rotary, self.window = dropout, rotary, window
         self.q_dim, self.kv_dim = d_model, n_kv_heads * self.head_dim
         factory = {"device": device, "dtype": dtype}
-        self.qkv_proj = nn.Linear(d_model, self.q_dim + 2 * self.kv_dim, bias=bias, **factory)  # rows: Q | K | V
+        self.qkv_proj = nn.Linear(d_model, self.q_dim + 2 * self.kv_dim, bias=bias if qkv_bias is None else qkv_bias,
+                                  **factory)  # rows: Q | K | V
         self.out_proj = nn.Linear(d_model, d_model, bias=bias, **factory)
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
@@ -46,7 +48,7 @@ class MultiHeadAttention(nn.Module):
         q, k, v = self.qkv_proj(x).split([self.q_dim, self.kv_dim, self.kv_dim], -1)
         q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
         if self.rotary is not None:
-            q, k = self.rotary(q, positions), self.rotary(k, positions)
+            q, k = self.rotary.rotate_pair(q, k, positions)
         return q, k, v  # [B, Hq, L, D], [B, Hkv, Lk, D], [B, Hkv, Lk, D]
 
     def attention_weights(self, x: Tensor, context: Tensor | None = None, *, key_lengths: Tensor | None = None,

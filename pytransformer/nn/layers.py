@@ -5,22 +5,23 @@ from .attention import MultiHeadAttention
 from .feedforward import FeedForward
 from .kv_cache import KVCache, LayerCache
 from .torch_nn import decoder_layer_from_torch, encoder_layer_from_torch
-from .norm import LayerNorm
+from .norm import make_norm
 
 NORMS = ("post", "pre", "sandwich")
 
 
 class Residual(nn.Module):
-    """x + dropout(f(x)) with LayerNorm after the sum ("post"), before f ("pre") or before and after f ("sandwich")."""
+    """x + dropout(f(x)) with a norm after the sum ("post"), before f ("pre") or before and after f ("sandwich");
+    norm_type "layernorm" (LayerNorm, `bias` as given) or "rmsnorm" (RMSNorm, no bias)."""
 
     def __init__(self, d_model: int, norm: str = "post", dropout: float = 0.0, eps: float = 1e-5, bias: bool = True,
-                 device=None, dtype=None):
+                 device=None, dtype=None, *, norm_type: str = "layernorm"):
         super().__init__()
         if norm not in NORMS:
             raise ValueError(f"norm: expected one of {NORMS}, got {norm!r}")
         self.mode = norm
-        self.norm = LayerNorm(d_model, eps=eps, bias=bias, device=device, dtype=dtype)
-        self.out_norm = LayerNorm(d_model, eps=eps, bias=bias, device=device, dtype=dtype) if norm == "sandwich" else None
+        self.norm = make_norm(norm_type, d_model, eps, bias, device, dtype)
+        self.out_norm = make_norm(norm_type, d_model, eps, bias, device, dtype) if norm == "sandwich" else None
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, f) -> Tensor:
@@ -38,14 +39,15 @@ class TransformerEncoderLayer(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int = 2048, dropout: float = 0.1, activation: str = "relu",
                  norm: str = "post", eps: float = 1e-5, bias: bool = True, n_kv_heads: int | None = None, *,
-                 rotary=None, window: int | None = None, device=None, dtype=None):
+                 rotary=None, window: int | None = None, norm_type: str = "layernorm", qkv_bias: bool | None = None,
+                 device=None, dtype=None):
         super().__init__()
         factory = {"device": device, "dtype": dtype}
-        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, dropout, bias, rotary=rotary, window=window,
-                                            **factory)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, dropout, bias, qkv_bias=qkv_bias,
+                                            rotary=rotary, window=window, **factory)
         self.ff = FeedForward(d_model, d_ff, activation, dropout, bias, **factory)
-        self.res_attn = Residual(d_model, norm, dropout, eps, bias, **factory)
-        self.res_ff = Residual(d_model, norm, dropout, eps, bias, **factory)
+        self.res_attn = Residual(d_model, norm, dropout, eps, bias, **factory, norm_type=norm_type)
+        self.res_ff = Residual(d_model, norm, dropout, eps, bias, **factory, norm_type=norm_type)
 
     def forward(self, x: Tensor, *, mask: Tensor | None = None, key_lengths: Tensor | None = None,
                 causal: bool = False) -> Tensor:
@@ -64,16 +66,19 @@ class TransformerDecoderLayer(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, d_ff: int = 2048, dropout: float = 0.1, activation: str = "relu",
                  norm: str = "post", eps: float = 1e-5, bias: bool = True, n_kv_heads: int | None = None, *,
-                 cross_attention: bool = True, rotary=None, window: int | None = None, device=None, dtype=None):
+                 cross_attention: bool = True, rotary=None, window: int | None = None, norm_type: str = "layernorm",
+                 qkv_bias: bool | None = None, device=None, dtype=None):
         super().__init__()
         factory = {"device": device, "dtype": dtype}
-        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, dropout, bias, rotary=rotary, window=window,
-                                            **factory)
-        self.res_self = Residual(d_model, norm, dropout, eps, bias, **factory)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, dropout, bias, **factory) if cross_attention else None
-        self.res_cross = Residual(d_model, norm, dropout, eps, bias, **factory) if cross_attention else None
+        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, dropout, bias, qkv_bias=qkv_bias,
+                                            rotary=rotary, window=window, **factory)
+        self.res_self = Residual(d_model, norm, dropout, eps, bias, **factory, norm_type=norm_type)
+        self.cross_attn = (MultiHeadAttention(d_model, n_heads, n_kv_heads, dropout, bias, qkv_bias=qkv_bias, **factory)
+                           if cross_attention else None)
+        self.res_cross = (Residual(d_model, norm, dropout, eps, bias, **factory, norm_type=norm_type)
+                          if cross_attention else None)
         self.ff = FeedForward(d_model, d_ff, activation, dropout, bias, **factory)
-        self.res_ff = Residual(d_model, norm, dropout, eps, bias, **factory)
+        self.res_ff = Residual(d_model, norm, dropout, eps, bias, **factory, norm_type=norm_type)
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, causal: bool = True, mask: Tensor | None = None,
                 key_lengths: Tensor | None = None, memory_key_lengths: Tensor | None = None,
@@ -98,7 +103,7 @@ class TransformerDecoderLayer(nn.Module):
 
 
 class TransformerEncoder(nn.Module):
-    """n_layers encoder layers, plus a final LayerNorm for pre/sandwich norm; layer_kwargs go to each layer."""
+    """n_layers encoder layers, plus a final norm for pre/sandwich norm; layer_kwargs go to each layer."""
 
     def __init__(self, n_layers: int, d_model: int, n_heads: int, d_ff: int = 2048, **layer_kwargs):
         super().__init__()
@@ -115,7 +120,7 @@ class TransformerEncoder(nn.Module):
 
 
 class TransformerDecoder(nn.Module):
-    """n_layers decoder layers, plus a final LayerNorm for pre/sandwich norm; layer_kwargs go to each layer."""
+    """n_layers decoder layers, plus a final norm for pre/sandwich norm; layer_kwargs go to each layer."""
 
     def __init__(self, n_layers: int, d_model: int, n_heads: int, d_ff: int = 2048, **layer_kwargs):
         super().__init__()
@@ -148,8 +153,8 @@ class TransformerDecoder(nn.Module):
         return x if self.norm is None else self.norm(x)
 
 
-def _final_norm(d_model: int, layer_kwargs: dict) -> LayerNorm | None:
+def _final_norm(d_model: int, layer_kwargs: dict) -> nn.Module | None:
     if layer_kwargs.get("norm", "post") == "post":
         return None
-    return LayerNorm(d_model, eps=layer_kwargs.get("eps", 1e-5), bias=layer_kwargs.get("bias", True),
-                     device=layer_kwargs.get("device"), dtype=layer_kwargs.get("dtype"))
+    return make_norm(layer_kwargs.get("norm_type", "layernorm"), d_model, layer_kwargs.get("eps", 1e-5),
+                     layer_kwargs.get("bias", True), layer_kwargs.get("device"), layer_kwargs.get("dtype"))

@@ -44,3 +44,15 @@ class RMSNorm(_Norm):
 
     def forward(self, x):
         return ops.rms_norm(x, self.weight, self.eps)
+
+
+NORM_TYPES = ("layernorm", "rmsnorm")
+
+
+def make_norm(norm_type: str, d_model: int, eps: float = 1e-5, bias: bool = True, device=None, dtype=None) -> _Norm:
+    """A LayerNorm (`bias` as given) or an RMSNorm (weight only) over d_model features, by norm_type."""
+    if norm_type == "layernorm":
+        return LayerNorm(d_model, eps=eps, bias=bias, device=device, dtype=dtype)
+    if norm_type == "rmsnorm":
+        return RMSNorm(d_model, eps=eps, device=device, dtype=dtype)
+    raise ValueError(f"norm_type: expected one of {NORM_TYPES}, got {norm_type!r}")

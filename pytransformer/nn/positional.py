@@ -10,17 +10,37 @@ def token_positions(length: int, device=None, cache=None) -> Tensor:
     return torch.arange(length, device=device) if cache is None else cache.positions(length)
 
 
-class SinusoidalPositionalEncoding(nn.Module):
+class _DerivedBuffers(nn.Module):
+    """A module whose (non-persistent) buffers are functions of its constructor arguments: moving or casting it
+    (.to, .double(), .to_empty() of a model built on the meta device) recomputes them on the new device by
+    `_derive(device, dtype)` instead of converting the old values, so they are never uninitialised or rounded."""
+
+    def _derive(self, device, dtype) -> None:
+        raise NotImplementedError
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        ref = next(self.buffers(recurse=False))
+        self._derive(ref.device, ref.dtype)
+        return self
+
+
+class SinusoidalPositionalEncoding(_DerivedBuffers):
     """Fixed encodings PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(...); forward(positions) -> [..., d]."""
 
     def __init__(self, d_model: int, max_len: int = 5000):
         super().__init__()
-        pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # [max_len, 1]
-        freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
-        pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+        self.d_model, self.max_len = d_model, max_len
+        self._derive(None, torch.float32)
+
+    def _derive(self, device, dtype) -> None:
+        d = self.d_model
+        pos = torch.arange(self.max_len, dtype=torch.float64, device=device)[:, None]  # [max_len, 1]
+        freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float64, device=device) * (-math.log(10000.0) / d))
+        pe = torch.zeros(self.max_len, d, dtype=torch.float64, device=device)
         pe[:, 0::2] = torch.sin(pos * freq)
-        pe[:, 1::2] = torch.cos(pos * freq[: d_model // 2])
-        self.register_buffer("pe", pe.float(), persistent=False)  # [max_len, d_model]
+        pe[:, 1::2] = torch.cos(pos * freq[: d // 2])
+        self.register_buffer("pe", pe.to(dtype), persistent=False)  # [max_len, d_model]
 
     def forward(self, positions: Tensor) -> Tensor:
         """positions int [...] -> encodings [..., d_model]."""
@@ -34,25 +54,84 @@ class LearnedPositionalEmbedding(nn.Embedding):
         super().__init__(max_len, d_model, device=device, dtype=dtype)
 
 
-class RotaryEmbedding(nn.Module):
-    """Rotary position embedding: rotates channel pairs (i, i + D/2) of q and k by p * base^(-2i/D)."""
+ROPE_TYPES = {"default": (), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                        "original_max_position_embeddings")}
 
-    def __init__(self, head_dim: int, max_len: int = 4096, base: float = 10000.0):
+
+def rope_type(scaling: dict | None) -> str:
+    """The rope_type of a rope scaling dict (key "rope_type", or "type" as older configs write it; None: "default");
+    ValueError naming it when it is not supported, or naming a missing parameter of a supported one."""
+    kind = "default" if scaling is None else scaling.get("rope_type", scaling.get("type", "default"))
+    if kind not in ROPE_TYPES:
+        raise ValueError(f"rope_scaling: rope_type {kind!r} is not supported (one of {sorted(ROPE_TYPES)})")
+    missing = [k for k in ROPE_TYPES[kind] if k not in scaling]
+    if missing:
+        raise ValueError(f"rope_scaling: rope_type {kind!r} needs {missing}")
+    return kind
+
+
+def rope_inv_freq(head_dim: int, base: float = 10000.0, scaling: dict | None = None, *, device=None,
+                  dtype=torch.float32) -> Tensor:
+    """Rotary inverse frequencies [D/2] as Hugging Face transformers computes them: 1 / base^(2i/D), then the
+    `scaling` dict's adjustment. Supported scaling: None, {"rope_type": "default"} and {"rope_type": "llama3",
+    "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} (Llama 3.1, the formula of
+    transformers' _compute_llama3_parameters); any other type raises ValueError naming it."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).to(dtype) / head_dim))
+    if rope_type(scaling) == "default":
+        return inv_freq
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_context / low, old_context / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)  # long wavelengths: divided by factor
+    smooth = (old_context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)  # between the two: interpolated
+    return torch.where(medium, smoothed, scaled)
+
+
+class RotaryEmbedding(_DerivedBuffers):
+    """Rotary position embedding: rotates channel pairs (i, i + D/2) of q and k by p * inv_freq[i], inv_freq =
+    base^(-2i/D) adjusted by `scaling` (see rope_inv_freq) -- the rotate-half layout and arithmetic of Hugging Face
+    Llama: angles p * inv_freq in float32 (float64 once the module is cast to float64), cos/sin cast to x's dtype.
+    cos/sin are computed for the positions asked, so any position works (`max_len` is accepted for compatibility and
+    not used); inv_freq stays float32 when the module is cast to a lower precision."""
+
+    def __init__(self, head_dim: int, max_len: int = 4096, base: float = 10000.0, scaling: dict | None = None):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"head_dim: must be even for rotary embeddings, got {head_dim}")
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # [D/2]
-        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # [max_len, D/2]
-        angles = torch.cat([angles, angles], -1)  # [max_len, D]
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        self.head_dim, self.base, self.scaling = head_dim, base, scaling
+        self._derive(None, torch.float32)
+
+    def _derive(self, device, dtype) -> None:
+        dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        self.register_buffer("inv_freq", rope_inv_freq(self.head_dim, self.base, self.scaling, device=device,
+                                                       dtype=dtype), persistent=False)  # [D/2]
+
+    def cos_sin(self, positions: Tensor, dtype) -> tuple[Tensor, Tensor]:
+        """cos and sin [..., D] in `dtype` of the angles at positions int [...]."""
+        angles = positions[..., None].to(self.inv_freq.dtype) * self.inv_freq  # [..., D/2]
+        angles = torch.cat([angles, angles], -1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """x [B, H, L, D] at positions [L] or [B, L] (default 0..L-1) -> rotated x [B, H, L, D]."""
-        if positions is None:
-            positions = torch.arange(x.shape[-2], device=x.device)
-        cos, sin = self.cos[positions].to(x.dtype), self.sin[positions].to(x.dtype)  # [L, D] or [B, L, D]
-        if positions.dim() == 2:
+        return self.rotate(x, *self.cos_sin(self._positions(x, positions), x.dtype))
+
+    def rotate_pair(self, q: Tensor, k: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """forward of q and k [B, H, L, D] (their own head counts) at the same positions, cos/sin computed once."""
+        cos, sin = self.cos_sin(self._positions(q, positions), q.dtype)
+        return self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+
+    @staticmethod
+    def _positions(x: Tensor, positions: Tensor | None) -> Tensor:
+        return torch.arange(x.shape[-2], device=x.device) if positions is None else positions
+
+    @staticmethod
+    def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """x [B, H, L, D] rotated by cos/sin [L, D] or [B, L, D]."""
+        if cos.dim() == 3:
             cos, sin = cos[:, None], sin[:, None]  # [B, 1, L, D]
         x1, x2 = x.chunk(2, -1)
         return x * cos + torch.cat([-x2, x1], -1) * sin

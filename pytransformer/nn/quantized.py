@@ -1,5 +1,6 @@
 """Weight-only int8 modules: QuantizedLinear (per-output-channel scales) and QuantizedEmbedding (an embedding tied to
-a quantized LM head). Weights are quantized after training; activations stay in floating point."""
+a quantized LM head), and quantize(model), which swaps them in. Weights are quantized after training; activations stay
+in floating point."""
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -69,3 +70,27 @@ class QuantizedEmbedding(nn.Module):
         """ids int [...] -> [..., embedding_dim] in the head's float dtype."""
         scale = self.head.scale
         return F.embedding(ids, self.head.weight).to(scale.dtype) * scale[ids, None]
+
+
+def quantize(model: nn.Module) -> nn.Module:
+    """Replace every nn.Linear of `model` in place by a QuantizedLinear (int8 weight, per-output-channel scale) and
+    return the model; an nn.Embedding whose weight is tied to a Linear's becomes a QuantizedEmbedding of that head."""
+    if isinstance(model, nn.Linear):
+        return QuantizedLinear.from_linear(model)
+    modules = list(model.modules())  # holds every original module (and weight) alive, so their ids stay unique
+    new = {id(m): QuantizedLinear.from_linear(m) for m in modules if isinstance(m, nn.Linear)}
+    heads = {}  # id(float weight) -> the QuantizedLinear of the first Linear using it
+    for m in modules:
+        if isinstance(m, nn.Linear):
+            heads.setdefault(id(m.weight), new[id(m)])
+    for m in modules:
+        if isinstance(m, nn.Embedding) and id(m.weight) in heads:
+            if m.max_norm is not None:
+                raise ValueError("model: an nn.Embedding tied to a Linear has max_norm, which the int8 table cannot "
+                                 "apply")
+            new[id(m)] = QuantizedEmbedding(heads[id(m.weight)])
+    for parent in modules:
+        for name, child in list(parent.named_children()):
+            if id(child) in new:
+                setattr(parent, name, new[id(child)])
+    return model
