@@ -11,6 +11,7 @@
 
 #include <ATen/ops/empty.h>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -103,10 +104,10 @@ inline int64_t check_positive_window(std::optional<int64_t> window) {
   return window ? *window : 0;
 }
 
-// Checks q, k, v, mask, window and key_lengths against each other (see the shapes above).
+// Checks q, k, v, mask, window and key_lengths against each other (see the shapes above), and a finite scale.
 inline void check_attention_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const std::optional<at::Tensor>& mask, std::optional<int64_t> window,
-                                 const std::optional<at::Tensor>& key_lengths) {
+                                 const std::optional<at::Tensor>& key_lengths, double scale) {
   check_float_dtype(q, "q");
   check_dim(q, "q", 4, "[B, Hq, Lq, D]");
   check_dim(k, "k", 4, "[B, Hkv, Lk, D]");
@@ -124,6 +125,7 @@ inline void check_attention_args(const at::Tensor& q, const at::Tensor& k, const
   TORCH_CHECK_VALUE(v.size(0) == B && v.size(1) == Hkv && v.size(2) == Lk, "v: expected shape [", B, ", ", Hkv, ", ",
                     Lk, ", Dv] (B, Hkv and Lk of k), got ", v.sizes());
   check_positive_window(window);
+  TORCH_CHECK_VALUE(std::isfinite(scale), "scale: expected a finite value, got ", scale);
   if (mask) {
     check_like(*mask, "mask", q, "q", false);
     TORCH_CHECK_VALUE(mask->scalar_type() == at::kBool || at::isFloatingType(mask->scalar_type()),

@@ -20,7 +20,10 @@ CSRC = ROOT / "csrc"
 # extension then needs libgomp.so.1, which is torch's own copy once torch is imported (same soname).
 # -g0: Python's default flags carry -g; without debug info the objects are ~30x smaller and compile ~20% faster
 # (symbols stay, so backtraces still name functions).
-CXX_FLAGS = ["-O3", "-g0", "-std=c++20", "-fvisibility=hidden", "-fopenmp"]
+# -ffp-contract=off: a multiply and an add fuse into one fma only where the source says fmadd; GCC's default (fast)
+# fuses them anywhere, so two copies of one expression could round differently (LayerNorm's backward with one feature
+# gave dx = +-0.2 instead of 0: g * w - mean(g * w) fused on one side only, times rstd ~ 1e6).
+CXX_FLAGS = ["-O3", "-g0", "-std=c++20", "-fvisibility=hidden", "-fopenmp", "-ffp-contract=off"]
 LINK_FLAGS = ["-fopenmp"]
 NVCC_FLAGS = ["-O3", "-std=c++20", "--use_fast_math", "--expt-relaxed-constexpr", "-lineinfo"]
 CUDA_MACRO = "PT_WITH_CUDA"  # defined in a CUDA build, for the C++ and CUDA sources alike

@@ -26,7 +26,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::
                                                  const std::optional<at::Tensor>& mask, bool causal,
                                                  std::optional<int64_t> window,
                                                  const std::optional<at::Tensor>& key_lengths, double scale) {
-  check_attention_args(q, k, v, mask, window, key_lengths);
+  check_attention_args(q, k, v, mask, window, key_lengths, scale);
   const at::ScalarType acc = attention_acc_dtype(q);
   at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
   at::Tensor lse = empty_lse(q);
@@ -45,7 +45,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const std::optional<at::Tensor>& mask, bool causal, std::optional<int64_t> window,
     const std::optional<at::Tensor>& key_lengths, double scale) {
-  check_attention_args(q, k, v, mask, window, key_lengths);
+  check_attention_args(q, k, v, mask, window, key_lengths, scale);
   check_attention_backward_args(grad_out, q, v, out, lse);
   const at::ScalarType acc = attention_acc_dtype(q);
   const int64_t B = q.size(0), Hq = q.size(1), Hkv = k.size(1), Lq = q.size(2), Lk = k.size(2);

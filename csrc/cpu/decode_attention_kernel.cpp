@@ -7,6 +7,7 @@
 // unnormalised output) per query row; a second pass merges the chunks of a row (log-sum-exp) into the output.
 // float16/bfloat16 blocks are widened to float32 once per item and block; float64 stays float64.
 #include "isa.h"
+#include "vec_util.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -184,7 +185,7 @@ void decode_attention_typed(const DecodeAttentionParams& p, const void* q, const
             std::fill(pm, pm + kBlock, acc_t(0));
             continue;
           }
-          const acc_t new_max = std::max(mx[m], block_max);
+          const acc_t new_max = max_nan(mx[m], block_max);  // NaN (in q or a visible key) stays NaN
           alpha[m] = std::exp(mx[m] - new_max);  // 0 while the row was empty
           at::vec::map([nm = Vec(new_max)](Vec x) { return (x - nm).exp(); }, pm, s, kBlock);
           sum[m] = sum[m] * alpha[m] + at::vec::reduce_all<acc_t>(std::plus<Vec>(), pm, kBlock);
@@ -206,7 +207,7 @@ void decode_attention_typed(const DecodeAttentionParams& p, const void* q, const
       const int64_t first_item = row.item_base + h * row.chunks;
       for (int64_t m = 0; m < M; ++m) {
         acc_t gmax = kNegInf;
-        for (int64_t c = 0; c < row.chunks; ++c) gmax = std::max(gmax, part_max[(first_item + c) * M + m]);
+        for (int64_t c = 0; c < row.chunks; ++c) gmax = max_nan(gmax, part_max[(first_item + c) * M + m]);
         std::fill(merged.begin(), merged.end(), acc_t(0));
         if (gmax != kNegInf) {  // else no visible key: zeros
           acc_t denom = 0;

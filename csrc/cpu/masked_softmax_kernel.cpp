@@ -13,7 +13,9 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+#include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -146,6 +148,10 @@ void fwd_typed(const MaskedSoftmaxFwdParams& p) {
       const acc_t mx = scale_bias_max(widen_row(xp + r * lk, n, buf), b, acc_t(scale), n, buf.data());
       if (mx == -std::numeric_limits<acc_t>::infinity()) {  // no visible entry (or n == 0)
         std::memset(o, 0, lk * sizeof(T));
+        continue;
+      }
+      if (!std::isfinite(mx)) {  // a NaN or +inf entry: a NaN row, as softmax gives (inf - inf)
+        std::fill(o, o + lk, static_cast<T>(std::numeric_limits<acc_t>::quiet_NaN()));
         continue;
       }
       const acc_t sum = exp_sum(buf.data(), mx, n);

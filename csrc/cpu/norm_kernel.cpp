@@ -1,7 +1,9 @@
 // CPU kernels of layer_norm and rms_norm (forward and backward), compiled once per ISA level (see isa.h); the glue is
 // norm.cpp.
-// Each row is reduced in one pass (shifted sums: s1 = sum(x - x0), s2 = sum((x - x0)^2), exact for any mean and
-// stable because x0 is a sample of the row); float16/bfloat16 rows are widened into a float buffer first.
+// LayerNorm statistics take two passes over the row: m = mean(x), then shifted sums s1 = sum(x - m),
+// s2 = sum((x - m)^2) (mean = m + s1 / n, var = s2 / n - (s1 / n)^2), accurate for any offset of the row (a shift by
+// one sample of the row, x0, loses the variance to cancellation when x0 is far from the mean). float16/bfloat16 rows
+// are widened into a float buffer first.
 #include "isa.h"
 #include "vec_util.h"
 
@@ -70,10 +72,11 @@ void norm_fwd_typed(const NormFwdParams& p) {
       const acc_t* a = widen_row(xp + r * n, n, xbuf);
       acc_t mu = 0, var;
       if (center) {
+        const acc_t m = at::vec::reduce_all<acc_t>(std::plus<Vec>(), a, n) / n;
         acc_t s1, s2;
-        shifted_sums(a, n, a[0], s1, s2);
+        shifted_sums(a, n, m, s1, s2);
         const acc_t d = s1 / n;
-        mu = a[0] + d;
+        mu = m + d;
         var = std::max(s2 / n - d * d, acc_t(0));
       } else {
         acc_t s1, s2;

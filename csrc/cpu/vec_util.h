@@ -8,6 +8,12 @@
 namespace pytransformer::cpu {
 inline namespace CPU_CAPABILITY {
 
+// max(a, b) that propagates NaN from either side, as torch's max does (std::max(a, NaN) returns a).
+template <typename acc_t>
+inline acc_t max_nan(acc_t a, acc_t b) {
+  return (a > b || a != a) ? a : b;
+}
+
 // The first n elements of a row of `T` as `acc_t`: the row itself when the types agree, else widened into `buf`.
 template <typename T, typename acc_t>
 const acc_t* widen_row(const T* row, int64_t n, std::vector<acc_t>& buf) {

@@ -114,7 +114,7 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
                                                   const std::optional<at::Tensor>& mask, bool causal,
                                                   std::optional<int64_t> window,
                                                   const std::optional<at::Tensor>& key_lengths, double scale) {
-  check_attention_args(q, k, v, mask, window, key_lengths);
+  check_attention_args(q, k, v, mask, window, key_lengths, scale);
   check_simt_head_dims(q, v);
   c10::cuda::CUDAGuard guard(q.device());
   const int64_t D = q.size(3), Dv = v.size(3);
@@ -150,7 +150,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
     const at::Tensor& lse, const std::optional<at::Tensor>& mask, bool causal, std::optional<int64_t> window,
     const std::optional<at::Tensor>& key_lengths, double scale) {
-  check_attention_args(q, k, v, mask, window, key_lengths);
+  check_attention_args(q, k, v, mask, window, key_lengths, scale);
   check_attention_backward_args(grad_out, q, v, out, lse);
   check_simt_head_dims(q, v);
   c10::cuda::CUDAGuard guard(q.device());

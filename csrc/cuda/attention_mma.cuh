@@ -191,8 +191,8 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 __device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+  v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return max_nan(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
 // Writes a warp's tile acc [16][kNT * 8] * scale to rows row0.. (< rows) and columns < cols of a T matrix with row
@@ -285,8 +285,8 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
         const int r = i % 2;
         float tile_max = -INFINITY;
 #pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) tile_max = fmaxf(tile_max, fmaxf(srow[nt][2 * r], srow[nt][2 * r + 1]));
-        const float mx = fmaxf(row_max[i], quad_max(tile_max) * factor);
+        for (int nt = 0; nt < kNT; ++nt) tile_max = max_nan(tile_max, max_nan(srow[nt][2 * r], srow[nt][2 * r + 1]));
+        const float mx = max_nan(row_max[i], quad_max(tile_max) * factor);
         const float base = mx == -INFINITY ? 0.f : mx;  // a row with nothing visible yet keeps p = 0
         const float alpha = exp2f(row_max[i] - base);
         row_max[i] = mx;

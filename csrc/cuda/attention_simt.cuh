@@ -76,7 +76,7 @@ __device__ __forceinline__ void store_row(T* row, const float (&acc)[kIters], fl
 }
 
 __device__ __forceinline__ float warp_max(float v) {
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kSimtWarps* kWarpSize) attention_simt_fwd_kern
       float s = -INFINITY;
       if (j < keys.hi && mask_keeps(p, b, h, i, j))
         s = dot_row<T, kVec>(qs, k + j * p.k_stride[2], D) + mask_bias(p, b, h, i, j);
-      const float m_new = fmaxf(m, warp_max(s));
+      const float m_new = max_nan(m, warp_max(s));
       if (m_new == -INFINITY) continue;  // nothing visible so far (the whole warp skips)
       const float alpha = __expf(m - m_new), e = __expf(s - m_new);
       l = fmaf(l, alpha, e);

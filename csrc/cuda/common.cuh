@@ -122,11 +122,15 @@ struct SumOp {
   __device__ __forceinline__ float2 operator()(float2 a, float2 b) const { return make_float2(a.x + b.x, a.y + b.y); }
 };
 
+// max(a, b) propagating NaN from either side (fmaxf returns the other operand): a NaN score gives a NaN row, as in
+// torch, instead of passing for a row with nothing visible.
+__device__ __forceinline__ float max_nan(float a, float b) { return (a > b || a != a) ? a : b; }
+
 // (max, sum of exp(v - max)) pairs of two parts of a row merged; (-inf, 0) is the empty part. Rounded explicitly
 // (no fma contraction) so that the merge is symmetric and every lane of a butterfly ends with the same value.
 struct MaxSumOp {
   __device__ __forceinline__ float2 operator()(float2 a, float2 b) const {
-    const float m = fmaxf(a.x, b.x);
+    const float m = max_nan(a.x, b.x);
     if (m == -INFINITY) return make_float2(-INFINITY, 0.f);
     return make_float2(m, __fadd_rn(__fmul_rn(a.y, __expf(a.x - m)), __fmul_rn(b.y, __expf(b.x - m))));
   }

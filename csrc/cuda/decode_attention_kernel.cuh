@@ -54,7 +54,7 @@ __device__ __forceinline__ void merge_state(float (&mx)[kRows], float (&l)[kRows
                                             const float (&o2)[kRows][kC][kVec]) {
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    const float m = fmaxf(mx[r], mx2[r]);
+    const float m = max_nan(mx[r], mx2[r]);
     if (m == -INFINITY) continue;
     const float a = exp2f(mx[r] - m), b = exp2f(mx2[r] - m);
     mx[r] = m;
@@ -155,10 +155,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(DecodeArgs
         const int64_t j = jb + i;
         const bool visible = live[r] && j < j1 && j <= pos[r] && (p.window == 0 || j > pos[r] - p.window);
         s[r][i] = visible ? s[r][i] : -INFINITY;
-        tile_max = fmaxf(tile_max, s[r][i]);
+        tile_max = max_nan(tile_max, s[r][i]);
       }
       if (tile_max == -INFINITY) continue;
-      const float new_max = fmaxf(mx[r], tile_max), alpha = exp2f(mx[r] - new_max);
+      const float new_max = max_nan(mx[r], tile_max), alpha = exp2f(mx[r] - new_max);
       mx[r] = new_max;
       float w[kDecodeKeys], sum = 0.f;
 #pragma unroll
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_combine_kernel(const fl
   const int64_t row = int64_t(blockIdx.x) * kDecodeWarps + threadIdx.x / 32;
   if (row >= rows) return;
   float gmax = -INFINITY;
-  for (int s = 0; s < splits; ++s) gmax = fmaxf(gmax, part_ml[s * rows + row].x);
+  for (int s = 0; s < splits; ++s) gmax = max_nan(gmax, part_ml[s * rows + row].x);
   float denom = 0.f;
   if (gmax != -INFINITY)
     for (int s = 0; s < splits; ++s) denom += exp2f(part_ml[s * rows + row].x - gmax) * part_ml[s * rows + row].y;

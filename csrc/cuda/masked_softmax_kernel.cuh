@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kIters > 0 ? kSoftmaxMaxRowThreads : kStreamTh
       for_chunks<kIters>(g.lane, row_threads, visible_chunks, [&](int it, int64_t c) {
         masked_values(p, sr[it], c, cols, mask_row, e[it]);
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) ms.x = fmaxf(ms.x, e[it][k]);
+        for (int k = 0; k < kVec; ++k) ms.x = max_nan(ms.x, e[it][k]);
       });
       if (ms.x != -INFINITY) {
         for_chunks<kIters>(g.lane, row_threads, visible_chunks, [&](int it, int64_t c) {
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kIters > 0 ? kSoftmaxMaxRowThreads : kStreamTh
         masked_values(p, sv, c, cols, mask_row, v);
         float m = ms.x;
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) m = fmaxf(m, v[k]);
+        for (int k = 0; k < kVec; ++k) m = max_nan(m, v[k]);
         if (m == -INFINITY) return;
         float s = ms.y * __expf(ms.x - m);
 #pragma unroll

@@ -1,9 +1,9 @@
 #pragma once
 // CUDA kernels of layer_norm and rms_norm (forward and backward) over rows x [rows, n], templated on the storage type
 // T (float, __half, __nv_bfloat16; float32 arithmetic) and on the row geometry of common.cuh. `center` selects
-// LayerNorm (subtract the mean) or RMSNorm. Statistics are one pass of shifted sums, as on the CPU:
-// s1 = sum(x - x0), s2 = sum((x - x0)^2) with x0 = x[row, 0], so mean = x0 + s1 / n and var = s2 / n - (s1 / n)^2
-// stay accurate whatever the mean. The backward fuses grad_x with per-block partial sums of the weight and bias
+// LayerNorm (subtract the mean) or RMSNorm. LayerNorm statistics take two passes, as on the CPU: m = mean(x), then
+// shifted sums s1 = sum(x - m), s2 = sum((x - m)^2), so mean = m + s1 / n and var = s2 / n - (s1 / n)^2 stay
+// accurate for any offset of the row. The backward fuses grad_x with per-block partial sums of the weight and bias
 // gradients ([blocks, n] float32, deterministic, no atomics), summed over blocks by column_sum_kernel.
 #include "common.cuh"
 
@@ -57,7 +57,16 @@ __global__ void __launch_bounds__(kIters > 0 ? kNormMaxRowThreads : kStreamThrea
     const P* xrow = reinterpret_cast<const P*>(p.x + row * p.n);
     P xr[kSlots];
     load_chunks<kIters>(g.lane, row_threads, chunks, xr, xrow);
-    const float shift = p.center ? to_float(p.x[row * p.n]) : 0.f;
+    float shift = 0.f;
+    if (p.center) {
+      float2 m = make_float2(0.f, 0.f);
+      for_chunks<kIters>(g.lane, row_threads, chunks, [&](int it, int64_t c) {
+        const P xv = chunk_at<kIters>(xr, it, xrow, c);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) m.x += to_float(xv.v[k]);
+      });
+      shift = row_allreduce(m, SumOp{}, row_threads, g.mask, red).x / p.n;
+    }
     float2 s = make_float2(0.f, 0.f);
     for_chunks<kIters>(g.lane, row_threads, chunks, [&](int it, int64_t c) {
       const P xv = chunk_at<kIters>(xr, it, xrow, c);

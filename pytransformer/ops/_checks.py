@@ -15,6 +15,14 @@ def check(cond, message: str) -> None:
     torch._check_value(cond, lambda: message)
 
 
+def tensors(optional: tuple = (), **named) -> None:
+    """The public wrappers' first check: TypeError naming the argument that is not a tensor (None allowed for the names
+    in `optional`), before any attribute of it is read."""
+    for name, t in named.items():
+        if not isinstance(t, Tensor) and not (t is None and name in optional):
+            raise TypeError(f"{name}: expected a tensor, got {type(t).__name__}")
+
+
 def float_dtype(t: Tensor, name: str) -> None:
     check(isinstance(t, Tensor), f"{name}: expected a tensor, got {type(t).__name__}")
     check(t.dtype in FLOAT_DTYPES, f"{name}: expected a float32, float16, bfloat16 or float64 tensor, got {t.dtype}")
@@ -93,7 +101,7 @@ def masked_softmax(scores: Tensor, mask, scale: float, causal: bool) -> None:
     check(ok, f"mask: shape {list(mask.shape)} is not broadcastable to scores' shape {list(scores.shape)}")
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask, window, key_lengths) -> None:
+def attention(q: Tensor, k: Tensor, v: Tensor, mask, window, key_lengths, scale: float) -> None:
     """csrc/attention.h: check_attention_args."""
     float_dtype(q, "q")
     dim(q, "q", 4, "[B, Hq, Lq, D]")
@@ -111,6 +119,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask, window, key_lengths) -> Non
     check(v.shape[0] == b and v.shape[1] == hkv and v.shape[2] == lk, f"v: expected shape [{b}, {hkv}, {lk}, Dv] "
           f"(B, Hkv and Lk of k), got {list(v.shape)}")
     check(window is None or window >= 1, f"window: expected a positive number of keys, got {window}")
+    finite(scale, "scale")
     if mask is not None:
         like(mask, "mask", q, "q", same_dtype=False)
         check(mask.dtype == torch.bool or mask.is_floating_point(), "mask: expected a bool (True = may attend) or "

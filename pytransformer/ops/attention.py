@@ -17,13 +17,13 @@ def _lse_like(q: Tensor) -> Tensor:
 
 @torch.library.register_fake("pytransformer::attention")
 def _(q, k, v, mask, causal, window, key_lengths, scale):
-    _checks.attention(q, k, v, mask, window, key_lengths)
+    _checks.attention(q, k, v, mask, window, key_lengths, scale)
     return q.new_empty((*q.shape[:3], v.shape[-1])), _lse_like(q)
 
 
 @torch.library.register_fake("pytransformer::attention_backward")
 def _(grad_out, q, k, v, out, lse, mask, causal, window, key_lengths, scale):
-    _checks.attention(q, k, v, mask, window, key_lengths)
+    _checks.attention(q, k, v, mask, window, key_lengths, scale)
     expected = (*q.shape[:3], v.shape[3])
     for t, name in ((grad_out, "grad_out"), (out, "out")):
         _checks.like(t, name, q, "q")
@@ -50,17 +50,19 @@ torch.library.register_autograd("pytransformer::attention", _attention_backward,
 
 
 def _attention_unfused(q, k, v, mask, causal, window, key_lengths, scale, dropout_p):
-    """Materialised attention with dropout on the probabilities, from torch ops (the dropout_p > 0 path)."""
+    """Materialised attention with dropout on the probabilities, from torch ops (the dropout_p > 0 path). Like the fused
+    kernels it computes in float32 (float64 for float64 inputs) and returns q's dtype."""
     b, hq, lq, _ = q.shape
     hkv, lk = k.shape[1], k.shape[2]
-    qg = q.reshape(b, hkv, hq // hkv, lq, q.shape[-1])  # [B, Hkv, G, Lq, D]: a GQA group shares its K/V
-    s = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * scale  # [B, Hkv, G, Lq, Lk]
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qg = q.to(acc).reshape(b, hkv, hq // hkv, lq, q.shape[-1])  # [B, Hkv, G, Lq, D]: a GQA group shares its K/V
+    s = torch.matmul(qg, k.to(acc).unsqueeze(2).transpose(-1, -2)) * scale  # [B, Hkv, G, Lq, Lk]
     s = s.reshape(b, hq, lq, lk)
     keep = torch.ones((), dtype=torch.bool, device=q.device)
     if mask is not None and mask.dtype == torch.bool:
         keep = keep & mask
     elif mask is not None:
-        s = s + mask
+        s = s + mask.to(acc)
     visible = visible_keys(lq, lk, causal=causal, window=window, key_lengths=key_lengths, device=q.device)
     if visible is not None:
         keep = keep & visible
@@ -68,7 +70,7 @@ def _attention_unfused(q, k, v, mask, causal, window, key_lengths, scale, dropou
     empty = torch.isneginf(s).all(-1, keepdim=True)  # rows with no visible key give zeros
     p = torch.softmax(s.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
     p = torch.nn.functional.dropout(p, dropout_p).reshape(b, hkv, hq // hkv, lq, lk)
-    return torch.matmul(p, v.unsqueeze(2)).reshape(b, hq, lq, v.shape[-1])
+    return torch.matmul(p, v.to(acc).unsqueeze(2)).reshape(b, hq, lq, v.shape[-1]).to(q.dtype)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, causal: bool = False,
@@ -82,6 +84,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, ca
     dropout_p > 0 drops probabilities whenever given (pass 0 in eval), on an unfused path that materialises the
     scores; dropout_p == 0 always runs the fused kernel.
     """
+    _checks.tensors(("mask", "key_lengths"), q=q, k=k, v=v, mask=mask, key_lengths=key_lengths)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1]) if q.dim() and q.shape[-1] else 1.0  # (bad shapes raise in the op)
     if not 0.0 <= dropout_p <= 1.0:

@@ -35,6 +35,7 @@ torch.library.register_autograd("pytransformer::decode_attention", _decode_atten
 def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lengths: Tensor, *,
                      scale: float | None = None, window: int | None = None) -> Tensor:
     """q [B, Hq, T, D] over the first cache_lengths[b] cache rows (bottom-right causal) -> [B, Hq, T, Dv]; no backward."""
+    _checks.tensors(q=q, k_cache=k_cache, v_cache=v_cache, cache_lengths=cache_lengths)
     if scale is None:  # 1/sqrt(D); a q of the wrong shape is reported by the op
         scale = 1.0 / math.sqrt(q.shape[-1]) if q.dim() == 4 and q.shape[-1] > 0 else 1.0
     return _ops.decode_attention(q, k_cache, v_cache, cache_lengths, scale, window)

@@ -26,4 +26,5 @@ torch.library.register_autograd("pytransformer::int8_linear", _int8_linear_backw
 
 def int8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
     """(x [..., K] @ weight int8 [N, K]^T) * scale [N] + bias [N] -> [..., N] in x's dtype; no backward."""
+    _checks.tensors(("bias",), x=x, weight=weight, scale=scale, bias=bias)
     return _ops.int8_linear(x, weight, scale, bias)

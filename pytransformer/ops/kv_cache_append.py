@@ -22,4 +22,5 @@ def _(k_cache, v_cache, k_new, v_new, positions):
 
 def kv_cache_append(k_cache: Tensor, v_cache: Tensor, k_new: Tensor, v_new: Tensor, positions: Tensor) -> None:
     """Write k_new/v_new [B, Hkv, T, D|Dv] into the caches [B, Hkv, capacity, D|Dv] at rows positions[b] + t, in place."""
+    _checks.tensors(k_cache=k_cache, v_cache=v_cache, k_new=k_new, v_new=v_new, positions=positions)
     _ops.kv_cache_append(k_cache, v_cache, k_new, v_new, positions)

@@ -44,4 +44,5 @@ torch.library.register_autograd("pytransformer::masked_softmax", _backward, setu
 
 def masked_softmax(scores: Tensor, mask: Tensor | None = None, *, scale: float = 1.0, causal: bool = False) -> Tensor:
     """softmax(scale * scores + mask) over the last dim (bool mask: True = keep); rows with nothing visible are 0."""
+    _checks.tensors(("mask",), scores=scores, mask=mask)
     return _ops.masked_softmax(scores, mask, float(scale), bool(causal))

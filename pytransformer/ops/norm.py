@@ -70,9 +70,11 @@ torch.library.register_autograd("pytransformer::rms_norm", _rms_norm_backward, s
 
 def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     """LayerNorm over the last dim of x [..., N]: (x - mean) / sqrt(var + eps) * weight + bias."""
+    _checks.tensors(("weight", "bias"), x=x, weight=weight, bias=bias)
     return _ops.layer_norm(x, weight, bias, eps)[0]
 
 
 def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
     """RMSNorm over the last dim of x [..., N]: x / sqrt(mean(x^2) + eps) * weight."""
+    _checks.tensors(("weight",), x=x, weight=weight)
     return _ops.rms_norm(x, weight, eps)[0]

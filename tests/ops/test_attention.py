@@ -237,6 +237,29 @@ def test_dropout_unfused_path():
     assert torch.autograd.gradcheck(same_dropout, (q[:1, :2, :3, :2], k[:1, :1, :4, :2], v[:1, :1, :4, :2]))
 
 
+def test_dropout_path_computes_in_float32():
+    """bf16 q with a float32 mask runs (it raised), and scores and softmax are float32: with dropout_p so small that
+    nothing is dropped, the output is as close to float64 as the fused kernel's (bf16 softmax was 4x worse)."""
+    q, k, v = _inputs((2, 4, 2, 64, 64, 32, 32), torch.bfloat16, "cpu", requires_grad=False)
+    q = q * 4  # large scores: rounding them to bf16 is what the float32 path avoids
+    mask = torch.randn(64, 64)
+    expected = reference.attention(q.double(), k.double(), v.double(), mask=mask.double())
+    fused = attention(q, k, v, mask=mask)
+    unfused = attention(q, k, v, mask=mask, dropout_p=1e-12)
+    assert unfused.dtype == torch.bfloat16
+    fused_err = (fused.double() - expected).abs().amax().item()
+    assert (unfused.double() - expected).abs().amax().item() <= 1.5 * fused_err
+
+
+def test_non_tensor_arguments_raise_type_error():
+    q, k, v = _inputs((1, 2, 2, 3, 4, 8, 8), torch.float32, "cpu", requires_grad=False)
+    for name, call in [("q", lambda: attention([[1.0]], k, v)), ("k", lambda: attention(q, 3, v)),
+                       ("v", lambda: attention(q, k, None)), ("mask", lambda: attention(q, k, v, mask=[[True]])),
+                       ("key_lengths", lambda: attention(q, k, v, key_lengths=[4]))]:
+        with pytest.raises(TypeError, match=f"^{name}: expected a tensor"):
+            call()
+
+
 @pytest.mark.parametrize("where", WHERE)
 def test_bad_inputs_raise(where):
     with factory_device(where):
@@ -276,6 +299,9 @@ def _bad_inputs_raise():
         ("key_lengths", lambda: attention(q, k, v, key_lengths=torch.tensor([1.0, 2.0]))),
         ("key_lengths", lambda: attention(q, k, v, key_lengths=torch.tensor([1, 2, 3]))),
         ("window", lambda: attention(q, k, v, window=0)),
+        ("scale", lambda: attention(q, k, v, scale=float("nan"))),
+        ("scale", lambda: attention(q, k, v, scale=float("inf"))),
+        ("scale", lambda: attention(q, k, v, scale=float("nan"), dropout_p=0.1)),
         ("dropout_p", lambda: attention(q, k, v, dropout_p=1.5)),
         ("mask", lambda: attention(q, k, v, mask=torch.ones(5, 7, dtype=torch.bool), dropout_p=0.1)),
     ]

@@ -81,6 +81,26 @@ def test_keys_past_the_length_are_never_read(device):
     torch.testing.assert_close(pt.ops.decode_attention(q, k, v, lengths), expected)
 
 
+@pytest.mark.parametrize("cap", [10, 3000])  # 3000: several chunks per row, merged
+def test_nan_propagates_as_in_attention(device, cap):
+    """NaN in a query or in a visible key gives a NaN output row (it gave zeros), as attention and float64 math do; a
+    NaN key past the length changes nothing."""
+    q = randn(2, 4, 1, 16, device=device)
+    k, v = caches(2, 2, cap, 16, 16, torch.float32, device)
+    lengths = torch.tensor([cap - 3, cap], device=device)
+    clean = pt.ops.decode_attention(q, k, v, lengths)
+    q[0, 1, 0, 5] = float("nan")  # query head 1 of row 0
+    k[1, 1, cap // 2, 0] = float("nan")  # a visible key of kv head 1 (query heads 2, 3) of row 1
+    k[0, 0, cap - 1] = float("nan")  # past row 0's length
+    out = pt.ops.decode_attention(q, k, v, lengths)
+    nan_rows = torch.zeros(2, 4, 1, dtype=torch.bool, device=device)
+    nan_rows[0, 1], nan_rows[1, 2:] = True, True
+    assert torch.equal(out.isnan().all(-1), nan_rows) and torch.equal(out.isnan().any(-1), nan_rows)
+    torch.testing.assert_close(out[~nan_rows], clean[~nan_rows])
+    expected = pt.ops.attention(q[:1, :, :, :], k[:1, :, :cap - 3], v[:1, :, :cap - 3])
+    assert torch.equal(expected.isnan().all(-1), nan_rows[:1])
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("window", [None, 16])
 def test_append_and_decode_loop_equals_causal_attention(device, dtype, window):

@@ -83,6 +83,23 @@ def test_masks_match_reference(device, dtype, kind, mask_shape, causal):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_and_inf_scores_give_nan_rows_as_torch(device, dtype, bad):
+    """A NaN or +inf score makes its row NaN, as torch.softmax does (+inf gave [0, nan, 0]); other rows are unchanged
+    and a -inf score is an ordinary removed entry."""
+    _skip_unsupported(dtype, device)
+    x = _scores((3, 5, 70), dtype, device)
+    x[0, 1, 7] = bad
+    x[2, 4, 69] = float("-inf")
+    out = pt.ops.masked_softmax(x, scale=0.5)
+    torch.testing.assert_close(out.isnan(), torch.softmax(x.double() * 0.5, -1).isnan(), atol=0, rtol=0)
+    assert out[0, 1].isnan().all() and out.isnan().sum() == 70
+    rest = torch.ones(3, 5, dtype=torch.bool)
+    rest[0, 1] = False
+    _check(out[rest], x[rest], scale=0.5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_rows_with_nothing_visible_are_zero_with_zero_grad(device, dtype):
     _skip_unsupported(dtype, device)
     x = _scores((2, 6, 40), dtype, device).requires_grad_(True)

@@ -49,6 +49,36 @@ def test_layer_norm_rows_at_their_mean(device, dtype):
                                    b[:rows.shape[1]].expand(rows.shape), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [3, 1000, 4096])
+def test_layer_norm_statistics_for_any_offset(device, dtype, n):
+    """One element far from the row's mean (statistics shifted by x[0] lost the variance to cancellation: 2.8e-2 at
+    4096 columns), and whole rows offset by 1e3 (|mean| >> std)."""
+    _skip_unsupported(dtype, device)
+    x = torch.randn(4, n, dtype=torch.float64)
+    x[:2, 0] = 1e4
+    x[2:] += 1e3
+    x = x.to(device, dtype)
+    expected = F.layer_norm(x.double(), (n,))
+    atol, rtol = tolerance(dtype)
+    for row in range(4):  # per row: a wrong row cannot hide in a norm
+        torch.testing.assert_close(pt.ops.layer_norm(x[row]).double(), expected[row], atol=atol * 10, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_layer_norm_backward_of_one_feature_is_zero(device, dtype):
+    """N = 1: xhat = 0 and dx = rstd * (g w - mean(g w)) = 0 exactly, even with BERT's eps = 1e-12 (rstd = 1e6); a
+    multiply-add fused on one side only left +-0.2."""
+    _skip_unsupported(dtype, device)
+    x = torch.randn(64, 1, dtype=dtype, device=device, requires_grad=True)
+    w = torch.randn(1, dtype=dtype, device=device, requires_grad=True)
+    b = torch.randn(1, dtype=dtype, device=device, requires_grad=True)
+    y = pt.ops.layer_norm(x, w, b, eps=1e-12)
+    dx, dw, db = torch.autograd.grad(y, (x, w, b), torch.randn_like(y))
+    assert torch.equal(dx, torch.zeros_like(dx))
+    assert dw.abs().item() == 0
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_rms_norm_matches_reference(device, dtype, shape):
