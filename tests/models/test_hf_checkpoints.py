@@ -1,0 +1,229 @@
+"""Hugging Face checkpoints without a download: tiny random Llama (tied; llama3 rope scaling with an untied head),
+Mistral (sliding window shorter than the sequence: the rolling cache wraps), Qwen2 (Q/K/V biases), GPT-2 and BERT
+built with transformers and saved with save_pretrained (one sharded), loaded by from_hf and from_pretrained: logits
+and greedy tokens equal Hugging Face's (batch 1, and batch 3 padded), torch.compile, bfloat16, int8, errors."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from pytransformer.models import DecoderLM, EncoderModel
+from pytransformer.nn import QuantizedLinear
+
+transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+V, NEW = 100, 64
+COMMON = {"vocab_size": V, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+          "initializer_range": 0.3, "pad_token_id": 0, "bos_token_id": None, "eos_token_id": None}
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32, "rope_theta": 500000.0}
+DECODERS = {
+    "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, tie_word_embeddings=True)),
+    "llama3": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, rope_parameters=LLAMA3,
+                                                                             tie_word_embeddings=False)),
+    "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**COMMON, sliding_window=8)),
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON)),
+    "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_positions=256, initializer_range=0.3, bos_token_id=None,
+        eos_token_id=None, pad_token_id=0)),
+}
+
+
+def _random_norms(model):
+    """Norm weights (ones at init) made random, so a wrong mapping shows."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5) if name.endswith("weight") else p.uniform_(-0.5, 0.5)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """name -> (the Hugging Face model, its save_pretrained directory); GPT-2 saved in shards."""
+    out = {}
+    for i, (name, build) in enumerate(DECODERS.items()):
+        torch.manual_seed(i)
+        model = _random_norms(build())
+        path = tmp_path_factory.mktemp(name)
+        model.save_pretrained(path, **({"max_shard_size": "100KB"} if name == "gpt2" else {}))
+        out[name] = (model, path)
+    return out
+
+
+def test_sharded_save_is_read(saved):
+    path = saved["gpt2"][1]
+    assert (path / "model.safetensors.index.json").exists() and not (path / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("name", list(DECODERS))
+def test_logits_match(saved, name):
+    hf, path = saved[name]
+    ids = torch.randint(1, V, (2, 40))  # longer than Mistral's window and llama3's original context
+    with torch.no_grad():
+        expected = hf(ids).logits
+        for ours in (DecoderLM.from_hf(hf), DecoderLM.from_pretrained(path)):
+            assert not ours.training
+            torch.testing.assert_close(ours(ids), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_from_hf_and_from_pretrained_agree(saved):
+    hf, path = saved["llama3"]
+    a, b = DecoderLM.from_hf(hf), DecoderLM.from_pretrained(path)
+    assert a.config == b.config
+    assert a.config.rope_scaling["rope_type"] == "llama3" and not a.config.tie_embeddings
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(p, q), name
+
+
+def test_config_translation(saved):
+    llama, mistral, qwen2 = (DecoderLM.from_pretrained(saved[n][1]) for n in ("llama", "mistral", "qwen2"))
+    assert llama.lm_head.weight is llama.embed.tok.weight  # tied stays one parameter
+    assert llama.config.n_kv_heads == 2 and llama.config.norm_type == "rmsnorm" and llama.config.window is None
+    assert mistral.config.window == 8
+    attn = qwen2.decoder.layers[0].self_attn
+    assert attn.qkv_proj.bias is not None and attn.out_proj.bias is None and qwen2.decoder.layers[0].ff.fc1.bias is None
+    assert llama.new_cache(1, 100).k[0].shape[1] == 2  # GQA: K/V heads are not copied
+
+
+@pytest.mark.parametrize("name", list(DECODERS))
+def test_greedy_matches_generate(saved, name):
+    hf, path = saved[name]
+    ours = DecoderLM.from_pretrained(path)
+    torch.manual_seed(1)
+    ids = torch.randint(1, V, (1, 7))
+    expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
+    assert expected.shape == (1, 7 + NEW)
+    assert torch.equal(ours.generate(ids, NEW), expected)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "gpt2"])
+def test_padded_batch_matches_generate(saved, name):
+    """Our right-padded prompts (key_lengths) against Hugging Face's left-padded ones (attention_mask)."""
+    hf, path = saved[name]
+    ours = DecoderLM.from_hf(hf)
+    torch.manual_seed(2)
+    lengths = torch.tensor([11, 4, 7])  # Mistral: longer and shorter than the window of 8
+    right = torch.randint(1, V, (3, 11)) * (torch.arange(11) < lengths[:, None])
+    left = torch.stack([row.roll(int(11 - n)) for row, n in zip(right, lengths)])
+    mask = (torch.arange(11) >= 11 - lengths[:, None]).long()
+    expected = hf.generate(left, attention_mask=mask, max_new_tokens=NEW, do_sample=False)[:, 11:]
+    got = ours.generate(right, NEW, key_lengths=lengths)[:, 11:]
+    assert torch.equal(got, expected)
+
+
+def test_mistral_rolling_cache_wraps(saved):
+    ours = DecoderLM.from_pretrained(saved["mistral"][1])
+    cache = ours.new_cache(1, 7 + NEW)
+    assert cache.rolling and cache.capacity == 8  # 71 tokens through 8 rows
+
+
+def test_compiled_forward(saved):
+    hf, path = saved["qwen2"]
+    ours = DecoderLM.from_pretrained(path)
+    ids = torch.randint(1, V, (2, 9))
+    with torch.no_grad():
+        compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")(ids)
+        torch.testing.assert_close(compiled, hf(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+def _relative_error(a, b):
+    return float((a.float() - b).norm() / b.norm())
+
+
+def test_bfloat16_and_int8(saved):
+    hf, path = saved["llama3"]
+    ids = torch.randint(1, V, (2, 12))
+    with torch.no_grad():
+        expected = hf(ids).logits
+        bf16 = DecoderLM.from_pretrained(path, dtype=torch.bfloat16)
+        assert {p.dtype for p in bf16.parameters()} == {torch.bfloat16}
+        assert bf16.decoder.layers[0].self_attn.rotary.inv_freq.dtype == torch.float32
+        assert bf16(ids).dtype == torch.bfloat16 and _relative_error(bf16(ids), expected) < 0.05
+        int8 = DecoderLM.from_pretrained(path, quantize=True)
+        assert isinstance(int8.lm_head, QuantizedLinear) and int8.lm_head.weight.dtype == torch.int8
+        assert _relative_error(int8(ids), expected) < 0.05
+    assert int8.generate(ids, 5).shape == (2, 17)
+
+
+def test_bert(tmp_path):
+    torch.manual_seed(3)
+    hf = _random_norms(transformers.BertModel(transformers.BertConfig(
+        vocab_size=V, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        max_position_embeddings=64, initializer_range=0.1)))
+    hf.save_pretrained(tmp_path)
+    ids, types = torch.randint(0, V, (3, 9)), torch.randint(0, 2, (3, 9))
+    mask = (torch.arange(9)[None] < torch.tensor([9, 4, 6])[:, None]).long()
+    with torch.no_grad():
+        expected = hf(ids, attention_mask=mask, token_type_ids=types)
+        for ours in (EncoderModel.from_hf(hf), EncoderModel.from_pretrained(tmp_path)):
+            hidden = ours(ids, attention_mask=mask, token_type_ids=types)
+            torch.testing.assert_close(hidden, expected.last_hidden_state, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(ours.pool(hidden), expected.pooler_output, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="model_type: 'bert' is not a DecoderLM"):
+        DecoderLM.from_pretrained(tmp_path)
+
+
+# Errors
+
+
+def _copy(src, dst, **config_changes):
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**config, **config_changes}))
+    return dst
+
+
+def test_missing_files(saved, tmp_path):
+    with pytest.raises(FileNotFoundError, match="is not a directory"):
+        DecoderLM.from_pretrained(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        DecoderLM.from_pretrained(tmp_path)
+    path = _copy(saved["llama"][1], tmp_path / "no_weights")
+    (path / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        DecoderLM.from_pretrained(path)
+    shard = _copy(saved["gpt2"][1], tmp_path / "shard_gone")
+    next(shard.glob("model-00002-*.safetensors")).unlink()
+    with pytest.raises(FileNotFoundError, match="model-00002-.*listed in model.safetensors.index.json"):
+        DecoderLM.from_pretrained(shard)
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"model_type": "falcon"}, "model_type: 'falcon' is not supported"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "rope_type 'yarn'"),
+    ({"rope_parameters": None, "rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_type 'linear'"),
+    ({"head_dim": 32}, "head_dim"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"mlp_bias": True}, "mlp_bias"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"intermediate_size": 96}, r"mlp.gate_proj.weight \+ .*up_proj.weight: shape \[256, 64\] does not fit "
+                                r"decoder.layers.0.ff.fc1.weight \[192, 64\]"),
+])
+def test_unsupported_or_mismatched_config(saved, tmp_path, changes, match):
+    with pytest.raises(ValueError, match=match):
+        DecoderLM.from_pretrained(_copy(saved["llama"][1], tmp_path / "changed", **changes))
+
+
+def test_qwen2_mixed_sliding_window(saved, tmp_path):
+    path = _copy(saved["qwen2"][1], tmp_path / "mixed", use_sliding_window=True, sliding_window=8,
+                 max_window_layers=1, layer_types=["full_attention", "sliding_attention"])
+    with pytest.raises(ValueError, match="layer_types"):
+        DecoderLM.from_pretrained(path)
+
+
+@pytest.mark.parametrize("change, match", [("drop", "missing tensors .*layers.1.mlp.down_proj.weight"),
+                                           ("add", "unexpected tensors extra.weight")])
+def test_missing_or_unexpected_tensor(saved, tmp_path, change, match):
+    path = _copy(saved["llama3"][1], tmp_path / change)
+    tensors = safetensors_torch.load_file(path / "model.safetensors")
+    if change == "drop":
+        del tensors["model.layers.1.mlp.down_proj.weight"]
+    else:
+        tensors["extra.weight"] = torch.zeros(3)
+    safetensors_torch.save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=match):
+        DecoderLM.from_pretrained(path)
