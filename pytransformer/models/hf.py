@@ -5,7 +5,16 @@ checkpoint.py loads the tensors; transformers itself is never imported.
 
 Supported model_type values: "gpt2" (GPT2LMHeadModel), "llama", "mistral", "qwen2" (their *ForCausalLM) -> DecoderLM;
 "bert" (BertModel, or the encoder and pooler of a BertFor* checkpoint) -> EncoderModel. A config field that would make
-the Hugging Face model compute something our model does not raises ValueError naming the field."""
+the Hugging Face model compute something our model does not raises ValueError naming the field.
+
+Decisions: Hugging Face's q/k/v (and gate/up) projections are concatenated by rows into our fused qkv_proj (and the
+SwiGLU fc1 = gate | up); RoPE needs no permutation (both use the rotate-half layout). Rope types: default and llama3
+(any other rope_type, and partial_rotary_factor != 1, raise). Mistral's sliding_window applies to every layer; Qwen2's
+use_sliding_window only when it makes every layer windowed (a mix raises, naming layer_types). attention_dropout must
+be 0 (our one dropout rate would also act on the residuals). A tied checkpoint's lm_head.weight (present in
+state_dict(), absent from save_pretrained files) is not loaded; buffers of older versions (GPT-2's attn.bias mask,
+Llama's rotary_emb.inv_freq, BERT's position_ids) and BertFor* task heads (cls.*) are skipped; any other tensor the
+plan does not use is an error."""
 from typing import Callable, NamedTuple
 
 from .configs import DecoderConfig, EncoderConfig, bert_base, gpt2_small

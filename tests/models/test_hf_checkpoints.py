@@ -227,3 +227,14 @@ def test_missing_or_unexpected_tensor(saved, tmp_path, change, match):
     safetensors_torch.save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=match):
         DecoderLM.from_pretrained(path)
+
+
+@pytest.mark.parametrize("head_dim", [16, 128])
+def test_llama3_frequencies_equal_transformers(head_dim):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from pytransformer.nn.positional import rope_inv_freq
+    params = {**LLAMA3, "original_max_position_embeddings": 8192}
+    config = transformers.LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, rope_parameters=params,
+                                      max_position_embeddings=131072)
+    expected, scaling = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    assert scaling == 1.0 and torch.equal(rope_inv_freq(head_dim, params["rope_theta"], params), expected)

@@ -42,3 +42,33 @@ def test_rotary_scores_depend_on_relative_position():
 def test_rotary_odd_head_dim():
     with pytest.raises(ValueError, match="head_dim"):
         RotaryEmbedding(7)
+
+
+@pytest.mark.parametrize("make", [lambda: RotaryEmbedding(8, base=500.0), lambda: SinusoidalPositionalEncoding(10, 50)])
+def test_buffers_are_recomputed_after_the_meta_device(make):
+    """Built on the meta device and materialised with to_empty, the derived tables equal a CPU build's."""
+    with torch.device("meta"):
+        lazy = make()
+    lazy.to_empty(device="cpu")
+    for (name, a), b in zip(lazy.named_buffers(), make().buffers()):
+        assert torch.equal(a, b), name
+
+
+def test_rotary_frequencies_stay_float32_when_cast_down():
+    rope = RotaryEmbedding(8).to(torch.bfloat16)
+    assert rope.inv_freq.dtype == torch.float32 and torch.equal(rope.inv_freq, RotaryEmbedding(8).inv_freq)
+    x = torch.randn(1, 2, 3, 8, dtype=torch.bfloat16)
+    assert rope(x, torch.tensor([100, 2000, 30000])).dtype == torch.bfloat16
+
+
+def test_rotary_has_no_position_limit():
+    rope = RotaryEmbedding(8, max_len=4).double()
+    x = torch.randn(1, 1, 1, 8, dtype=torch.float64)
+    assert torch.isfinite(rope(x, torch.tensor([10 ** 6]))).all()
+
+
+def test_unsupported_rope_scaling():
+    with pytest.raises(ValueError, match="rope_type 'yarn'"):
+        RotaryEmbedding(8, scaling={"rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(ValueError, match="needs .*low_freq_factor"):
+        RotaryEmbedding(8, scaling={"rope_type": "llama3", "factor": 8.0})
