@@ -1,4 +1,4 @@
-"""Command line: python -m pytransformer demo | bench | count (run with --help for the options)."""
+"""Command line: python -m pytransformer demo | bench | count | generate (run with --help for the options)."""
 import argparse
 import json
 import sys
@@ -9,6 +9,34 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _nonnegative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite value >= 0, got {text}")
+    return value
+
+
+def _probability(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def _directory(text: str) -> str:
+    from pathlib import Path
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a directory")
+    return text
 
 
 def _device(text: str) -> str:
@@ -39,7 +67,7 @@ def parser() -> argparse.ArgumentParser:
     from .models import CONFIGS
 
     p = argparse.ArgumentParser(prog="python -m pytransformer", description="pytransformer command line")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{demo,bench,count}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{demo,bench,count,generate}")
     device_help = "cpu or cuda (default: cuda when available)"
 
     demo = sub.add_parser("demo", help="train a small encoder-decoder to reverse digit strings, then decode it",
@@ -72,6 +100,24 @@ def parser() -> argparse.ArgumentParser:
 
     count = sub.add_parser("count", help="parameters by component and KV-cache bytes per token of the named configs")
     count.add_argument("--config", choices=[*CONFIGS, "all"], default="all", help="a named config (default: all)")
+
+    gen = sub.add_parser("generate", help="continue a prompt with a Hugging Face checkpoint directory",
+                         description="Load a save_pretrained directory (gpt2, llama, mistral or qwen2 safetensors "
+                                     "and its tokenizer.json), continue the prompt, writing the text as it is "
+                                     "generated, then the prefill and decode tokens/s. Greedy unless --temperature, "
+                                     "--top-p or --top-k is given.")
+    gen.add_argument("--model", type=_directory, required=True, metavar="DIR", help="the checkpoint directory")
+    gen.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
+    gen.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N",
+                     help="tokens to generate (default %(default)s; fewer at the end-of-sequence token)")
+    gen.add_argument("--int8", action="store_true", help="weight-only int8 linear layers")
+    gen.add_argument("--bf16", action="store_true", help="bfloat16 weights and activations")
+    gen.add_argument("--temperature", type=_temperature, metavar="T", help="sampling temperature (0: greedy)")
+    gen.add_argument("--top-p", type=_probability, metavar="P", help="nucleus sampling mass")
+    gen.add_argument("--top-k", type=_nonnegative_int, metavar="K", help="sample among the K most likely tokens (0: all)")
+    gen.add_argument("--seed", type=int, metavar="S", help="random seed of the sampling")
+    gen.add_argument("--device", type=_device, help=device_help)
+    gen.add_argument("--threads", type=_positive_int, metavar="N", help="CPU threads (default: PyTorch's)")
     return p
 
 
@@ -107,6 +153,19 @@ def main(argv=None) -> int:
             plot_report(report, args.plot)
         if args.record:
             record(report, args.record, "Benchmark of every op", ["-m", "pytransformer"] + argv)
+    elif args.command == "generate":
+        import torch
+
+        from .models import textgen
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        try:
+            prepared = textgen.prepare(args.model, args.prompt, int8=args.int8, bf16=args.bf16,
+                                       device=args.device or _default_device())
+        except (ValueError, FileNotFoundError) as e:
+            parser().error(f"generate: {e}")
+        textgen.stream(*prepared, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                       top_p=args.top_p, top_k=args.top_k, seed=args.seed, eos_id=textgen.eos_token(args.model))
     else:
         from .models import CONFIGS
         from .models.count import report

@@ -58,10 +58,13 @@ class DecoderLM(nn.Module):
     def generate(self, input_ids: Tensor, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None, *,
                  key_lengths: Tensor | None = None, eos_id: int | None = None, beam_size: int = 1,
-                 length_penalty: float = 1.0, use_cache: bool = True) -> Tensor:
+                 length_penalty: float = 1.0, use_cache: bool = True, on_token=None) -> Tensor:
         """Prompt [B, L] (right-padded to key_lengths [B] if given) -> prompt + new tokens [B, L + n]: greedy,
-        sampled, or beam search when beam_size > 1; n < max_new_tokens when every row emitted eos_id."""
+        sampled, or beam search when beam_size > 1; n < max_new_tokens when every row emitted eos_id. on_token(tokens
+        [B]) is called as each step's tokens are chosen (streaming; not with beam search)."""
         check_generate_args(max_new_tokens, beam_size, do_sample, temperature, top_k, top_p)
+        if on_token is not None and beam_size > 1:
+            raise ValueError("on_token: beam search settles its tokens only at the end")
         n_rows, length = input_ids.shape[0] * beam_size, input_ids.shape[1]
         ids = input_ids.repeat_interleave(beam_size, 0)  # [N, L]
         lens = None if key_lengths is None else key_lengths.to(ids.device).repeat_interleave(beam_size, 0)
@@ -91,7 +94,7 @@ class DecoderLM(nn.Module):
             new = beam_search(step, reorder, logits, beam_size, max_new_tokens, eos_id, length_penalty)
         else:
             new = decode(step, logits, max_new_tokens, lambda x: next_token(x, do_sample, temperature, top_k, top_p,
-                                                                            generator), eos_id)
+                                                                            generator), eos_id, on_token)
         return torch.cat([input_ids, new], 1)
 
     @classmethod

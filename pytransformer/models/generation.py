@@ -41,9 +41,9 @@ def next_token(logits: Tensor, do_sample: bool = False, temperature: float = 1.0
     return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
 
 
-def decode(step, logits: Tensor, max_new_tokens: int, pick, eos_id: int | None = None) -> Tensor:
+def decode(step, logits: Tensor, max_new_tokens: int, pick, eos_id: int | None = None, on_token=None) -> Tensor:
     """Greedy or sampled decoding: tokens [N, n <= max_new_tokens]; a row that emitted eos_id keeps emitting it, and
-    decoding stops early once every row has."""
+    decoding stops early once every row has. on_token(tokens [N]) is called with each step's tokens (streaming)."""
     tokens, finished = [], torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     for i in range(max_new_tokens):
         tok = pick(logits)  # [N]
@@ -51,6 +51,8 @@ def decode(step, logits: Tensor, max_new_tokens: int, pick, eos_id: int | None =
             tok = tok.masked_fill(finished, eos_id)
             finished = finished | (tok == eos_id)
         tokens.append(tok)
+        if on_token is not None:
+            on_token(tok)
         if i + 1 == max_new_tokens or (eos_id is not None and bool(finished.all())):
             break
         logits = step(tok[:, None])
