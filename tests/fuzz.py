@@ -57,30 +57,39 @@ def _randn(gen, *shape, dtype, strided):
     return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
 
 
-def _row_error(out: torch.Tensor, ref: torch.Tensor, dtype, name: str) -> str | None:
-    """None when every row of out (last dim) is within ROW_TOL of ref's row, NaN exactly where ref has NaN."""
+def _errors(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Per row (last dim): max |out - ref| relative to max(1, max |ref|)."""
+    rows_ref, rows_out = ref.reshape(-1, ref.shape[-1]), out.reshape(-1, out.shape[-1])
+    return (rows_out - rows_ref).abs().amax(-1) / rows_ref.abs().amax(-1).clamp(min=1.0)
+
+
+def _row_error(out: torch.Tensor, ref: torch.Tensor, dtype, name: str, native=None) -> str | None:
+    """None when every row of out (last dim) is within ROW_TOL of ref's row (or, where PyTorch's own op in the same
+    dtype, `native`, is further off on ill-conditioned rows, within 4x its worst row), NaN exactly where ref has NaN."""
     out, ref = out.detach().double(), ref.detach().double()
     if out.shape != ref.shape:
         return f"{name}: shape {list(out.shape)} != {list(ref.shape)}"
     if not torch.equal(out.isnan(), ref.isnan()):
         return f"{name}: NaN where the reference has none (or the reverse)"
     out, ref = out.nan_to_num(0.0), ref.nan_to_num(0.0)
-    rows_ref, rows_out = ref.reshape(-1, ref.shape[-1] if ref.dim() else 1), out.reshape(-1, out.shape[-1] if out.dim() else 1)
-    scale = rows_ref.abs().amax(-1).clamp(min=1.0)
-    err = ((rows_out - rows_ref).abs().amax(-1) / scale)
-    if err.numel() and err.max() > ROW_TOL[dtype]:
-        row = int(err.argmax())
-        return f"{name}: row {row} off by {err[row]:.2e} (> {ROW_TOL[dtype]:.0e})"
+    err = _errors(out, ref)
+    allowed = torch.full_like(err, ROW_TOL[dtype])
+    if native is not None and err.numel():  # its worst row: rounding errors of equal size land on random rows
+        allowed = allowed.clamp(min=4 * _errors(native.detach().double().nan_to_num(0.0), ref).max().item())
+    if err.numel() and (err > allowed).any():
+        row = int((err - allowed).argmax())
+        return f"{name}: row {row} off by {err[row]:.2e} (> {allowed[row]:.1e})"
     return None
 
 
-def _grads_error(out, ref_out, inputs, ref_inputs, names, dtype, gen):
-    """The gradients of <out, g> for a random g against the float64 reference's, per row."""
+def _grads_error(out, ref_out, inputs, ref_inputs, names, dtype, gen, native_out=None, native_inputs=None):
+    """The gradients of <out, g> for a random g against the float64 reference's, per row (and PyTorch's own op's)."""
     g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
     grads = torch.autograd.grad(out, inputs, g.to(out.dtype))
     ref_grads = torch.autograd.grad(ref_out, ref_inputs, g)
-    for name, a, b in zip(names, grads, ref_grads):
-        if err := _row_error(a, b, dtype, f"grad {name}"):
+    native = torch.autograd.grad(native_out, native_inputs, g.to(out.dtype)) if native_out is not None else grads
+    for name, a, b, n in zip(names, grads, ref_grads, native):
+        if err := _row_error(a, b, dtype, f"grad {name}", n if native_out is not None else None):
             return err
     return None
 
@@ -150,11 +159,14 @@ def run(c: dict, ops=OPS) -> str | None:
             ref_inputs = [t.detach().double().requires_grad_(grad) for t in [x, *params]]
             ref = getattr(reference, op)(*ref_inputs, eps=c["eps"])
             names = ["x", "weight", "bias"][:len(ref_inputs)]
-            # gradients only where they are well conditioned: a 1-element LayerNorm row's dx is exactly 0 (tested
-            # elsewhere) and rstd ~ 1/sqrt(eps) amplifies rounding for tiny variances
-            return _row_error(out, ref, dtype, "out") or (
-                _grads_error(out, ref, [x, *params], ref_inputs, names, dtype, gen)
-                if grad and c["n"] > 1 and c["offset"] == 0.0 and not c["spike"] else None)
+            # PyTorch's own norm in the same dtype bounds the error that rounding alone makes on ill-conditioned rows
+            # (|mean| >> std, or two nearly equal elements); a 1-element row's dx is exactly 0, tested elsewhere
+            native_inputs = [t.detach().clone().requires_grad_(grad) for t in [x, *params]]
+            native = (torch.nn.functional.layer_norm if op == "layer_norm" else torch.nn.functional.rms_norm)(
+                native_inputs[0], (c["n"],), *native_inputs[1:], eps=c["eps"])
+            return _row_error(out, ref, dtype, "out", native) or (
+                _grads_error(out, ref, [x, *params], ref_inputs, names, dtype, gen, native, native_inputs)
+                if grad and c["n"] > 1 else None)
         if op == "decode_attention":
             b, hkv, hq, cap = c["b"], c["h"], c["h"] * c["g"], c["cap"]
             q = _randn(gen, b, hq, c["t"], c["d"], dtype=dtype, strided=c["strided"])

@@ -199,6 +199,11 @@ class KernelChecks:
                     y, mean, rstd = self.ops.layer_norm(x, w, b, 1e-5)
                     ref = reference.layer_norm(xr, wr, br, 1e-5)
                     self.check(f"layer_norm fwd {tag}", y, ref, dtype)
+                    if variant == "plain" and n > 1:  # statistics for any offset: one element far from the mean
+                        xs = x.clone()
+                        xs[:, 0] = 1e4
+                        self.check(f"layer_norm fwd x[:, 0] = 1e4 {tag}", self.ops.layer_norm(xs, None, None, 1e-5)[0],
+                                   reference.layer_norm(xs.double().cpu()), dtype)
                     self.check(f"layer_norm mean {tag}", mean, xr.detach().mean(-1), torch.float32)
                     leaves = [t for t in (xr, wr, br) if t is not None]
                     grads = torch.autograd.grad(ref, leaves, gr)
@@ -248,6 +253,19 @@ class KernelChecks:
                             self.check(f"masked_softmax bwd {tag}", grad, gref, dtype)
                         elif grad.ne(0).any():
                             self.failures.append(f"masked_softmax bwd {tag}: expected zeros")
+                if lq > 1:  # a NaN score and a +inf score make their rows NaN, as torch.softmax does
+                    scores = torch.randn(b, h, lq, lk, dtype=torch.float64).to(device, dtype)
+                    scores[0, 0, 0, lk // 2], scores[-1, -1, -1, lk - 1] = float("nan"), float("inf")
+                    out = self.ops.masked_softmax(scores, None, 1.0, False)
+                    self.check_nan_rows(f"masked_softmax NaN/inf rows [{b}, {h}, {lq}, {lk}] {str(dtype)[6:]}", out,
+                                        torch.softmax(scores.double().cpu(), -1).isnan().any(-1))
+
+    def check_nan_rows(self, name: str, out: torch.Tensor, nan_rows: torch.Tensor) -> None:
+        """Exactly the rows (last dim) marked in nan_rows are NaN, wholly; NaN propagates as in torch."""
+        isnan = out.isnan().cpu()
+        if not (torch.equal(isnan.all(-1), nan_rows) and torch.equal(isnan.any(-1), nan_rows)):
+            self.failures.append(f"{name}: NaN rows {isnan.any(-1).nonzero().tolist()}, expected "
+                                 f"{nan_rows.nonzero().tolist()}")
 
     def check_finite_equal(self, name, out, ref) -> None:
         """out == ref where ref is -inf (rows that see nothing), relative error elsewhere (lse)."""
@@ -297,6 +315,13 @@ class KernelChecks:
                             self.check(f"attention bwd {name} {tag}", grad, grad_ref, dtype)
                         elif grad.double().norm().item() > TOL[dtype] * zero_scale:
                             self.failures.append(f"attention bwd {name} {tag}: expected zeros")
+                # NaN in the last query of row 0, head 0: that output row is NaN, the others are unchanged
+                q, k, v = attention_operands(shape, dtype, device, "contiguous")
+                q[0, 0, lq - 1, 0] = float("nan")
+                nan_rows = torch.zeros(b, hq, lq, dtype=torch.bool)
+                nan_rows[0, 0, lq - 1] = True
+                self.check_nan_rows(f"attention NaN {list(shape)} {str(dtype)[6:]}",
+                                    self.ops.attention(q, k, v, None, False, None, None, d ** -0.5)[0], nan_rows)
 
     def check_kv_cache(self, shapes) -> None:
         """kv_cache_append: bit-exact against slice assignment; other cache rows untouched."""
@@ -334,6 +359,19 @@ class KernelChecks:
                     out = self.ops.decode_attention(q, k, v, lengths.to(device), 0.3, window)
                     tag = f"decode_attention [B{b} Hq{hq} Hkv{hkv} T{t} D{d} Dv{dv} cap{cap} w{window}] {str(dtype)[6:]} {name}"
                     self.check(tag, out, ref, dtype)
+                # NaN in a query head of row 0 and in the last (visible) key of row 0's last KV head: NaN rows, as
+                # attention gives; NaN in unused cache rows (past the length) changes nothing.
+                qn, kn = q.clone(), k0.clone()
+                qn[0, 0, 0, 0] = float("nan")
+                kn[0, -1, cap - 1, 0] = float("nan")
+                if b > 1:
+                    kn[-1] = float("nan")  # length 0
+                out = self.ops.decode_attention(qn, kn, v0, lengths.to(device), 0.3, window)
+                nan_rows = torch.zeros(b, hq, t, dtype=torch.bool)
+                nan_rows[0, 0, 0] = True
+                nan_rows[0, hq - hq // hkv:, t - 1] = True  # the last query sees key cap - 1
+                self.check_nan_rows(f"decode_attention NaN [B{b} Hq{hq} Hkv{hkv} T{t} cap{cap}] {str(dtype)[6:]}", out,
+                                    nan_rows)
 
     def check_kv_device_checks(self, captured) -> None:
         """The values the kernels check themselves when the host cannot (graph capture): an append row whose positions
