@@ -56,3 +56,17 @@ def test_avx512_code_stays_in_the_avx512_kernels():
     assert {f: n for f, n in evex.items() if not in_namespace(f, "AVX512")} == {}
     vex = _functions_with(text, {"62", "c4", "c5"})
     assert {f: n for f, n in vex.items() if in_namespace(f, "DEFAULT")} == {}
+
+
+def test_cuda_arch_list_without_a_gpu(monkeypatch):
+    """FORCE_CUDA=1 with no visible GPU and no TORCH_CUDA_ARCH_LIST: torch's own detection fails (it asks the missing
+    GPU for its capability); setup.py then sets the documented default list, which torch turns into nvcc flags."""
+    import torch.utils.cpp_extension as cpp
+    from tools import build_config
+    assert build_config.cuda_arch_list({"TORCH_CUDA_ARCH_LIST": "9.0"}, gpu_visible=False) is None
+    assert build_config.cuda_arch_list({}, gpu_visible=True) is None
+    archs = build_config.cuda_arch_list({}, gpu_visible=False)
+    assert archs == build_config.DEFAULT_CUDA_ARCH_LIST
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", archs)
+    flags = cpp._get_cuda_arch_flags()
+    assert "-gencode=arch=compute_75,code=sm_75" in flags and "-gencode=arch=compute_90,code=compute_90" in flags

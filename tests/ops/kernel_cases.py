@@ -397,6 +397,42 @@ class KernelChecks:
         if not ok:
             self.failures.append("decode_attention device check")
 
+    def check_kv_host_bounds(self) -> None:
+        """Host-side bounds instead of reading the values back (max_position, max_length): the same results as without
+        them; a bound past the capacity raises ValueError before anything is written; values that break the bound are
+        caught by the kernels' own checks (the row is skipped / gives zeros)."""
+        device = self.device
+        k0, v0 = torch.randn(3, 2, 10, 8, device=device), torch.randn(3, 2, 10, 8, device=device)
+        k_new, v_new = torch.randn(3, 2, 4, 8, device=device), torch.randn(3, 2, 4, 8, device=device)
+        positions = torch.tensor([6, 0, 3], device=device)
+        k, v, k_ref, v_ref = k0.clone(), v0.clone(), k0.clone(), v0.clone()
+        self.ops.kv_cache_append(k, v, k_new, v_new, positions, 6)
+        self.ops.kv_cache_append(k_ref, v_ref, k_new, v_new, positions)
+        if not (torch.equal(k, k_ref) and torch.equal(v, v_ref)):
+            self.failures.append("kv_cache_append with max_position")
+        k, v = k0.clone(), v0.clone()
+        try:
+            self.ops.kv_cache_append(k, v, k_new, v_new, positions, 7)  # 7 + 4 > 10
+            self.failures.append("kv_cache_append: max_position past the capacity did not raise")
+        except ValueError as e:
+            if "max_position" not in str(e) or not (torch.equal(k, k0) and torch.equal(v, v0)):
+                self.failures.append(f"kv_cache_append: max_position error or written cache: {e}")
+        q = torch.randn(3, 4, 1, 8, device=device)
+        lengths = torch.tensor([10, 1, 7], device=device)
+        out = self.ops.decode_attention(q, k0, v0, lengths, 0.5, None, 10)
+        self.check("decode_attention with max_length", out, self.ops.decode_attention(q, k0, v0, lengths, 0.5, None),
+                   torch.float32)
+        try:
+            self.ops.decode_attention(q, k0, v0, lengths, 0.5, None, 11)
+            self.failures.append("decode_attention: max_length past the capacity did not raise")
+        except ValueError as e:
+            if "max_length" not in str(e):
+                self.failures.append(f"decode_attention: max_length error: {e}")
+        k = k0.clone()  # positions above the bound given: the kernel skips the row that does not fit
+        self.ops.kv_cache_append(k, v0.clone(), k_new, v_new, torch.tensor([8, 0, 3], device=device), 6)
+        if not (torch.equal(k[0], k0[0]) and torch.equal(k[1, :, :4], k_new[1])):
+            self.failures.append("kv_cache_append: a row past a broken max_position was not skipped")
+
     def check_int8_linear(self, shapes) -> None:
         device, dtypes = self.device, DTYPES
         for m, k, n in shapes:

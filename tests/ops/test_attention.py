@@ -450,3 +450,26 @@ def test_cuda_kernels(kernel_target):
     full = kernel_target.full and not kernel_target.emulated
     shapes = kc.ATTENTION_SHAPES if full else kc.ATTENTION_SHAPES_QUICK
     assert kernel_target.run(lambda c: c.check_attention(shapes)) == []
+
+
+@pytest.mark.cuda
+def test_cuda_tensor_cores_only_from_compute_capability_8(kernel_target):
+    """float16 attention takes the tensor-core kernels on a device of compute capability 8.0 or later and the SIMT
+    kernels before (their tensor-core kernels are empty in code built for 7.x); the same results either way. Emulated:
+    the pretend device's capability and the kernels it launched."""
+    if not kernel_target.emulated:
+        pytest.skip("the emulator pretends to be devices of other compute capabilities")
+    ops = kernel_target.ops
+    q, k, v = (torch.randn(1, 2, 20, 64, dtype=torch.float16) for _ in range(3))
+    ref = reference.attention(q.double(), k.double(), v.double(), causal=True, scale=0.125)
+    try:
+        for cc, family in ((75, "attention_simt_fwd_kernel"), (80, "attention_mma_fwd_kernel")):
+            ops.set_device(2, 2, cc)
+            ops.launched_kernels()
+            out = ops.attention(q, k, v, None, True, None, None, 0.125)[0]
+            launched = ops.launched_kernels()
+            assert any(family in name for name in launched), (cc, launched)
+            assert not any("attention_mma" in name for name in launched) or cc >= 80
+            torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
+    finally:
+        ops.set_device(2, 2, 90)

@@ -320,6 +320,22 @@ def test_compiled_decode_step_with_inductor_on_cuda():
     assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager)
 
 
+@pytest.mark.parametrize("meta", [False, True])
+def test_max_length_bound(device, meta):
+    # A host-side bound of cache_lengths: same output; a bound past the capacity raises; a bad type is a TypeError.
+    q, k, v = randn(2, 4, 1, 8, device=device), randn(2, 2, 10, 8, device=device), randn(2, 2, 10, 8, device=device)
+    lengths = torch.tensor([10, 3], device=device)
+    args = to_meta((q, k, v, lengths)) if meta else (q, k, v, lengths)
+    out = pt.ops.decode_attention(*args, max_length=10)
+    if not meta:
+        torch.testing.assert_close(out, pt.ops.decode_attention(*args), rtol=0, atol=0)
+    for bad in (11, -1):
+        with pytest.raises(ValueError, match="max_length"):
+            pt.ops.decode_attention(*args, max_length=bad)
+    with pytest.raises(TypeError, match="max_length"):
+        pt.ops.decode_attention(*args, max_length="10")
+
+
 @cuda_only
 def test_cuda_head_dim_limit_raises():
     q, k, v = randn(1, 2, 1, 300, device="cuda"), randn(1, 2, 5, 300, device="cuda"), randn(1, 2, 5, 8, device="cuda")
@@ -341,3 +357,21 @@ def test_cuda_kernels(kernel_target):
 def test_cuda_kernels_check_values_under_cuda_graph_capture(kernel_target):
     """Captured, the kernels check positions / cache_lengths themselves (kernel_cases.py)."""
     assert kernel_target.run(lambda c: c.check_kv_device_checks(kernel_target.captured)) == []
+
+
+@pytest.mark.cuda
+def test_cuda_host_bounds(kernel_target):
+    """max_position / max_length (kernel_cases.py); emulated, also that they spare the device-to-host copy and its
+    stream synchronisation that reading positions / cache_lengths back costs."""
+    assert kernel_target.run(lambda c: c.check_kv_host_bounds()) == []
+    if not kernel_target.emulated:
+        return
+    ops, k, v = kernel_target.ops, torch.zeros(2, 2, 8, 4), torch.zeros(2, 2, 8, 4)
+    new, positions, q = torch.randn(2, 2, 1, 4), torch.tensor([3, 5]), torch.randn(2, 2, 1, 4)
+    ops.synchronizations()
+    ops.kv_cache_append(k, v, new, new, positions, 5)
+    ops.decode_attention(q, k, v, positions + 1, 0.5, None, 6)
+    assert ops.synchronizations() == 0
+    ops.kv_cache_append(k, v, new, new, positions)
+    ops.decode_attention(q, k, v, positions + 1, 0.5, None)
+    assert ops.synchronizations() == 2

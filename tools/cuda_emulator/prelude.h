@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <ucontext.h>
 
 #include <bit>
@@ -23,6 +24,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -67,6 +69,9 @@ inline std::map<std::pair<unsigned, unsigned>, Barrier> shuffle_barriers;  // (w
 inline float shuffle_slots[32][32];                                       // [warp, lane]
 // What multiprocessor_count() and the occupancy query report: small, so that persistent grids loop over rows.
 inline int sm_count = 2, blocks_per_sm = 2;
+// The compute capability it reports (major * 10 + minor), and the kernels launched (see launched_kernels, stubs.cpp).
+inline int compute_capability = 90;
+inline std::vector<std::string> launched;
 
 inline unsigned linear_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
 
@@ -210,6 +215,8 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
             grid.x, grid.y, grid.z, n, smem);
     abort();
   }
+  Dl_info info{};
+  launched.emplace_back(dladdr(reinterpret_cast<const void*>(kernel), &info) && info.dli_sname ? info.dli_sname : "?");
   gridDim = grid, blockDim = block;
   dynamic_smem_buffer.assign(smem + 16, 0xff);  // NaN-filled for every 16-bit and 32-bit float type
   dynamic_smem = dynamic_smem_buffer.data() + (16 - reinterpret_cast<uintptr_t>(dynamic_smem_buffer.data()) % 16) % 16;
