@@ -8,7 +8,7 @@ import pytransformer
 from pytransformer.ops import attention, reference
 from pytransformer.ops.visibility import visible_keys
 from tests.helpers import TRACING_ERROR, WHERE, compiled, factory_device, tolerance
-from tests.ops import kernel_cases as kc
+from pytransformer import check as kc
 
 # (B, Hq, Hkv, Lq, Lk, D, Dv): L = 1, Lq != Lk both ways, D in {16, 40, 64, 80, 128}, Dv != D, Hkv in {1, 2, Hq}.
 SHAPES = [
@@ -446,7 +446,7 @@ def test_cuda_head_dim_limit_raises():
 @pytest.mark.cuda
 def test_cuda_kernels(kernel_target):
     """The CUDA attention kernels (tensor-core and SIMT, forward and backward) on every mask and layout
-    (kernel_cases.py) against float64 references; the emulator runs the quick list even with --cuda-full."""
+    (pytransformer/check.py) against float64 references; the emulator runs the quick list even with --cuda-full."""
     full = kernel_target.full and not kernel_target.emulated
     shapes = kc.ATTENTION_SHAPES if full else kc.ATTENTION_SHAPES_QUICK
     assert kernel_target.run(lambda c: c.check_attention(shapes)) == []

@@ -7,7 +7,7 @@ import pytransformer as pt
 from pytransformer.ops import reference as ref
 from tests.helpers import (CPU_ISA_LEVELS, WHERE, caches, captured_in_cuda_graph, cuda_only, randn, run_under_isa,
                            skip_unsupported, to_meta, tolerance)
-from tests.ops import kernel_cases as kc
+from pytransformer import check as kc
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 ops = torch.ops.pytransformer
@@ -348,20 +348,20 @@ def test_cuda_head_dim_limit_raises():
 @pytest.mark.cuda
 def test_cuda_kernels(kernel_target):
     """The CUDA kernels of decode_attention (one split a row, several splits and the combine) against float64
-    references (kernel_cases.py)."""
+    references (pytransformer/check.py)."""
     assert kernel_target.run(lambda c: c.check_decode(kernel_target.shapes(kc.DECODE_SHAPES_QUICK, kc.DECODE_SHAPES)),
                              each_device_size=True) == []
 
 
 @pytest.mark.cuda
 def test_cuda_kernels_check_values_under_cuda_graph_capture(kernel_target):
-    """Captured, the kernels check positions / cache_lengths themselves (kernel_cases.py)."""
+    """Captured, the kernels check positions / cache_lengths themselves (pytransformer/check.py)."""
     assert kernel_target.run(lambda c: c.check_kv_device_checks(kernel_target.captured)) == []
 
 
 @pytest.mark.cuda
 def test_cuda_host_bounds(kernel_target):
-    """max_position / max_length (kernel_cases.py); emulated, also that they spare the device-to-host copy and its
+    """max_position / max_length (pytransformer/check.py); emulated, also that they spare the device-to-host copy and its
     stream synchronisation that reading positions / cache_lengths back costs."""
     assert kernel_target.run(lambda c: c.check_kv_host_bounds()) == []
     if not kernel_target.emulated:

@@ -4,7 +4,7 @@ import torch
 
 import pytransformer as pt
 from tests.helpers import TRACING_ERROR, WHERE, caches, compiled, randn, skip_unsupported, to_meta
-from tests.ops import kernel_cases as kc
+from pytransformer import check as kc
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 ops = torch.ops.pytransformer
@@ -168,6 +168,6 @@ def test_bad_call_under_compile_names_the_argument():
 
 @pytest.mark.cuda
 def test_cuda_kernels(kernel_target):
-    """The CUDA kernel of kv_cache_append (kernel_cases.py): bit-exact, for every layout."""
+    """The CUDA kernel of kv_cache_append (pytransformer/check.py): bit-exact, for every layout."""
     assert kernel_target.run(lambda c: c.check_kv_cache(kernel_target.shapes(kc.APPEND_SHAPES_QUICK, kc.APPEND_SHAPES)),
                              each_device_size=True) == []
