@@ -130,6 +130,25 @@ ATTENTION_SHAPES = [(2, 4, 4, 1, 37, 64, 64), (2, 2, 1, 5, 1, 16, 16), (2, 4, 1,
 ATTENTION_SHAPES_QUICK = [(2, 2, 2, 1, 37, 16, 16), (2, 2, 1, 5, 1, 8, 8), (2, 4, 1, 19, 45, 33, 20),
                           (2, 4, 2, 70, 23, 24, 24), (1, 2, 1, 6, 9, 136, 264), (1, 2, 1, 7, 20, 136, 200),
                           (1, 2, 1, 7, 20, 248, 256), (1, 2, 1, 9, 20, 64, 64), (1, 2, 1, 9, 20, 128, 128)]
+# Several tiles on every tensor-core head-dim family: Lq over 2 query tiles and Lk over 3 key tiles (attention_tiles),
+# so that the online softmax rescales across key tiles, the next tiles' K/V are prefetched into the other stage, the
+# barriers that protect the stages matter, and full unmasked tiles take the clean-tile path: (head dim, mask, dtype,
+# GQA, also the deterministic dQ kernel). The CI emulator run takes these besides the quick shapes.
+ATTENTION_TILE_HEAD_DIMS = [32, 64, 96, 128, 160, 192, 224, 256]
+ATTENTION_TILE_CASES = ([(hd, "none", torch.bfloat16, False, False) for hd in ATTENTION_TILE_HEAD_DIMS] +
+                        [(hd, "window+float", torch.float16, False, False) for hd in ATTENTION_TILE_HEAD_DIMS] +
+                        [(hd, "causal+lengths+bool", torch.bfloat16, True, hd in (64, 256))
+                         for hd in ATTENTION_TILE_HEAD_DIMS])
+
+
+def attention_tiles(head_dim: int, gqa: bool) -> tuple:
+    """(B, Hq, Hkv, Lq, Lk, D, Dv) over 2 query tiles (128 rows up to head dim 128, else 64) and 3 key tiles (64 keys
+    up to head dim 128, else 32), each length a few rows past a whole number of tiles; B = 2 with GQA (the masks' key
+    lengths leave batch row 0 empty)."""
+    block_m, block_n = (128, 64) if head_dim <= 128 else (64, 32)
+    return ((2, 2, 1) if gqa else (1, 1, 1)) + (2 * block_m + 3, 3 * block_n + 5, head_dim, head_dim)
+
+
 ATTENTION_MASKS = ["none", "causal", "window", "key_lengths", "bool [B,1,Lq,Lk]", "bool [Lk]", "bool transposed",
                    "float [B,Hq,Lq,Lk]", "float [Lq,Lk]", "causal+lengths+bool", "window+float"]
 # Operand layouts: contiguous, misaligned (data one element past 16 bytes), strided (q a transposed view of
@@ -333,35 +352,7 @@ class KernelChecks:
             b, hq, hkv, lq, lk, d, dv = shape
             for dtype in dtypes:
                 for kind, layout in cases:
-                    q, k, v = attention_operands(shape, dtype, device, layout)
-                    kwargs = attention_kwargs(kind, b, hq, lq, lk, dtype, device)
-                    scale = d ** -0.5
-                    # float64 references of the values the kernels see (inputs rounded to dtype)
-                    ref_kwargs = {n: (a.double().cpu() if torch.is_tensor(a) and a.is_floating_point() else
-                                      a.cpu() if torch.is_tensor(a) else a) for n, a in kwargs.items()}
-                    qr, kr, vr = (t.double().cpu().requires_grad_() for t in (q, k, v))
-                    ref = reference.attention(qr, kr, vr, scale=scale, **ref_kwargs)
-                    lse_ref = torch.logsumexp(reference.attention_scores(qr.detach(), kr.detach(), scale=scale,
-                                                                         **ref_kwargs), -1)
-                    tag = f"{list(shape)} {str(dtype)[6:]} {kind} {layout}"
-                    args = (kwargs.get("mask"), kwargs.get("causal", False), kwargs.get("window"),
-                            kwargs.get("key_lengths"), scale)
-                    poison(q)
-                    out, lse = self.ops.attention(q, k, v, *args)
-                    self.check(f"attention fwd {tag}", out, ref, dtype)
-                    self.check_finite_equal(f"attention lse {tag}", lse, lse_ref)
-                    g = torch.randn(out.shape, dtype=torch.float64).to(device, dtype)
-                    grads_ref = torch.autograd.grad(ref, (qr, kr, vr), g.double().cpu())
-                    poison(q)
-                    grads = self.ops.attention_backward(g, q, k, v, out, lse, *args)
-                    # A zero reference (rows that see one key: P = 1, dS = 0) is compared with rounding-level values at
-                    # the scale of |grad_out| * max|q, k, v|.
-                    zero_scale = g.double().norm().item() * max(t.detach().abs().max().item() for t in (qr, kr, vr))
-                    for name, grad, grad_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
-                        if grad_ref.norm() > 0:
-                            self.check(f"attention bwd {name} {tag}", grad, grad_ref, dtype)
-                        elif grad.double().norm().item() > TOL[dtype] * zero_scale:
-                            self.record(f"attention bwd {name} {tag}: expected zeros", False)
+                    self.attention_case(shape, dtype, kind, layout)
                 # NaN in the last query of row 0, head 0: that output row is NaN, the others are unchanged
                 q, k, v = attention_operands(shape, dtype, device, "contiguous")
                 q[0, 0, lq - 1, 0] = float("nan")
@@ -369,6 +360,54 @@ class KernelChecks:
                 nan_rows[0, 0, lq - 1] = True
                 self.check_nan_rows(f"attention NaN {list(shape)} {str(dtype)[6:]}",
                                     self.ops.attention(q, k, v, None, False, None, None, d ** -0.5)[0], nan_rows)
+
+    def check_attention_tiles(self, cases) -> None:
+        """ATTENTION_TILE_CASES-like (head dim, mask, dtype, GQA, deterministic too): forward and backward across
+        several tiles; the backward again in deterministic mode (the dQ kernel without atomics) where marked."""
+        for head_dim, kind, dtype, gqa, deterministic in cases:
+            shape = attention_tiles(head_dim, gqa)
+            self.attention_case(shape, dtype, kind)
+            if deterministic:
+                was = torch.are_deterministic_algorithms_enabled()
+                torch.use_deterministic_algorithms(True)
+                try:
+                    self.attention_case(shape, dtype, kind, tag=" deterministic")
+                finally:
+                    torch.use_deterministic_algorithms(was)
+
+    def attention_case(self, shape, dtype, kind: str, layout: str = "contiguous", tag: str = "") -> None:
+        """One attention case: forward out and lse, backward grad q/k/v, against float64 references."""
+        device = self.device
+        b, hq, hkv, lq, lk, d, dv = shape
+        q, k, v = attention_operands(shape, dtype, device, layout)
+        kwargs = attention_kwargs(kind, b, hq, lq, lk, dtype, device)
+        scale = d ** -0.5
+        # float64 references of the values the kernels see (inputs rounded to dtype)
+        ref_kwargs = {n: (a.double().cpu() if torch.is_tensor(a) and a.is_floating_point() else
+                          a.cpu() if torch.is_tensor(a) else a) for n, a in kwargs.items()}
+        qr, kr, vr = (t.double().cpu().requires_grad_() for t in (q, k, v))
+        ref = reference.attention(qr, kr, vr, scale=scale, **ref_kwargs)
+        lse_ref = torch.logsumexp(reference.attention_scores(qr.detach(), kr.detach(), scale=scale,
+                                                             **ref_kwargs), -1)
+        tag = f"{list(shape)} {str(dtype)[6:]} {kind} {layout}{tag}"
+        args = (kwargs.get("mask"), kwargs.get("causal", False), kwargs.get("window"),
+                kwargs.get("key_lengths"), scale)
+        poison(q)
+        out, lse = self.ops.attention(q, k, v, *args)
+        self.check(f"attention fwd {tag}", out, ref, dtype)
+        self.check_finite_equal(f"attention lse {tag}", lse, lse_ref)
+        g = torch.randn(out.shape, dtype=torch.float64).to(device, dtype)
+        grads_ref = torch.autograd.grad(ref, (qr, kr, vr), g.double().cpu())
+        poison(q)
+        grads = self.ops.attention_backward(g, q, k, v, out, lse, *args)
+        # A zero reference (rows that see one key: P = 1, dS = 0) is compared with rounding-level values at
+        # the scale of |grad_out| * max|q, k, v|.
+        zero_scale = g.double().norm().item() * max(t.detach().abs().max().item() for t in (qr, kr, vr))
+        for name, grad, grad_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
+            if grad_ref.norm() > 0:
+                self.check(f"attention bwd {name} {tag}", grad, grad_ref, dtype)
+            elif grad.double().norm().item() > TOL[dtype] * zero_scale:
+                self.record(f"attention bwd {name} {tag}: expected zeros", False)
 
     def check_kv_cache(self, shapes) -> None:
         """kv_cache_append: bit-exact against slice assignment; other cache rows untouched."""
@@ -515,6 +554,7 @@ def run(device: str, quick: bool = False) -> KernelChecks:
     checks.check_norms(pick(NORM_SHAPES_QUICK, NORM_SHAPES))
     checks.check_softmax(pick(SOFTMAX_SHAPES_QUICK, SOFTMAX_SHAPES))
     checks.check_attention(pick(ATTENTION_SHAPES_QUICK, ATTENTION_SHAPES))
+    checks.check_attention_tiles(ATTENTION_TILE_CASES)
     checks.check_kv_cache(pick(APPEND_SHAPES_QUICK, APPEND_SHAPES))
     checks.check_decode(pick(DECODE_SHAPES_QUICK, DECODE_SHAPES))
     checks.check_int8_linear(pick(INT8_SHAPES_QUICK, INT8_SHAPES))

@@ -453,6 +453,13 @@ def test_cuda_kernels(kernel_target):
 
 
 @pytest.mark.cuda
+def test_cuda_kernels_across_tiles(kernel_target):
+    """Every tensor-core head-dim family over 2 query tiles and 3 key tiles (online-softmax rescaling, prefetch of the
+    next tiles, stage barriers, clean tiles), masked and unmasked, GQA, both dQ modes (pytransformer/check.py)."""
+    assert kernel_target.run(lambda c: c.check_attention_tiles(kc.ATTENTION_TILE_CASES)) == []
+
+
+@pytest.mark.cuda
 def test_cuda_tensor_cores_only_from_compute_capability_8(kernel_target):
     """float16 attention takes the tensor-core kernels on a device of compute capability 8.0 or later and the SIMT
     kernels before (their tensor-core kernels are empty in code built for 7.x); the same results either way. Emulated:
