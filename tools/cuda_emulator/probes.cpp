@@ -1,5 +1,6 @@
 // Ops that run one warp's instruction primitive (csrc/cuda/mma.cuh with the bodies of ptx.h) on given operands, for
-// the layout oracle of tests/ops/test_ptx_layouts.py: torch.ops.pytransformer_emu.probe_ldmatrix / probe_mma.
+// the layout oracle of tests/ops/test_ptx_layouts.py (probe_ldmatrix, probe_mma), and the racecheck's planted races
+// (probe_race, tests/ops/test_emulator_sanitizers.py).
 #include "prelude.h"
 
 #include <ATen/ops/zeros.h>
@@ -7,9 +8,9 @@
 
 #include "cuda/mma.cuh"
 
-namespace {
-
 using namespace pytransformer::cuda;
+
+namespace {
 
 // Lane l passes the address of shared-memory row rows[l] (8 16-bit elements a row) and stores its registers.
 template <bool kTrans, int kNum>
@@ -33,6 +34,36 @@ void mma_kernel(const int64_t* a, const int64_t* b, float* c) {
   for (int i = 0; i < 4; ++i) acc[i] = c[lane * 4 + i];
   mma_16816<T>(acc, fa, fb);
   for (int i = 0; i < 4; ++i) c[lane * 4 + i] = acc[i];
+}
+
+}  // namespace
+
+// The racecheck's cases (prelude.h; outside the anonymous namespace, so that a report can name the kernel), 64
+// threads over 1 KiB of shared memory: warp 0 fills granule `lane` by cp.async, warp 1 reads granule `lane` by
+// ldmatrix. 0: correct (wait, barrier, read); 1: the barrier missing;
+// 2: warp 0 reads its own granules before its wait; 3: warp 1 reads, then warp 0's cp.async overwrites with no
+// barrier between.
+void emu_race_kernel(int64_t variant, const uint4* src) {
+  auto* s = reinterpret_cast<uint4*>(emu::dynamic_smem);
+  const unsigned tid = emu::linear_tid(), lane = tid % 32, warp = tid / 32;
+  uint32_t r[4];
+  if (variant == 3 && warp == 1) ldmatrix<false>(r, s + lane);
+  if (warp == 0) {
+    cp_async_16(s + lane, src + lane, true);
+    cp_async_commit();
+    if (variant == 2) ldmatrix<false>(r, s + lane);
+    cp_async_wait<0>();
+  }
+  if (variant != 1) __syncthreads();
+  if (variant != 3 && warp == 1) ldmatrix<false>(r, s + lane);
+}
+
+namespace {
+
+void probe_race(int64_t variant) {
+  TORCH_CHECK_VALUE(variant >= 0 && variant <= 3, "variant: expected 0..3, got ", variant);
+  static uint4 src[32];
+  emu::launch(emu_race_kernel, dim3(1), dim3(64), 1024, cudaStream_t{}, variant, static_cast<const uint4*>(src));
 }
 
 // smem: [n_rows, 8] int16 (bit patterns), rows: [32] int64 -> [32, num] int64 registers.
@@ -73,4 +104,5 @@ at::Tensor probe_mma(const at::Tensor& a, const at::Tensor& b, const at::Tensor&
 TORCH_LIBRARY_FRAGMENT(pytransformer_emu, m) {
   m.def("probe_ldmatrix(Tensor smem, Tensor rows, int num, bool trans) -> Tensor", &probe_ldmatrix);
   m.def("probe_mma(Tensor a, Tensor b, Tensor c, bool bf16) -> Tensor", &probe_mma);
+  m.def("probe_race(int variant) -> ()", &probe_race);
 }

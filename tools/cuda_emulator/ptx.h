@@ -24,7 +24,10 @@ template <bool kTrans, int kNum>
 inline void ldmatrix(uint32_t (&r)[kNum], const void* row_addr) {
   static_assert(kNum == 1 || kNum == 2 || kNum == 4);
   const unsigned lane = emu::linear_tid() % 32, g = lane / 4, t = lane % 4;
-  if (lane < 8u * kNum) emu::check_smem_access(row_addr, 16, "ldmatrix row");
+  if (lane < 8u * kNum) {
+    emu::check_smem_access(row_addr, 16, "ldmatrix row");
+    emu::smem_read(row_addr);
+  }
   const auto rows = emu::warp_exchange(static_cast<const uint16_t*>(row_addr));  // [lane] -> its row of 8 values
   for (int i = 0; i < kNum; ++i) {
     const uint16_t lo = kTrans ? rows[8 * i + 2 * t][g] : rows[8 * i + g][2 * t];
