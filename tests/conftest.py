@@ -42,6 +42,14 @@ def kernel_target(request):
     pytest.skip("needs a GPU and a CUDA build, or --cuda-emulator")
 
 
+@pytest.fixture(scope="session")
+def emu(kernel_target):
+    """The emulator's op namespace (its probe ops and knobs); skipped on a GPU."""
+    if not kernel_target.emulated:
+        pytest.skip("an emulator op")
+    return kernel_target.ops
+
+
 class KernelTarget:
     """Where the CUDA kernel cases run: the op namespace, its device, and (emulated) the pretend device sizes."""
 

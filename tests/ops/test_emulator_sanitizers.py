@@ -6,13 +6,6 @@ import pytest
 pytestmark = pytest.mark.cuda
 
 
-@pytest.fixture(scope="module")
-def emu(kernel_target):
-    if not kernel_target.emulated:
-        pytest.skip("a detector of the host emulator")
-    return kernel_target.ops
-
-
 def test_correct_pipeline_passes(emu):
     for _ in range(8):  # the schedule differs from launch to launch
         emu.probe_race(0)  # cp.async, wait, barrier, then another warp's ldmatrix

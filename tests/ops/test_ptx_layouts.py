@@ -10,13 +10,6 @@ import torch
 pytestmark = pytest.mark.cuda
 
 
-@pytest.fixture(scope="module")
-def emu(kernel_target):
-    if not kernel_target.emulated:
-        pytest.skip("the probes are emulator ops")
-    return kernel_target.ops
-
-
 # The PTX ISA's tables for m16n8k16 with .f16/.bf16 inputs and .f32 accumulators. groupID = laneid >> 2,
 # threadID_in_group = laneid % 4; element i of a thread's fragment is register i // 2, half i % 2 (a register holds
 # two 16-bit elements, the lower index in the low half).
