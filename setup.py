@@ -2,7 +2,8 @@
 
 Flags, ISA levels and the per-ISA units come from tools/build_config.py (shared with CMakeLists.txt and
 tools/check_cuda.sh). Environment: FORCE_CUDA=1 builds the CUDA sources even without a visible GPU; then
-TORCH_CUDA_ARCH_LIST and MAX_JOBS are honoured by torch.utils.cpp_extension.
+TORCH_CUDA_ARCH_LIST and MAX_JOBS are honoured by torch.utils.cpp_extension; without TORCH_CUDA_ARCH_LIST and without a
+visible GPU the build targets tools/build_config.py's DEFAULT_CUDA_ARCH_LIST (7.5;8.0;8.6;8.9;9.0+PTX).
 
     python setup.py build_ext --inplace            # incremental: ninja recompiles only what changed (make build)
     pip install --no-build-isolation .             # or `pip wheel`, from a checkout or an sdist
@@ -41,6 +42,10 @@ def extension():
     if not with_cuda():
         return CppExtension("pytransformer._C", sources, depends=depends, extra_compile_args=cxx,
                             extra_link_args=config.LINK_FLAGS)
+    archs = config.cuda_arch_list(os.environ, torch.cuda.is_available())
+    if archs:
+        print(f"pytransformer: no GPU visible and TORCH_CUDA_ARCH_LIST unset: building for {archs}")
+        os.environ["TORCH_CUDA_ARCH_LIST"] = archs
     return CUDAExtension("pytransformer._C", sources + rel(config.cuda_sources()), depends=depends,
                          define_macros=[(config.CUDA_MACRO, "1")],
                          extra_compile_args={**cxx, "nvcc": config.NVCC_FLAGS}, extra_link_args=config.LINK_FLAGS)

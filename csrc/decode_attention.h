@@ -65,4 +65,11 @@ inline void check_cache_lengths(const int64_t* lengths, const DecodeAttentionPar
   }
 }
 
+// max_length, the caller's host-side bound of cache_lengths (every cache_lengths[b] <= max_length): within the
+// capacity. Checked instead of the values themselves where reading them would cost a device-to-host copy (CUDA).
+inline void check_length_bound(int64_t max_length, const DecodeAttentionParams& p) {
+  TORCH_CHECK_VALUE(max_length >= 0 && max_length <= p.capacity, "max_length: expected 0 <= max_length <= capacity = ",
+                    p.capacity, ", got ", max_length);
+}
+
 }  // namespace pytransformer

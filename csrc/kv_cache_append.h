@@ -59,4 +59,13 @@ inline void check_append_positions(const int64_t* positions, const KvCacheAppend
   }
 }
 
+// max_position, the caller's host-side bound of positions (every positions[b] <= max_position): rows that far in must
+// fit. Checked instead of the values themselves where reading them would cost a device-to-host copy (CUDA).
+inline void check_append_bound(int64_t max_position, const KvCacheAppendParams& p) {
+  TORCH_CHECK_VALUE(max_position >= 0 && max_position <= p.capacity - p.new_len, "max_position: a row at position ",
+                    max_position, " would write cache positions ", max_position, "..", max_position + p.new_len - 1,
+                    ", outside the cache capacity ", p.capacity, " (expected 0 <= max_position <= capacity - T = ",
+                    p.capacity - p.new_len, ")");
+}
+
 }  // namespace pytransformer

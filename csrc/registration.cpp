@@ -28,9 +28,11 @@ TORCH_LIBRARY(pytransformer, m) {
   m.def("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? mask,"
         " bool causal, int? window, Tensor? key_lengths, float scale) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v)");
   // KV cache (inference): append writes the caches in place; decode_attention reads them in place -> [B, Hq, T, Dv].
-  m.def("kv_cache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor positions) -> ()");
-  m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lengths, float scale, int? window)"
-        " -> Tensor");
+  // max_position / max_length: optional bounds of positions / cache_lengths known on the host (no device read).
+  m.def("kv_cache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k_new, Tensor v_new, Tensor positions,"
+        " int? max_position=None) -> ()");
+  m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lengths, float scale, int? window,"
+        " int? max_length=None) -> Tensor");
   // Weight-only int8 linear (inference): (x [..., K] @ weight int8 [N, K]^T) * scale [N] + bias [N] -> [..., N].
   m.def("int8_linear(Tensor x, Tensor weight, Tensor scale, Tensor? bias) -> Tensor");
 }
@@ -42,16 +44,17 @@ namespace {
 // the caches' version counters, so that a backward through a graph that saved a cache before the write raises
 // instead of using the overwritten values.
 void kv_cache_append_autograd(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_new,
-                              const at::Tensor& v_new, const at::Tensor& positions) {
+                              const at::Tensor& v_new, const at::Tensor& positions,
+                              std::optional<int64_t> max_position) {
   torch::autograd::check_inplace(k_cache, k_cache.requires_grad());
   torch::autograd::check_inplace(v_cache, v_cache.requires_grad());
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("pytransformer::kv_cache_append", "")
                              .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         const at::Tensor&)>();
+                                         const at::Tensor&, std::optional<int64_t>)>();
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    op.call(k_cache, v_cache, k_new, v_new, positions);
+    op.call(k_cache, v_cache, k_new, v_new, positions, max_position);
   }
   torch::autograd::increment_version(k_cache);
   torch::autograd::increment_version(v_cache);

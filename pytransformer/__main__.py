@@ -1,4 +1,4 @@
-"""Command line: python -m pytransformer demo | bench | count | generate (run with --help for the options)."""
+"""Command line: python -m pytransformer demo | bench | count | generate | check (--help for the options)."""
 import argparse
 import json
 import sys
@@ -67,7 +67,7 @@ def parser() -> argparse.ArgumentParser:
     from .models import CONFIGS
 
     p = argparse.ArgumentParser(prog="python -m pytransformer", description="pytransformer command line")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{demo,bench,count,generate}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{demo,bench,count,generate,check}")
     device_help = "cpu or cuda (default: cuda when available)"
 
     demo = sub.add_parser("demo", help="train a small encoder-decoder to reverse digit strings, then decode it",
@@ -118,6 +118,14 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, metavar="S", help="random seed of the sampling")
     gen.add_argument("--device", type=_device, help=device_help)
     gen.add_argument("--threads", type=_positive_int, metavar="N", help="CPU threads (default: PyTorch's)")
+
+    check = sub.add_parser("check", help="correctness of every op's kernels on this device against float64 references",
+                           description="Run the correctness cases of every op (every kernel path, mask, layout and "
+                                       "dtype) on the device against float64 references and print a table: op, dtype, "
+                                       "cases, the worst row's error over its bound, failures. Exit status 1 on any "
+                                       "failure. The first command to run on a new GPU.")
+    check.add_argument("--device", type=_device, help=device_help)
+    check.add_argument("--quick", action="store_true", help="the short shape lists (seconds on a GPU)")
     return p
 
 
@@ -166,6 +174,14 @@ def main(argv=None) -> int:
             parser().error(f"generate: {e}")
         textgen.stream(*prepared, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                        top_p=args.top_p, top_k=args.top_k, seed=args.seed, eos_id=textgen.eos_token(args.model))
+    elif args.command == "check":
+        from . import check
+        device = args.device or _default_device()
+        checks = check.run(device, quick=args.quick)
+        print(f"pytransformer check on {device}{' (quick)' if args.quick else ''}\n\n{check.table(checks)}")
+        if checks.failures:
+            print(f"\n{len(checks.failures)} failures:\n" + "\n".join(checks.failures[:50]))
+            return 1
     else:
         from .models import CONFIGS
         from .models.count import report

@@ -1,10 +1,10 @@
 """Shared test fixtures: devices to run on (CUDA ones are marked `cuda` and skipped without a GPU), and the target of
-the CUDA kernel cases (tests/ops/kernel_cases.py): the GPU, or the host emulator with --cuda-emulator."""
+the CUDA kernel cases (pytransformer/check.py): the GPU, or the host emulator with --cuda-emulator."""
 import pytest
 import torch
 
 import pytransformer  # noqa: F401  registers the ops
-from tests.ops.kernel_cases import KernelTarget
+from pytransformer.check import KernelChecks
 
 
 def pytest_addoption(parser):
@@ -40,3 +40,50 @@ def kernel_target(request):
         from tools.cuda_emulator import build
         return KernelTarget(build.load(), "cpu", emulated=True, full=full)
     pytest.skip("needs a GPU and a CUDA build, or --cuda-emulator")
+
+
+@pytest.fixture(scope="session")
+def emu(kernel_target):
+    """The emulator's op namespace (its probe ops and knobs); skipped on a GPU."""
+    if not kernel_target.emulated:
+        pytest.skip("an emulator op")
+    return kernel_target.ops
+
+
+class KernelTarget:
+    """Where the CUDA kernel cases run: the op namespace, its device, and (emulated) the pretend device sizes."""
+
+    def __init__(self, ops, device: str, emulated: bool, full: bool):
+        self.ops, self.device, self.emulated, self.full = ops, device, emulated, full
+
+    def shapes(self, quick, full):
+        """The full shape list with --cuda-full, else the quick one."""
+        return full if self.full else quick
+
+    def run(self, cases, each_device_size: bool = False) -> list[str]:
+        """cases(KernelChecks) from a fixed seed, on a small and a large pretend device when emulated and
+        `each_device_size` (persistent grids looping over many rows, or many row groups and split-K partial sums);
+        returns the names of the failed cases."""
+        torch.manual_seed(0)
+        checks = KernelChecks(self.ops, self.device)
+        for sms, blocks in ((2, 2), (64, 8)) if self.emulated and each_device_size else ((None, None),):
+            if sms is not None:
+                self.ops.set_device(sms, blocks)
+            cases(checks)
+        return checks.failures
+
+    def captured(self, fn):
+        """fn() as it runs while a stream is captured into a CUDA graph (on the GPU: captured, then replayed once)."""
+        if self.emulated:
+            self.ops.set_capturing(True)
+            try:
+                return fn()
+            finally:
+                self.ops.set_capturing(False)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        return out
+

@@ -56,3 +56,51 @@ def test_avx512_code_stays_in_the_avx512_kernels():
     assert {f: n for f, n in evex.items() if not in_namespace(f, "AVX512")} == {}
     vex = _functions_with(text, {"62", "c4", "c5"})
     assert {f: n for f, n in vex.items() if in_namespace(f, "DEFAULT")} == {}
+
+
+def test_cuda_arch_list_without_a_gpu(monkeypatch):
+    """FORCE_CUDA=1 with no visible GPU and no TORCH_CUDA_ARCH_LIST: torch's own detection fails (it asks the missing
+    GPU for its capability); setup.py then sets the documented default list, which torch turns into nvcc flags."""
+    import torch.utils.cpp_extension as cpp
+    from tools import build_config
+    assert build_config.cuda_arch_list({"TORCH_CUDA_ARCH_LIST": "9.0"}, gpu_visible=False) is None
+    assert build_config.cuda_arch_list({}, gpu_visible=True) is None
+    archs = build_config.cuda_arch_list({}, gpu_visible=False)
+    assert archs == build_config.DEFAULT_CUDA_ARCH_LIST
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", archs)
+    flags = cpp._get_cuda_arch_flags()
+    assert "-gencode=arch=compute_75,code=sm_75" in flags and "-gencode=arch=compute_90,code=compute_90" in flags
+
+
+_PTXAS_LOG = """ptxas info    : Compiling entry function '_ZN13pytransformer4cuda24attention_mma_fwd_kernelI6__halfLi64EEEvNS_15AttentionParamsE' for 'sm_90'
+ptxas info    : Function properties for _ZN13pytransformer4cuda24attention_mma_fwd_kernelI6__halfLi64EEEvNS_15AttentionParamsE
+    {frame} bytes stack frame, {spills} bytes spill stores, {spills} bytes spill loads
+ptxas info    : Used {regs} registers, used 1 barriers, 400 bytes cmem[0]
+ptxas info    : Compiling entry function '_ZN13pytransformer4cuda24attention_mma_fwd_kernelI6__halfLi64EEEvNS_15AttentionParamsE' for 'sm_75'
+ptxas info    : Function properties for _ZN13pytransformer4cuda24attention_mma_fwd_kernelI6__halfLi64EEEvNS_15AttentionParamsE
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 8 registers, 400 bytes cmem[0]
+"""
+
+
+def test_ptxas_gate(tmp_path):
+    """tools/ptxas_gate.py on a planted report: the sm_90 entry is read (not the sm_75 one), spills or a stack frame in
+    an attention kernel fail, a register count above the table fails, equal or fewer pass, a kernel missing from the
+    table fails."""
+    from tools import ptxas_gate as gate
+    name = "void pytransformer::cuda::attention_mma_fwd_kernel<__half, 64>(pytransformer::AttentionParams)"
+    table = {name: 128}
+
+    def failures(frame=0, spills=0, regs=128, known=table):
+        mangled = gate.parse(_PTXAS_LOG.format(frame=frame, spills=spills, regs=regs))
+        names = gate.demangle(list(mangled))
+        return gate.check({names[m]: k for m, k in mangled.items()}, known)
+
+    assert failures() == [] and failures(regs=120) == []
+    assert [f.split(":")[0] for f in failures(spills=8)] == ["local memory"]
+    assert [f.split(":")[0] for f in failures(frame=16)] == ["local memory"]
+    assert failures(regs=130) == [f"registers 128 -> 130: {name}"]
+    assert failures(known={})[0].startswith("not in cuda_registers.txt")
+    # the checked-in table lists the kernels of every CUDA source
+    recorded = gate.read_table()
+    assert name in recorded and any("decode_split_kernel" in n for n in recorded)

@@ -92,3 +92,36 @@ def test_without_matplotlib_bench_plot_fails_with_the_install_hint(tmp_path, cap
     with pytest.raises(SystemExit) as e:
         main(["bench", "--quick", "--only", "norm", "--plot", str(tmp_path / "b.png")])
     assert e.value.code == 2 and "pytransformer[plot]" in capsys.readouterr().err
+
+
+def _few_cases(device, quick=False):
+    """check.run on a few of the cases (the full CPU run is minutes; the GPU run is what the command is for)."""
+    from pytransformer import check
+    checks = check.KernelChecks(torch.ops.pytransformer, device)
+    checks.check_kv_cache(check.APPEND_SHAPES_QUICK[:1])
+    checks.check_decode(check.DECODE_SHAPES_QUICK[1:2])
+    return checks
+
+
+def test_check_prints_the_table_and_fails_on_a_wrong_row(capsys, monkeypatch):
+    from pytransformer import check
+    monkeypatch.setattr(check, "run", _few_cases)
+    assert main(["check", "--device", "cpu", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "| op | dtype | cases | worst row error / bound | failed | result |" in out
+    assert re.search(r"\| decode_attention \| bfloat16 \| 3 \| [0-9.]+ \| 0 \| pass \|", out)
+    assert re.search(r"\| kv_cache_append \| float32 \| 3 \| 0.000 \| 0 \| pass \|", out)
+
+    # One wrong row among many: within the whole-tensor tolerance, caught row by row, exit status 1.
+    def one_wrong_row(device, quick=False):
+        checks = check.KernelChecks(torch.ops.pytransformer, device)
+        ref = torch.randn(4096, 64, dtype=torch.float64)
+        out = ref.to(torch.bfloat16)
+        out[1234] = (ref[1234] * 0.5).to(torch.bfloat16)  # a row off by half its size
+        assert check.rel_err(out, ref) <= check.TOL[torch.bfloat16]
+        checks.check("attention fwd bfloat16 planted", out, ref, torch.bfloat16)
+        return checks
+    monkeypatch.setattr(check, "run", one_wrong_row)
+    assert main(["check", "--device", "cpu"]) == 1
+    out = capsys.readouterr().out
+    assert "| attention | bfloat16 | 1 |" in out and "FAIL" in out and "attention fwd bfloat16 planted" in out

@@ -27,6 +27,10 @@ CXX_FLAGS = ["-O3", "-g0", "-std=c++20", "-fvisibility=hidden", "-fopenmp", "-ff
 LINK_FLAGS = ["-fopenmp"]
 NVCC_FLAGS = ["-O3", "-std=c++20", "--use_fast_math", "--expt-relaxed-constexpr", "-lineinfo"]
 CUDA_MACRO = "PT_WITH_CUDA"  # defined in a CUDA build, for the C++ and CUDA sources alike
+# The GPU architectures of a CUDA build when TORCH_CUDA_ARCH_LIST is unset and no GPU is visible (torch would otherwise
+# build for the visible GPUs): Turing (T4; SIMT kernels only, the tensor-core kernels need 8.0), Ampere (A100, A10 /
+# RTX 30), Ada (L4 / RTX 40), Hopper, and PTX for later GPUs.
+DEFAULT_CUDA_ARCH_LIST = "7.5;8.0;8.6;8.9;9.0+PTX"
 
 # ISA level -> GCC target features; the level numbers match IsaLevel in csrc/cpu/isa.h. A unit sets its own target
 # with a pragma (one set of flags serves every source) and defines the feature macros that the pragma does not
@@ -79,6 +83,12 @@ def nvcc_flags() -> list[str]:
     """The flags nvcc gets in a CUDA build: torch.utils.cpp_extension's common ones, ours, and the CUDA macro."""
     from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
     return COMMON_NVCC_FLAGS + [f for f in NVCC_FLAGS if f not in COMMON_NVCC_FLAGS] + [f"-D{CUDA_MACRO}"]
+
+
+def cuda_arch_list(environ, gpu_visible: bool) -> str | None:
+    """The TORCH_CUDA_ARCH_LIST a CUDA build should set: None (keep the user's list, or torch's detection of the visible
+    GPUs), else DEFAULT_CUDA_ARCH_LIST (torch's detection fails without a GPU)."""
+    return None if environ.get("TORCH_CUDA_ARCH_LIST") or gpu_visible else DEFAULT_CUDA_ARCH_LIST
 
 
 def main(argv: list[str]) -> int:

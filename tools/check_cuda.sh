@@ -2,7 +2,11 @@
 # Compile-checks every csrc/cuda/*.cu with nvcc (compile only, no link) against the headers of the torch installed for
 # $PYTHON (default python3; a CPU wheel is enough): to sm_90 machine code (ptxas included) and to compute_80 PTX (every
 # sm_80 code path through the front end and NVVM; ptxas for sm_80 as well would double the check's ptxas time, most of
-# its 7 minutes on 2 cores, for resource errors that sm_90 mostly shares). Exits non-zero if any compile fails.
+# its 7 minutes on 2 cores, for resource errors that sm_90 mostly shares). The units with tensor-core code (those that
+# include mma.cuh) also compile to sm_75 machine code: a build for a 7.x GPU must get through ptxas, with the sm_80-only
+# PTX (mma.sync bf16, cp.async) compiled out there. ptxas reports every kernel's resources (-Xptxas -v, logs in
+# build/cuda_check/) and tools/ptxas_gate.py gates them: local memory in an attention, decode or append kernel, or
+# more registers than tools/cuda_registers.txt records, fails. Exits non-zero if any compile or gate fails.
 # NVCC (default $CUDA_HOME/bin/nvcc or /usr/local/cuda/bin/nvcc) and NVCC_EXTRA (e.g. "-Xptxas -v") are honoured.
 set -u
 cd "$(dirname "$0")/.."
@@ -18,15 +22,23 @@ FLAGS=(-c -o /dev/null "${BUILD_FLAGS[@]}" -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE
        -I"$TORCH_INC" -I"$TORCH_INC/torch/csrc/api/include" -I"$PY_INC" -Icsrc)
 shopt -s nullglob
 files=(csrc/cuda/*.cu)
+LOGS=build/cuda_check
+rm -rf "$LOGS" && mkdir -p "$LOGS"
 [ ${#files[@]} -gt 0 ] || { echo "check_cuda: no csrc/cuda/*.cu files"; exit 0; }
-# One nvcc call per file covers both targets (the host side is parsed once); files compile in parallel.
+# One nvcc call per file covers every target (the host side is parsed once); files compile in parallel.
 check() {
-  local f=$1 start=$SECONDS
+  local f=$1 start=$SECONDS label="compute_80 sm_90"
+  local targets=(-gencode arch=compute_80,code=compute_80 -gencode arch=compute_90,code=sm_90)
+  if grep -q '#include "\(attention_\)\?mma.cuh"' "$f"; then
+    targets+=(-gencode arch=compute_75,code=sm_75) label+=" sm_75"
+  fi
   # shellcheck disable=SC2086
-  if "$NVCC" "${FLAGS[@]}" ${NVCC_EXTRA:-} -gencode arch=compute_80,code=compute_80 \
-       -gencode arch=compute_90,code=sm_90 "$f"; then
-    echo "ok    compute_80 sm_90 $f ($((SECONDS - start)) s)"
+  local log=$LOGS/$(basename "$f" .cu).log
+  if "$NVCC" "${FLAGS[@]}" ${NVCC_EXTRA:-} -Xptxas -v "${targets[@]}" "$f" >"$log" 2>&1; then
+    grep -v "^ptxas info\|bytes stack frame" "$log"  # warnings, if any
+    echo "ok    $label $f ($((SECONDS - start)) s)"
   else
+    grep -v "^ptxas info\|bytes stack frame" "$log"
     echo "FAIL  $f"
     return 1
   fi
@@ -40,4 +52,5 @@ for f in "${files[@]}"; do
   pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+[ $failed = 0 ] && { "$PYTHON" tools/ptxas_gate.py "$LOGS"/*.log || failed=1; }
 exit $failed

@@ -10,8 +10,9 @@ KernelTable<KvCacheAppendCpuFn> kv_cache_append_kernel;
 
 namespace {
 void kv_cache_append(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_new,
-                     const at::Tensor& v_new, const at::Tensor& positions) {
+                     const at::Tensor& v_new, const at::Tensor& positions, std::optional<int64_t> max_position) {
   const KvCacheAppendParams p = check_kv_cache_append_args(k_cache, v_cache, k_new, v_new, positions);
+  if (max_position) check_append_bound(*max_position, p);
   const at::Tensor pos = positions.to(at::kLong).contiguous();  // [B]
   check_append_positions(pos.const_data_ptr<int64_t>(), p);
   if (p.new_len == 0) return;

@@ -61,11 +61,13 @@ void dispatch_mma_head_dim(int head_dim, F&& f) {
   }
 }
 
-// Whether the tensor-core kernels take a float16/bfloat16 call: D and Dv within the largest of kMmaHeadDims, lengths
-// that 32-bit positions hold, and the shared memory of the forward (or backward) kernels within the device's
+// Whether the tensor-core kernels take a float16/bfloat16 call: a device of compute capability 8.0 or later (mma.sync
+// with bf16 and cp.async; their kernels are empty in code built for older GPUs, see mma.cuh), D and Dv within the
+// largest of kMmaHeadDims, lengths that 32-bit positions hold, and the shared memory of the forward (or backward) kernels within the device's
 // per-block limit (sm_80/sm_90 fit every head dim; GPUs with ~100 KB a block, e.g. sm_86/sm_89, take the SIMT
 // kernels for the larger head dims' backward).
 bool use_mma(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool backward) {
+  if (device_attribute(cudaDevAttrComputeCapabilityMajor) < 8) return false;
   const int64_t width = std::max(round_up(q.size(3), kMmaDimMultiple), round_up(v.size(3), kMmaDimMultiple));
   if (width > std::end(kMmaHeadDims)[-1] || std::max(q.size(2), k.size(2)) >= (int64_t(1) << 30)) return false;
   size_t smem = 0;

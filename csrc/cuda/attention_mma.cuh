@@ -234,6 +234,7 @@ __device__ __forceinline__ void row_stats(const AttentionParams& p, const float*
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
     attention_mma_fwd_kernel(const AttentionParams p) {
+#if PT_TENSOR_CORES  // (mma.cuh) an empty body before sm_80
   using Tiles = MmaTiles<kHeadDim>;
   constexpr int kM = Tiles::kFwdBlockM, kN = Tiles::kFwdBlockN, kLd = Tiles::kLd, kRT = Tiles::kFwdRowTiles;
   constexpr int kThreads = Tiles::kFwdWarps * 32, kNT = kN / 8, kDT = kHeadDim / 8;
@@ -335,6 +336,7 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
   T* out = static_cast<T*>(p.out) + b * p.o_stride[0] + h * p.o_stride[1] + m0 * p.o_stride[2];
 #pragma unroll
   for (int rt = 0; rt < kRT; ++rt) store_tile<kDT>(out, p.o_stride[2], o + rt * kDT, row0 + 16 * rt, nq, p.dim_v, 1.f);
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -357,6 +359,7 @@ constexpr int dq_row_tiles(int warps, int row_tiles, int head_dim) {
 template <typename T, int kHeadDim, bool kAtomicDq>
 __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
     attention_mma_bwd_kernel(const AttentionBackwardParams bp, const float* delta, float* dq_accum) {
+#if PT_TENSOR_CORES  // (mma.cuh) an empty body before sm_80
   using Tiles = MmaTiles<kHeadDim>;
   constexpr int kWarps = Tiles::kBwdWarps, kThreads = kWarps * 32, kSplit = Tiles::kBwdDSplit;
   constexpr int kN = Tiles::kBwdBlockN, kM = Tiles::kBwdBlockM, kLd = Tiles::kLd, kLdS = Tiles::kLdS;
@@ -515,6 +518,7 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
                     static_cast<float>(p.scale));
     store_tile<kDT>(gv, bp.gv_stride[2], dv + rt * kDT, key_row0 + 16 * rt, rows, p.dim_v - d_col0, 1.f);
   }
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -522,6 +526,7 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kDqWarps * 32)
     attention_mma_bwd_dq_kernel(const AttentionBackwardParams bp, const float* delta) {
+#if PT_TENSOR_CORES  // (mma.cuh) an empty body before sm_80
   using Tiles = MmaTiles<kHeadDim>;
   constexpr int kM = Tiles::kDqBlockM, kN = Tiles::kFwdBlockN, kLd = Tiles::kLd;
   constexpr int kThreads = Tiles::kDqWarps * 32, kNT = kN / 8, kDT = kHeadDim / 8;
@@ -583,6 +588,7 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kDqWarps * 32)
   }
   T* gq = static_cast<T*>(bp.grad_q) + b * bp.gq_stride[0] + h * bp.gq_stride[1] + m0 * bp.gq_stride[2];
   store_tile<kDT>(gq, bp.gq_stride[2], dq, warp * 16, nq, p.dim, static_cast<float>(p.scale));
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 namespace pytransformer::cuda {
 
@@ -273,13 +274,16 @@ void dispatch_float_types(c10::ScalarType dtype, F&& f) {
 // Pieces shared by the two KV-cache ops: the int index vectors (positions, cache_lengths)
 // read on the device as given (int32 or int64, any stride), and the host-side check of their values.
 //
-// CUDA graphs. The CPU glue checks positions / cache_lengths on the host. On CUDA that read is a device-to-host copy,
-// which synchronises and is impossible while the stream is being captured into a CUDA graph. So the values are checked
-// on the host (one small copy, then the ValueError of csrc/kv_cache_append.h or csrc/decode_attention.h, before anything is written) only when the
-// stream is not capturing; the kernels check them again on the device, always: an append row whose positions do not
-// fit writes nothing, a decode row whose length is out of range gives zeros. Under capture a bad call therefore
-// raises nothing; the rows with good values are still written.
-
+// Host checks and synchronisation. The CPU glue checks positions / cache_lengths on the host. On CUDA that read is a
+// device-to-host copy, which waits for the stream (once per layer per generated token in a decode loop) and is
+// impossible while the stream is being captured into a CUDA graph. So:
+//   - with a host-side bound (max_position, max_length: the caller's guarantee, e.g. a cache that tracks its lengths
+//     on the host), the bound is checked against the capacity on the host (the ValueError of csrc/kv_cache_append.h
+//     or csrc/decode_attention.h, before anything is written) and the values are not read: no synchronisation;
+//   - otherwise the values are copied and checked on the host, unless the stream is capturing;
+//   - the kernels check them again on the device, always: an append row whose positions do not fit writes nothing, a
+//     decode row whose length is out of range gives zeros. Under capture (or with a bound the values break) a bad
+//     call therefore raises nothing; the rows with good values are still written.
 
 // An integer vector [B] in device memory: int32 or int64 elements `stride` apart.
 struct IndexVector {
@@ -307,12 +311,17 @@ inline bool capturing(cudaStream_t stream) {
 }
 
 // Calls check(const int64_t* values) on a host copy of the integer vector `t`, unless `stream` is capturing (see the
-// top of this file: the kernels then check the values themselves).
+// top of this file: the kernels then check the values themselves). The copy waits for the stream: one device-to-host
+// synchronisation, which the ops avoid when the caller passes a host-side bound instead (max_position, max_length).
 template <class Check>
 void check_on_host_unless_capturing(const at::Tensor& t, cudaStream_t stream, Check&& check) {
   if (capturing(stream)) return;
-  const at::Tensor host = t.to(at::kCPU, at::kLong).contiguous();  // [B]; waits for the stream
-  check(host.const_data_ptr<int64_t>());
+  const at::Tensor values = t.to(at::kLong).contiguous();  // [B], on the device
+  std::vector<int64_t> host(values.numel());
+  C10_CUDA_CHECK(cudaMemcpyAsync(host.data(), values.const_data_ptr(), host.size() * sizeof(int64_t),
+                                 cudaMemcpyDeviceToHost, stream));
+  C10_CUDA_CHECK(cudaStreamSynchronize(stream));
+  check(host.data());
 }
 
 }  // namespace pytransformer::cuda

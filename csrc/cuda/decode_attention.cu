@@ -15,7 +15,8 @@ namespace pytransformer::cuda {
 namespace {
 
 at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                            const at::Tensor& cache_lengths, double scale, std::optional<int64_t> window) {
+                            const at::Tensor& cache_lengths, double scale, std::optional<int64_t> window,
+                            std::optional<int64_t> max_length) {
   const at::Tensor q = unit_last_stride(q_in), k = unit_last_stride(k_in), v = unit_last_stride(v_in);
   const DecodeAttentionParams p = check_decode_attention_args(q, k, v, cache_lengths, scale, window);
   TORCH_CHECK_VALUE(p.head_dim <= kDecodeMaxHeadDim && p.v_head_dim <= kDecodeMaxHeadDim,
@@ -23,7 +24,11 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_in, cons
                     p.head_dim, ", Dv = ", p.v_head_dim);
   c10::cuda::CUDAGuard guard(q.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  check_on_host_unless_capturing(cache_lengths, stream, [&](const int64_t* n) { check_cache_lengths(n, p); });
+  if (max_length) {
+    check_length_bound(*max_length, p);  // no device read (see common.cuh)
+  } else {
+    check_on_host_unless_capturing(cache_lengths, stream, [&](const int64_t* n) { check_cache_lengths(n, p); });
+  }
   at::Tensor out = at::empty({p.batch, p.q_heads, p.q_len, p.v_head_dim}, q.options());  // [B, Hq, T, Dv]
   if (out.numel() == 0) return out;
   at::Tensor lengths_keep, parts;  // kept alive until the launches are queued

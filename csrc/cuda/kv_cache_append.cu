@@ -13,11 +13,15 @@ namespace pytransformer::cuda {
 namespace {
 
 void kv_cache_append(const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_new,
-                     const at::Tensor& v_new, const at::Tensor& positions) {
+                     const at::Tensor& v_new, const at::Tensor& positions, std::optional<int64_t> max_position) {
   const KvCacheAppendParams p = check_kv_cache_append_args(k_cache, v_cache, k_new, v_new, positions);
   c10::cuda::CUDAGuard guard(k_cache.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  check_on_host_unless_capturing(positions, stream, [&](const int64_t* pos) { check_append_positions(pos, p); });
+  if (max_position) {
+    check_append_bound(*max_position, p);  // no device read (see common.cuh)
+  } else {
+    check_on_host_unless_capturing(positions, stream, [&](const int64_t* pos) { check_append_positions(pos, p); });
+  }
   if (p.new_len == 0 || p.batch * p.kv_heads == 0) return;
   at::Tensor pos_keep;
   const IndexVector pos = index_vector(positions, pos_keep);

@@ -55,6 +55,12 @@ def integer_vector(t: Tensor, name: str, ref: Tensor, ref_name: str, batch) -> N
     sizes(t, name, "[B]", [batch])
 
 
+def int_or_none(value, name: str) -> None:
+    """The public wrappers' check of an optional int argument: TypeError naming it otherwise."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TypeError(f"{name}: expected an int or None, got {type(value).__name__}")
+
+
 def finite(value: float, name: str) -> None:
     check(math.isfinite(value), f"{name}: expected a finite value, got {value}")
 
@@ -135,7 +141,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask, window, key_lengths, scale:
               f"key_lengths: expected shape [{b}] (one length per batch row), got {list(key_lengths.shape)}")
 
 
-def kv_cache_append(k_cache: Tensor, v_cache: Tensor, k_new: Tensor, v_new: Tensor, positions: Tensor) -> None:
+def kv_cache_append(k_cache: Tensor, v_cache: Tensor, k_new: Tensor, v_new: Tensor, positions: Tensor,
+                    max_position=None) -> None:
     """csrc/kv_cache_append.h: check_kv_cache_append_args (memory overlap is checked in eager only)."""
     float_dtype(k_cache, "k_cache")
     dim(k_cache, "k_cache", 4, "[B, Hkv, capacity, D]")
@@ -147,10 +154,15 @@ def kv_cache_append(k_cache: Tensor, v_cache: Tensor, k_new: Tensor, v_new: Tens
     like(v_new, "v_new", k_cache, "k_cache")
     sizes(v_new, "v_new", "[B, Hkv, T, Dv]", [b, h, k_new.shape[2], v_cache.shape[3]])
     integer_vector(positions, "positions", k_cache, "k_cache", b)
+    if max_position is not None:  # check_append_bound
+        t = k_new.shape[2]
+        check(0 <= max_position <= cap - t, f"max_position: a row at position {max_position} would write cache "
+              f"positions {max_position}..{max_position + t - 1}, outside the cache capacity {cap} (expected "
+              f"0 <= max_position <= capacity - T = {cap - t})")
 
 
 def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lengths: Tensor, scale: float,
-                     window) -> None:
+                     window, max_length=None) -> None:
     """csrc/decode_attention.h: check_decode_attention_args."""
     float_dtype(q, "q")
     dim(q, "q", 4, "[B, Hq, T, D]")
@@ -166,6 +178,8 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lengths:
     integer_vector(cache_lengths, "cache_lengths", q, "q", b)
     check(window is None or window >= 1, f"window: expected None or a positive int, got {window}")
     finite(scale, "scale")
+    check(max_length is None or 0 <= max_length <= cap,  # check_length_bound
+          f"max_length: expected 0 <= max_length <= capacity = {cap}, got {max_length}")
 
 
 def int8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias) -> None:

@@ -8,7 +8,7 @@ import pytransformer
 from pytransformer.ops import attention, reference
 from pytransformer.ops.visibility import visible_keys
 from tests.helpers import TRACING_ERROR, WHERE, compiled, factory_device, tolerance
-from tests.ops import kernel_cases as kc
+from pytransformer import check as kc
 
 # (B, Hq, Hkv, Lq, Lk, D, Dv): L = 1, Lq != Lk both ways, D in {16, 40, 64, 80, 128}, Dv != D, Hkv in {1, 2, Hq}.
 SHAPES = [
@@ -446,7 +446,37 @@ def test_cuda_head_dim_limit_raises():
 @pytest.mark.cuda
 def test_cuda_kernels(kernel_target):
     """The CUDA attention kernels (tensor-core and SIMT, forward and backward) on every mask and layout
-    (kernel_cases.py) against float64 references; the emulator runs the quick list even with --cuda-full."""
+    (pytransformer/check.py) against float64 references; the emulator runs the quick list even with --cuda-full."""
     full = kernel_target.full and not kernel_target.emulated
     shapes = kc.ATTENTION_SHAPES if full else kc.ATTENTION_SHAPES_QUICK
     assert kernel_target.run(lambda c: c.check_attention(shapes)) == []
+
+
+@pytest.mark.cuda
+def test_cuda_kernels_across_tiles(kernel_target):
+    """Every tensor-core head-dim family over 2 query tiles and 3 key tiles (online-softmax rescaling, prefetch of the
+    next tiles, stage barriers, clean tiles), masked and unmasked, GQA, both dQ modes (pytransformer/check.py)."""
+    assert kernel_target.run(lambda c: c.check_attention_tiles(kc.ATTENTION_TILE_CASES)) == []
+
+
+@pytest.mark.cuda
+def test_cuda_tensor_cores_only_from_compute_capability_8(kernel_target):
+    """float16 attention takes the tensor-core kernels on a device of compute capability 8.0 or later and the SIMT
+    kernels before (their tensor-core kernels are empty in code built for 7.x); the same results either way. Emulated:
+    the pretend device's capability and the kernels it launched."""
+    if not kernel_target.emulated:
+        pytest.skip("the emulator pretends to be devices of other compute capabilities")
+    ops = kernel_target.ops
+    q, k, v = (torch.randn(1, 2, 20, 64, dtype=torch.float16) for _ in range(3))
+    ref = reference.attention(q.double(), k.double(), v.double(), causal=True, scale=0.125)
+    try:
+        for cc, family in ((75, "attention_simt_fwd_kernel"), (80, "attention_mma_fwd_kernel")):
+            ops.set_device(2, 2, cc)
+            ops.launched_kernels()
+            out = ops.attention(q, k, v, None, True, None, None, 0.125)[0]
+            launched = ops.launched_kernels()
+            assert any(family in name for name in launched), (cc, launched)
+            assert not any("attention_mma" in name for name in launched) or cc >= 80
+            torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
+    finally:
+        ops.set_device(2, 2, 90)

@@ -7,7 +7,7 @@ import pytransformer as pt
 from pytransformer.ops import reference as ref
 from tests.helpers import (CPU_ISA_LEVELS, WHERE, caches, captured_in_cuda_graph, cuda_only, randn, run_under_isa,
                            skip_unsupported, to_meta, tolerance)
-from tests.ops import kernel_cases as kc
+from pytransformer import check as kc
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 ops = torch.ops.pytransformer
@@ -320,6 +320,22 @@ def test_compiled_decode_step_with_inductor_on_cuda():
     assert torch.equal(k_cache, k_eager) and torch.equal(v_cache, v_eager)
 
 
+@pytest.mark.parametrize("meta", [False, True])
+def test_max_length_bound(device, meta):
+    # A host-side bound of cache_lengths: same output; a bound past the capacity raises; a bad type is a TypeError.
+    q, k, v = randn(2, 4, 1, 8, device=device), randn(2, 2, 10, 8, device=device), randn(2, 2, 10, 8, device=device)
+    lengths = torch.tensor([10, 3], device=device)
+    args = to_meta((q, k, v, lengths)) if meta else (q, k, v, lengths)
+    out = pt.ops.decode_attention(*args, max_length=10)
+    if not meta:
+        torch.testing.assert_close(out, pt.ops.decode_attention(*args), rtol=0, atol=0)
+    for bad in (11, -1):
+        with pytest.raises(ValueError, match="max_length"):
+            pt.ops.decode_attention(*args, max_length=bad)
+    with pytest.raises(TypeError, match="max_length"):
+        pt.ops.decode_attention(*args, max_length="10")
+
+
 @cuda_only
 def test_cuda_head_dim_limit_raises():
     q, k, v = randn(1, 2, 1, 300, device="cuda"), randn(1, 2, 5, 300, device="cuda"), randn(1, 2, 5, 8, device="cuda")
@@ -332,12 +348,30 @@ def test_cuda_head_dim_limit_raises():
 @pytest.mark.cuda
 def test_cuda_kernels(kernel_target):
     """The CUDA kernels of decode_attention (one split a row, several splits and the combine) against float64
-    references (kernel_cases.py)."""
+    references (pytransformer/check.py)."""
     assert kernel_target.run(lambda c: c.check_decode(kernel_target.shapes(kc.DECODE_SHAPES_QUICK, kc.DECODE_SHAPES)),
                              each_device_size=True) == []
 
 
 @pytest.mark.cuda
 def test_cuda_kernels_check_values_under_cuda_graph_capture(kernel_target):
-    """Captured, the kernels check positions / cache_lengths themselves (kernel_cases.py)."""
+    """Captured, the kernels check positions / cache_lengths themselves (pytransformer/check.py)."""
     assert kernel_target.run(lambda c: c.check_kv_device_checks(kernel_target.captured)) == []
+
+
+@pytest.mark.cuda
+def test_cuda_host_bounds(kernel_target):
+    """max_position / max_length (pytransformer/check.py); emulated, also that they spare the device-to-host copy and its
+    stream synchronisation that reading positions / cache_lengths back costs."""
+    assert kernel_target.run(lambda c: c.check_kv_host_bounds()) == []
+    if not kernel_target.emulated:
+        return
+    ops, k, v = kernel_target.ops, torch.zeros(2, 2, 8, 4), torch.zeros(2, 2, 8, 4)
+    new, positions, q = torch.randn(2, 2, 1, 4), torch.tensor([3, 5]), torch.randn(2, 2, 1, 4)
+    ops.synchronizations()
+    ops.kv_cache_append(k, v, new, new, positions, 5)
+    ops.decode_attention(q, k, v, positions + 1, 0.5, None, 6)
+    assert ops.synchronizations() == 0
+    ops.kv_cache_append(k, v, new, new, positions)
+    ops.decode_attention(q, k, v, positions + 1, 0.5, None)
+    assert ops.synchronizations() == 2

@@ -7,7 +7,7 @@ from pytransformer import ops
 from pytransformer.ops import reference
 
 from tests.helpers import CPU_ISA_LEVELS, TRACING_ERROR, compiled, run_under_isa, tolerance
-from tests.ops import kernel_cases as kc
+from pytransformer import check as kc
 
 
 def make(n, k, device, dtype=torch.float32, bias=True):
@@ -140,6 +140,6 @@ def test_bad_input(device):
 @pytest.mark.cuda
 def test_cuda_kernels(kernel_target):
     """The CUDA kernels of int8_linear (GEMV rows per block, split-K, tiled GEMM) against float64 references
-    (kernel_cases.py)."""
+    (pytransformer/check.py)."""
     assert kernel_target.run(lambda c: c.check_int8_linear(kernel_target.shapes(kc.INT8_SHAPES_QUICK, kc.INT8_SHAPES)),
                              each_device_size=True) == []

@@ -4,7 +4,7 @@ import torch
 
 import pytransformer as pt
 from tests.helpers import TRACING_ERROR, WHERE, caches, compiled, randn, skip_unsupported, to_meta
-from tests.ops import kernel_cases as kc
+from pytransformer import check as kc
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 ops = torch.ops.pytransformer
@@ -34,6 +34,32 @@ def test_append_overflow_raises_and_leaves_cache_unchanged(device, positions):
         pt.ops.kv_cache_append(k_cache, v_cache, k_new, v_new, torch.tensor(positions, device=device))
     assert torch.equal(k_cache.view(torch.int32), before[0].view(torch.int32))
     assert torch.equal(v_cache.view(torch.int32), before[1].view(torch.int32))
+
+
+@pytest.mark.parametrize("meta", [False, True])
+def test_max_position_bound(device, meta):
+    # A host-side bound of the positions: checked against the capacity before anything is written (the CUDA glue then
+    # reads nothing back); a bad type is a TypeError naming it.
+    k_cache, v_cache = caches(2, 2, 20, 8, 8, torch.float32, device)
+    k_new, v_new = randn(2, 2, 4, 8, device=device), randn(2, 2, 4, 8, device=device)
+    positions = torch.tensor([3, 16], device=device)
+    args = [k_cache, v_cache, k_new, v_new, positions]
+    if meta:
+        args = list(to_meta(args))
+    else:
+        expected = k_cache.clone()
+        expected[0, :, 3:7], expected[1, :, 16:20] = k_new[0], k_new[1]
+    pt.ops.kv_cache_append(*args, max_position=16)
+    if not meta:
+        assert torch.equal(k_cache, expected)
+    before = args[0].clone()
+    for bad in (17, -1):
+        with pytest.raises(ValueError, match="max_position"):
+            pt.ops.kv_cache_append(*args, max_position=bad)
+    if not meta:
+        assert torch.equal(k_cache, before)
+    with pytest.raises(TypeError, match="max_position"):
+        pt.ops.kv_cache_append(*args, max_position=16.0)
 
 
 def test_strided_operands(device):
@@ -142,6 +168,6 @@ def test_bad_call_under_compile_names_the_argument():
 
 @pytest.mark.cuda
 def test_cuda_kernels(kernel_target):
-    """The CUDA kernel of kv_cache_append (kernel_cases.py): bit-exact, for every layout."""
+    """The CUDA kernel of kv_cache_append (pytransformer/check.py): bit-exact, for every layout."""
     assert kernel_target.run(lambda c: c.check_kv_cache(kernel_target.shapes(kc.APPEND_SHAPES_QUICK, kc.APPEND_SHAPES)),
                              each_device_size=True) == []

@@ -6,7 +6,7 @@ import torch
 import pytransformer as pt
 from pytransformer.ops import reference as ref
 from tests.helpers import CPU_ISA_LEVELS, TRACING_ERROR, WHERE, compiled, factory_device, run_under_isa, tolerance
-from tests.ops import kernel_cases as kc
+from pytransformer import check as kc
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 SHAPES = [(5, 1), (3, 7), (2, 3, 384), (3, 1000), (2, 4096), (2, 2, 3, 33)]
@@ -264,6 +264,6 @@ def test_each_cpu_isa_level_agrees(isa):
 
 @pytest.mark.cuda
 def test_cuda_kernels(kernel_target):
-    """The CUDA kernels of masked_softmax on every path (kernel_cases.py) against float64 references."""
+    """The CUDA kernels of masked_softmax on every path (pytransformer/check.py) against float64 references."""
     assert kernel_target.run(
         lambda c: c.check_softmax(kernel_target.shapes(kc.SOFTMAX_SHAPES_QUICK, kc.SOFTMAX_SHAPES))) == []

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 import pytransformer as pt
 from pytransformer.ops import reference as ref
 from tests.helpers import CPU_ISA_LEVELS, TRACING_ERROR, WHERE, compiled, factory_device, run_under_isa, tolerance
-from tests.ops import kernel_cases as kc
+from pytransformer import check as kc
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 SHAPES = [(5, 1), (3, 7), (2, 3, 384), (4, 1000), (2, 4096), (2, 2, 2, 33)]
@@ -206,6 +206,6 @@ def test_each_cpu_isa_level_agrees(isa):
 
 @pytest.mark.cuda
 def test_cuda_kernels(kernel_target):
-    """The CUDA kernels of layer_norm and rms_norm on every path (kernel_cases.py) against float64 references."""
+    """The CUDA kernels of layer_norm and rms_norm on every path (pytransformer/check.py) against float64 references."""
     assert kernel_target.run(lambda c: c.check_norms(kernel_target.shapes(kc.NORM_SHAPES_QUICK, kc.NORM_SHAPES)),
                              each_device_size=True) == []

@@ -4,7 +4,8 @@ int8_linear) for the CPU, through a host emulator, and returns their op namespac
 csrc/cuda/*.cu and *.cuh are rewritten (launches `k<<<g, b, s, st>>>(args)` -> `emu::launcher(k, g, b, s, st)(args)`,
 no device guard or stream, ops registered for the CPU under torch.ops.pytransformer_emu with the schemas of
 csrc/registration.cpp) into build/cuda_emulator and compiled with g++ against prelude.h (fibers for threads) and
-stubs.cpp. The glue, the launch logic and the kernels run unchanged. The CUDA kernel cases of tests/ops run against
+stubs.cpp. The glue, the launch logic and the kernels run unchanged; PT_CUDA_EMULATOR swaps only the bodies of the
+instruction primitives of csrc/cuda/mma.cuh (inline PTX) for those of ptx.h here. The CUDA kernel cases of tests/ops run against
 this namespace with `python -m pytest tests/ops -m cuda --cuda-emulator` (make cuda-emulate); see README.md here.
 """
 import re
@@ -54,11 +55,10 @@ def load():
     (src / "csrc" / "cuda").mkdir(parents=True, exist_ok=True)
     for header in (ROOT / "csrc").glob("*.h"):
         write_if_changed(src / "csrc" / header.name, header.read_text())
-    sources = [HERE / "stubs.cpp"]
+    sources = [HERE / "stubs.cpp", HERE / "probes.cpp"]
     for f in sorted((ROOT / "csrc" / "cuda").iterdir()):
         if f.suffix == ".cuh":
-            origin = HERE / f.name if f.name == "mma.cuh" else f  # inline PTX: the emulator's mma.cuh stands in
-            write_if_changed(src / "csrc" / "cuda" / f.name, rewrite(origin.read_text()))
+            write_if_changed(src / "csrc" / "cuda" / f.name, rewrite(f.read_text()))
         elif f.suffix == ".cu":
             sources.append(src / "csrc" / "cuda" / f"{f.stem}_cu.cpp")
             write_if_changed(sources[-1], '#include "prelude.h"\n' + rewrite(f.read_text()))
@@ -67,5 +67,5 @@ def load():
     (OUT / "obj").mkdir(exist_ok=True)
     load_extension(name="pytransformer_cuda_emulator", sources=[str(s) for s in sources], build_directory=str(OUT / "obj"),
          extra_include_paths=[str(HERE), str(src / "csrc"), "/usr/local/cuda/include"],
-         extra_cflags=["-O1", "-std=c++20", "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", "-w"], is_python_module=False)
+         extra_cflags=["-O1", "-std=c++20", "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", "-DPT_CUDA_EMULATOR", "-w"], is_python_module=False)
     return torch.ops.pytransformer_emu

@@ -10,6 +10,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <cxxabi.h>
+#include <dlfcn.h>
 #include <ucontext.h>
 
 #include <bit>
@@ -23,6 +25,8 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -67,6 +71,9 @@ inline std::map<std::pair<unsigned, unsigned>, Barrier> shuffle_barriers;  // (w
 inline float shuffle_slots[32][32];                                       // [warp, lane]
 // What multiprocessor_count() and the occupancy query report: small, so that persistent grids loop over rows.
 inline int sm_count = 2, blocks_per_sm = 2;
+// The compute capability it reports (major * 10 + minor), and the kernels launched (see launched_kernels, stubs.cpp).
+inline int compute_capability = 90;
+inline std::vector<std::string> launched;
 
 inline unsigned linear_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
 
@@ -123,6 +130,60 @@ inline void check_smem_access(const void* p, size_t n, const char* what) {
   }
 }
 
+// Racecheck of the tensor-core pipeline, per 16 bytes of dynamic shared memory (the granule of cp.async and of an
+// ldmatrix row): the thread whose cp.async is in flight there, the last writer (the thread whose wait landed a
+// cp.async) and reader (ldmatrix) with the barrier interval (block barrier generation) of the access. Reported, for
+// the launch to raise: a read of bytes whose cp.async is still in flight (the issuing thread's own: a read before its
+// wait), a read of bytes another thread's cp.async landed in the same barrier interval, and a cp.async over bytes
+// another thread read in the same interval. Plain shared-memory stores and loads are not tracked.
+struct Granule {
+  int pending = -1, writer = -1, reader = -1;
+  bool many_readers = false;
+  unsigned write_epoch = 0, read_epoch = 0;
+};
+inline std::vector<Granule> granules;
+inline std::vector<std::string> race_reports;
+inline std::string launch_name;
+
+inline void race(const std::string& what, const void* p, int a, int b) {
+  if (race_reports.size() >= 4) return;
+  char where[160];
+  snprintf(where, sizeof where, " at byte %td of dynamic shared memory, threads %d and %d, block (%u, %u, %u)",
+           static_cast<const unsigned char*>(p) - dynamic_smem, a, b, blockIdx.x, blockIdx.y, blockIdx.z);
+  race_reports.push_back("racecheck: " + what + where + " in " + launch_name);
+}
+inline Granule& granule(const void* p) {
+  return granules[size_t(static_cast<const unsigned char*>(p) - dynamic_smem) / 16];
+}
+inline void smem_async_issue(const void* dst) {
+  const int tid = int(linear_tid()), epoch = int(block_barrier.generation);
+  Granule& g = granule(dst);
+  if (g.pending >= 0 && g.pending != tid) race("two threads' cp.async in flight to the same bytes", dst, g.pending, tid);
+  if (g.read_epoch == unsigned(epoch) && (g.many_readers || (g.reader >= 0 && g.reader != tid)))
+    race("cp.async over bytes another thread read with no barrier between", dst, g.reader, tid);
+  g.pending = tid;
+}
+inline void smem_async_land(const void* dst) {
+  Granule& g = granule(dst);
+  g.pending = -1, g.writer = int(linear_tid()), g.write_epoch = block_barrier.generation;
+}
+inline void smem_read(const void* p) {
+  const int tid = int(linear_tid());
+  const unsigned epoch = block_barrier.generation;
+  Granule& g = granule(p);
+  if (g.pending == tid)
+    race("read of bytes whose cp.async has not been waited for (no cp.async.wait_group)", p, tid, tid);
+  else if (g.pending >= 0)
+    race("read of bytes another thread's cp.async is still writing", p, g.pending, tid);
+  else if (g.writer >= 0 && g.writer != tid && g.write_epoch == epoch)
+    race("read of bytes another thread's cp.async wrote with no barrier between", p, g.writer, tid);
+  if (g.read_epoch != epoch || g.reader < 0) {
+    g.reader = tid, g.many_readers = false, g.read_epoch = epoch;
+  } else if (g.reader != tid) {
+    g.many_readers = true;
+  }
+}
+
 // cp.async: copies queued per thread in commit groups, landing when the thread waits for their group.
 struct AsyncCopy {
   void* dst;
@@ -139,6 +200,7 @@ inline std::vector<std::vector<AsyncCopy>>& thread_groups() {
 inline void async_copy(void* dst, const void* src, size_t n) {  // src == nullptr: zeros
   AsyncCopy c{dst, {}, n};
   if (src) std::memcpy(c.bytes, src, n);
+  smem_async_issue(dst);
   thread_groups().back().push_back(c);
 }
 inline void async_commit() { thread_groups().emplace_back(); }
@@ -146,7 +208,10 @@ inline void async_wait(int pending) {
   auto& groups = thread_groups();
   const int committed = int(groups.size()) - 1;
   for (int i = 0; i < committed - pending; ++i)
-    for (const AsyncCopy& c : groups[i]) std::memcpy(c.dst, c.bytes, c.n);
+    for (const AsyncCopy& c : groups[i]) {
+      std::memcpy(c.dst, c.bytes, c.n);
+      smem_async_land(c.dst);
+    }
   if (committed > pending) groups.erase(groups.begin(), groups.begin() + (committed - pending));
 }
 
@@ -154,6 +219,7 @@ inline void run_block(dim3 block, uint3 block_idx) {
   const unsigned n = block.x * block.y * block.z;
   while (fibers.size() < n) fibers.push_back({{}, static_cast<char*>(malloc(kStackBytes)), true, nullptr, 0});
   block_barrier = Barrier{int(n)};
+  granules.assign(dynamic_smem_bytes / 16 + 1, Granule{});
   async_groups.clear();
   shuffle_barriers.clear();
   blockIdx = block_idx;
@@ -210,6 +276,12 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
             grid.x, grid.y, grid.z, n, smem);
     abort();
   }
+  Dl_info info{};
+  launched.emplace_back(dladdr(reinterpret_cast<const void*>(kernel), &info) && info.dli_sname ? info.dli_sname : "?");
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(launched.back().c_str(), nullptr, nullptr, &status);
+  launch_name = status == 0 && demangled ? demangled : launched.back();
+  free(demangled);
   gridDim = grid, blockDim = block;
   dynamic_smem_buffer.assign(smem + 16, 0xff);  // NaN-filled for every 16-bit and 32-bit float type
   dynamic_smem = dynamic_smem_buffer.data() + (16 - reinterpret_cast<uintptr_t>(dynamic_smem_buffer.data()) % 16) % 16;
@@ -218,6 +290,12 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) run_block(block, {x, y, z});
+  if (!race_reports.empty()) {  // raised here, on the host side of the launch (never inside a fiber)
+    std::string message;
+    for (const std::string& r : race_reports) message += r + "\n";
+    race_reports.clear();
+    throw std::runtime_error(message);
+  }
 }
 
 // `kernel<<<grid, block, smem, stream>>>(args)` is rewritten as `emu::launcher(kernel, grid, block, smem, stream)(args)`.

@@ -14,7 +14,13 @@ cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int) {
-  *value = attr == cudaDevAttrMaxSharedMemoryPerBlockOptin ? 227 * 1024 : emu::sm_count;  // an H100's opt-in limit
+  switch (attr) {
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = 227 * 1024; break;  // an H100's opt-in limit
+    case cudaDevAttrComputeCapabilityMajor: *value = emu::compute_capability / 10; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = emu::compute_capability % 10; break;
+    case cudaDevAttrMultiProcessorCount: *value = emu::sm_count; break;
+    default: return cudaErrorInvalidValue;
+  }
   return cudaSuccess;
 }
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, const void*, int, size_t,
@@ -31,9 +37,17 @@ void c10_cuda_check_implementation(const int32_t err, const char* file, const ch
 }  // namespace c10::cuda
 
 TORCH_LIBRARY_FRAGMENT(pytransformer_emu, m) {
-  m.def("set_device(int sm_count, int blocks_per_sm) -> ()", [](int64_t sms, int64_t blocks) {
-    emu::sm_count = static_cast<int>(sms);
-    emu::blocks_per_sm = static_cast<int>(blocks);
+  m.def("set_device(int sm_count, int blocks_per_sm, int compute_capability=90) -> ()",
+        [](int64_t sms, int64_t blocks, int64_t cc) {
+          emu::sm_count = static_cast<int>(sms);
+          emu::blocks_per_sm = static_cast<int>(blocks);
+          emu::compute_capability = static_cast<int>(cc);
+        });
+  // The kernels launched since the last call (mangled names), oldest first.
+  m.def("launched_kernels() -> str[]", [] {
+    std::vector<std::string> names;
+    names.swap(emu::launched);
+    return names;
   });
 }
 
@@ -52,4 +66,22 @@ extern "C" cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStat
 
 TORCH_LIBRARY_FRAGMENT(pytransformer_emu, m) {
   m.def("set_capturing(bool capturing) -> ()", [](bool on) { emu::capturing = on; });
+}
+
+// ---- device-to-host copies: a count of the stream synchronisations they cost (the KV-cache glue's host checks) ----
+namespace emu {
+int64_t synchronizations = 0;
+}
+extern "C" cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, enum cudaMemcpyKind, cudaStream_t) {
+  std::memcpy(dst, src, bytes);
+  return cudaSuccess;
+}
+extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  ++emu::synchronizations;
+  return cudaSuccess;
+}
+
+TORCH_LIBRARY_FRAGMENT(pytransformer_emu, m) {
+  // The stream synchronisations since the last call.
+  m.def("synchronizations() -> int", [] { return std::exchange(emu::synchronizations, int64_t(0)); });
 }

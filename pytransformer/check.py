@@ -1,13 +1,21 @@
-"""The CUDA kernel cases of every op, against float64 references, on shapes chosen to reach every path: the row
+"""Correctness of every op's kernels on a device: `python -m pytransformer check [--device cuda|cpu] [--quick]`.
+
+The kernel cases of every op, against float64 references, on shapes chosen to reach every path: the row
 kernels (pack/scalar loads, sub-warp, warp and block row groups, rows streamed from memory, misaligned rows, masks of
 every kind, causal rows with nothing visible), attention (forward out and lse, backward grad q/k/v over every mask,
 GQA/MQA, odd and unequal head dims, Lq != Lk both ways, misaligned and strided operands), the KV-cache append and
 split-KV decode, and int8_linear (GEMV rows per block, split-K, tiled GEMM, 16-byte and byte weight loads). Outputs
 are allocated over freed NaN-filled memory so unwritten elements show up as NaN.
 
-The tests of tests/ops/test_<op>.py run them against the op namespace of the `kernel_target` fixture (conftest.py):
-the CUDA kernels on a GPU, or the same sources through the host emulator (tools/cuda_emulator) on a CPU-only machine.
+Every compared output is checked as a whole (relative error within TOL) and row by row (each row of the last dim
+within ROW_TOL, relative to its own size but not below the tensor's RMS row size), so that one wrong row among
+thousands fails. The tests of tests/ops/test_<op>.py run these cases against the op namespace of the `kernel_target`
+fixture (tests/conftest.py): the CUDA kernels on a GPU, or the same sources through the host emulator
+(tools/cuda_emulator) on a CPU-only machine; `run` runs them against torch.ops.pytransformer on any device.
 """
+import math
+import re
+
 import torch
 
 from pytransformer.ops import reference
@@ -17,6 +25,9 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 # Error of a float32 sum allowed relative to the magnitude of its terms.
 SUM_TOL = 1e-6
+# The worst row's error allowed (row_err), per dtype, and for sums relative to their terms' magnitudes.
+ROW_TOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 6e-2}
+ROW_SUM_TOL = 1e-5
 
 # [rows, n]: n reaches each geometry of common.cuh for float32 (4-element packs) and 16-bit types (8-element packs):
 # 1..32 threads a row, block rows (64..512 threads), streaming (> 512 threads' worth), and odd n (scalar loads).
@@ -64,6 +75,24 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor | None
     return ((out - ref).norm() / magnitude.norm().clamp_min(1e-30)).item()
 
 
+def row_err(out: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor | None = None) -> float:
+    """The worst row (last dim) of ||out_r - ref_r|| / max(||m_r||, ||m|| / sqrt(rows)), m = magnitude (default ref):
+    each row against its own size, but no row held to less than the tensor's RMS row size (a row whose values cancel
+    to nearly zero cannot be held to a relative bound that its terms' rounding does not allow)."""
+    out, ref = out.double().cpu(), ref.double().cpu()
+    if out.shape != ref.shape:
+        return float("inf")
+    if out.isnan().any() and not ref.isnan().any():
+        return float("nan")
+    if out.numel() == 0:
+        return 0.0
+    magnitude = ref if magnitude is None else magnitude.double().cpu()
+    width = ref.shape[-1] if ref.dim() else 1
+    diff, mag = (out - ref).reshape(-1, width), magnitude.reshape(-1, width)
+    floor = mag.norm() / math.sqrt(diff.shape[0])
+    return (diff.norm(dim=-1) / torch.maximum(mag.norm(dim=-1), floor).clamp_min(1e-30)).max().item()
+
+
 def misaligned(t: torch.Tensor) -> torch.Tensor:
     """A contiguous copy of t whose data starts one element past a 16-byte boundary."""
     buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
@@ -101,6 +130,25 @@ ATTENTION_SHAPES = [(2, 4, 4, 1, 37, 64, 64), (2, 2, 1, 5, 1, 16, 16), (2, 4, 1,
 ATTENTION_SHAPES_QUICK = [(2, 2, 2, 1, 37, 16, 16), (2, 2, 1, 5, 1, 8, 8), (2, 4, 1, 19, 45, 33, 20),
                           (2, 4, 2, 70, 23, 24, 24), (1, 2, 1, 6, 9, 136, 264), (1, 2, 1, 7, 20, 136, 200),
                           (1, 2, 1, 7, 20, 248, 256), (1, 2, 1, 9, 20, 64, 64), (1, 2, 1, 9, 20, 128, 128)]
+# Several tiles on every tensor-core head-dim family: Lq over 2 query tiles and Lk over 3 key tiles (attention_tiles),
+# so that the online softmax rescales across key tiles, the next tiles' K/V are prefetched into the other stage, the
+# barriers that protect the stages matter, and full unmasked tiles take the clean-tile path: (head dim, mask, dtype,
+# GQA, also the deterministic dQ kernel). The CI emulator run takes these besides the quick shapes.
+ATTENTION_TILE_HEAD_DIMS = [32, 64, 96, 128, 160, 192, 224, 256]
+ATTENTION_TILE_CASES = ([(hd, "none", torch.bfloat16, False, False) for hd in ATTENTION_TILE_HEAD_DIMS] +
+                        [(hd, "window+float", torch.float16, False, False) for hd in ATTENTION_TILE_HEAD_DIMS] +
+                        [(hd, "causal+lengths+bool", torch.bfloat16, True, hd in (64, 256))
+                         for hd in ATTENTION_TILE_HEAD_DIMS])
+
+
+def attention_tiles(head_dim: int, gqa: bool) -> tuple:
+    """(B, Hq, Hkv, Lq, Lk, D, Dv) over 2 query tiles (128 rows up to head dim 128, else 64) and 3 key tiles (64 keys
+    up to head dim 128, else 32), each length a few rows past a whole number of tiles; B = 2 with GQA (the masks' key
+    lengths leave batch row 0 empty)."""
+    block_m, block_n = (128, 64) if head_dim <= 128 else (64, 32)
+    return ((2, 2, 1) if gqa else (1, 1, 1)) + (2 * block_m + 3, 3 * block_n + 5, head_dim, head_dim)
+
+
 ATTENTION_MASKS = ["none", "causal", "window", "key_lengths", "bool [B,1,Lq,Lk]", "bool [Lk]", "bool transposed",
                    "float [B,Hq,Lq,Lk]", "float [Lq,Lk]", "causal+lengths+bool", "window+float"]
 # Operand layouts: contiguous, misaligned (data one element past 16 bytes), strided (q a transposed view of
@@ -165,15 +213,33 @@ class KernelChecks:
 
     def __init__(self, ops, device: str):
         self.ops, self.device, self.failures = ops, device, []
+        self.stats = {}  # (op, dtype) -> [cases, failed, worst row error / its bound]
+
+    def record(self, name: str, ok: bool, row_ratio: float = 0.0) -> None:
+        """One case of the op and dtype that `name` starts with and mentions; row_ratio: its worst row error over the
+        bound."""
+        dtype = re.search(r"\b(float32|float16|bfloat16)\b", name)
+        stats = self.stats.setdefault((name.split()[0], dtype.group(1) if dtype else "-"), [0, 0, 0.0])
+        stats[0] += 1
+        stats[1] += not ok
+        stats[2] = max(stats[2], row_ratio) if row_ratio == row_ratio else float("nan")  # NaN sticks
+        if not ok and not any(f.startswith(name) for f in self.failures):
+            self.failures.append(name)
 
     def check(self, name: str, out: torch.Tensor, ref: torch.Tensor, dtype, terms: torch.Tensor | None = None) -> None:
-        """Passes within TOL[dtype] of ref, or, for sums given the sum of their terms' magnitudes `terms`, within float32
-        rounding of those (a sum may cancel to far below its terms: one dot product of 4096 terms has no other outputs to
-        average that out)."""
-        err = rel_err(out, ref)
-        ok = err <= TOL[dtype] or (terms is not None and rel_err(out, ref, terms) <= SUM_TOL)  # NaN fails
+        """Passes within TOL[dtype] of ref as a whole and ROW_TOL[dtype] in every row, or, for sums given the sum of
+        their terms' magnitudes `terms`, within float32 rounding of those (SUM_TOL, ROW_SUM_TOL: a sum may cancel to
+        far below its terms: one dot product of 4096 terms has no other outputs to average that out)."""
+        err, row = rel_err(out, ref), row_err(out, ref)
+        ok = err <= TOL[dtype] and row <= ROW_TOL[dtype]  # NaN fails
+        ratio = row / ROW_TOL[dtype]
+        if not ok and terms is not None:
+            sum_err, sum_row = rel_err(out, ref, terms), row_err(out, ref, terms)
+            ok = sum_err <= SUM_TOL and sum_row <= ROW_SUM_TOL
+            ratio = min(ratio, sum_row / ROW_SUM_TOL)
         if not ok:
-            self.failures.append(f"{name}: rel err {err:.2e}")
+            self.failures.append(f"{name}: rel err {err:.2e}, worst row {row:.2e}")
+        self.record(name, ok, ratio)
 
     def check_norms(self, shapes) -> None:
         device, dtypes = self.device, DTYPES
@@ -252,7 +318,7 @@ class KernelChecks:
                         if gref.norm() > 0:
                             self.check(f"masked_softmax bwd {tag}", grad, gref, dtype)
                         elif grad.ne(0).any():
-                            self.failures.append(f"masked_softmax bwd {tag}: expected zeros")
+                            self.record(f"masked_softmax bwd {tag}: expected zeros", False)
                 if lq > 1:  # a NaN score and a +inf score make their rows NaN, as torch.softmax does
                     scores = torch.randn(b, h, lq, lk, dtype=torch.float64).to(device, dtype)
                     scores[0, 0, 0, lk // 2], scores[-1, -1, -1, lk - 1] = float("nan"), float("inf")
@@ -264,15 +330,15 @@ class KernelChecks:
         """Exactly the rows (last dim) marked in nan_rows are NaN, wholly; NaN propagates as in torch."""
         isnan = out.isnan().cpu()
         if not (torch.equal(isnan.all(-1), nan_rows) and torch.equal(isnan.any(-1), nan_rows)):
-            self.failures.append(f"{name}: NaN rows {isnan.any(-1).nonzero().tolist()}, expected "
-                                 f"{nan_rows.nonzero().tolist()}")
+            self.record(f"{name}: NaN rows {isnan.any(-1).nonzero().tolist()}, expected "
+                        f"{nan_rows.nonzero().tolist()}", False)
 
     def check_finite_equal(self, name, out, ref) -> None:
         """out == ref where ref is -inf (rows that see nothing), relative error elsewhere (lse)."""
         out, ref = out.double().cpu(), ref.double().cpu()
         empty = torch.isneginf(ref)
         if not torch.equal(torch.isneginf(out), empty):
-            self.failures.append(f"{name}: -inf rows differ")
+            self.record(f"{name}: -inf rows differ", False)
             return
         self.check(name, out[~empty], ref[~empty], torch.float32)
 
@@ -286,35 +352,7 @@ class KernelChecks:
             b, hq, hkv, lq, lk, d, dv = shape
             for dtype in dtypes:
                 for kind, layout in cases:
-                    q, k, v = attention_operands(shape, dtype, device, layout)
-                    kwargs = attention_kwargs(kind, b, hq, lq, lk, dtype, device)
-                    scale = d ** -0.5
-                    # float64 references of the values the kernels see (inputs rounded to dtype)
-                    ref_kwargs = {n: (a.double().cpu() if torch.is_tensor(a) and a.is_floating_point() else
-                                      a.cpu() if torch.is_tensor(a) else a) for n, a in kwargs.items()}
-                    qr, kr, vr = (t.double().cpu().requires_grad_() for t in (q, k, v))
-                    ref = reference.attention(qr, kr, vr, scale=scale, **ref_kwargs)
-                    lse_ref = torch.logsumexp(reference.attention_scores(qr.detach(), kr.detach(), scale=scale,
-                                                                         **ref_kwargs), -1)
-                    tag = f"{list(shape)} {str(dtype)[6:]} {kind} {layout}"
-                    args = (kwargs.get("mask"), kwargs.get("causal", False), kwargs.get("window"),
-                            kwargs.get("key_lengths"), scale)
-                    poison(q)
-                    out, lse = self.ops.attention(q, k, v, *args)
-                    self.check(f"attention fwd {tag}", out, ref, dtype)
-                    self.check_finite_equal(f"attention lse {tag}", lse, lse_ref)
-                    g = torch.randn(out.shape, dtype=torch.float64).to(device, dtype)
-                    grads_ref = torch.autograd.grad(ref, (qr, kr, vr), g.double().cpu())
-                    poison(q)
-                    grads = self.ops.attention_backward(g, q, k, v, out, lse, *args)
-                    # A zero reference (rows that see one key: P = 1, dS = 0) is compared with rounding-level values at
-                    # the scale of |grad_out| * max|q, k, v|.
-                    zero_scale = g.double().norm().item() * max(t.detach().abs().max().item() for t in (qr, kr, vr))
-                    for name, grad, grad_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
-                        if grad_ref.norm() > 0:
-                            self.check(f"attention bwd {name} {tag}", grad, grad_ref, dtype)
-                        elif grad.double().norm().item() > TOL[dtype] * zero_scale:
-                            self.failures.append(f"attention bwd {name} {tag}: expected zeros")
+                    self.attention_case(shape, dtype, kind, layout)
                 # NaN in the last query of row 0, head 0: that output row is NaN, the others are unchanged
                 q, k, v = attention_operands(shape, dtype, device, "contiguous")
                 q[0, 0, lq - 1, 0] = float("nan")
@@ -322,6 +360,54 @@ class KernelChecks:
                 nan_rows[0, 0, lq - 1] = True
                 self.check_nan_rows(f"attention NaN {list(shape)} {str(dtype)[6:]}",
                                     self.ops.attention(q, k, v, None, False, None, None, d ** -0.5)[0], nan_rows)
+
+    def check_attention_tiles(self, cases) -> None:
+        """ATTENTION_TILE_CASES-like (head dim, mask, dtype, GQA, deterministic too): forward and backward across
+        several tiles; the backward again in deterministic mode (the dQ kernel without atomics) where marked."""
+        for head_dim, kind, dtype, gqa, deterministic in cases:
+            shape = attention_tiles(head_dim, gqa)
+            self.attention_case(shape, dtype, kind)
+            if deterministic:
+                was = torch.are_deterministic_algorithms_enabled()
+                torch.use_deterministic_algorithms(True)
+                try:
+                    self.attention_case(shape, dtype, kind, tag=" deterministic")
+                finally:
+                    torch.use_deterministic_algorithms(was)
+
+    def attention_case(self, shape, dtype, kind: str, layout: str = "contiguous", tag: str = "") -> None:
+        """One attention case: forward out and lse, backward grad q/k/v, against float64 references."""
+        device = self.device
+        b, hq, hkv, lq, lk, d, dv = shape
+        q, k, v = attention_operands(shape, dtype, device, layout)
+        kwargs = attention_kwargs(kind, b, hq, lq, lk, dtype, device)
+        scale = d ** -0.5
+        # float64 references of the values the kernels see (inputs rounded to dtype)
+        ref_kwargs = {n: (a.double().cpu() if torch.is_tensor(a) and a.is_floating_point() else
+                          a.cpu() if torch.is_tensor(a) else a) for n, a in kwargs.items()}
+        qr, kr, vr = (t.double().cpu().requires_grad_() for t in (q, k, v))
+        ref = reference.attention(qr, kr, vr, scale=scale, **ref_kwargs)
+        lse_ref = torch.logsumexp(reference.attention_scores(qr.detach(), kr.detach(), scale=scale,
+                                                             **ref_kwargs), -1)
+        tag = f"{list(shape)} {str(dtype)[6:]} {kind} {layout}{tag}"
+        args = (kwargs.get("mask"), kwargs.get("causal", False), kwargs.get("window"),
+                kwargs.get("key_lengths"), scale)
+        poison(q)
+        out, lse = self.ops.attention(q, k, v, *args)
+        self.check(f"attention fwd {tag}", out, ref, dtype)
+        self.check_finite_equal(f"attention lse {tag}", lse, lse_ref)
+        g = torch.randn(out.shape, dtype=torch.float64).to(device, dtype)
+        grads_ref = torch.autograd.grad(ref, (qr, kr, vr), g.double().cpu())
+        poison(q)
+        grads = self.ops.attention_backward(g, q, k, v, out, lse, *args)
+        # A zero reference (rows that see one key: P = 1, dS = 0) is compared with rounding-level values at
+        # the scale of |grad_out| * max|q, k, v|.
+        zero_scale = g.double().norm().item() * max(t.detach().abs().max().item() for t in (qr, kr, vr))
+        for name, grad, grad_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
+            if grad_ref.norm() > 0:
+                self.check(f"attention bwd {name} {tag}", grad, grad_ref, dtype)
+            elif grad.double().norm().item() > TOL[dtype] * zero_scale:
+                self.record(f"attention bwd {name} {tag}: expected zeros", False)
 
     def check_kv_cache(self, shapes) -> None:
         """kv_cache_append: bit-exact against slice assignment; other cache rows untouched."""
@@ -338,9 +424,8 @@ class KernelChecks:
                 for (name, kc), (_, vc), (_, kn), (_, vn) in zip(layouts(k0), layouts(v0), layouts(k_new), layouts(v_new)):
                     self.ops.kv_cache_append(kc, vc, kn, vn, positions.to(device, torch.int32))
                     ok = torch.equal(kc, expected_k) and torch.equal(vc, expected_v)
-                    tag = f"kv_cache_append [B{b} Hkv{hkv} T{t} D{d} Dv{dv} cap{cap}] {str(dtype)[6:]} {name}"
-                    if not ok:
-                        self.failures.append(tag)
+                    self.record(f"kv_cache_append [B{b} Hkv{hkv} T{t} D{d} Dv{dv} cap{cap}] {str(dtype)[6:]} {name}",
+                                ok)
 
     def check_decode(self, shapes) -> None:
         """decode_attention against float64 references, with a full row, an unused row (length 0) and random lengths."""
@@ -397,6 +482,42 @@ class KernelChecks:
         if not ok:
             self.failures.append("decode_attention device check")
 
+    def check_kv_host_bounds(self) -> None:
+        """Host-side bounds instead of reading the values back (max_position, max_length): the same results as without
+        them; a bound past the capacity raises ValueError before anything is written; values that break the bound are
+        caught by the kernels' own checks (the row is skipped / gives zeros)."""
+        device = self.device
+        k0, v0 = torch.randn(3, 2, 10, 8, device=device), torch.randn(3, 2, 10, 8, device=device)
+        k_new, v_new = torch.randn(3, 2, 4, 8, device=device), torch.randn(3, 2, 4, 8, device=device)
+        positions = torch.tensor([6, 0, 3], device=device)
+        k, v, k_ref, v_ref = k0.clone(), v0.clone(), k0.clone(), v0.clone()
+        self.ops.kv_cache_append(k, v, k_new, v_new, positions, 6)
+        self.ops.kv_cache_append(k_ref, v_ref, k_new, v_new, positions)
+        if not (torch.equal(k, k_ref) and torch.equal(v, v_ref)):
+            self.failures.append("kv_cache_append with max_position")
+        k, v = k0.clone(), v0.clone()
+        try:
+            self.ops.kv_cache_append(k, v, k_new, v_new, positions, 7)  # 7 + 4 > 10
+            self.failures.append("kv_cache_append: max_position past the capacity did not raise")
+        except ValueError as e:
+            if "max_position" not in str(e) or not (torch.equal(k, k0) and torch.equal(v, v0)):
+                self.failures.append(f"kv_cache_append: max_position error or written cache: {e}")
+        q = torch.randn(3, 4, 1, 8, device=device)
+        lengths = torch.tensor([10, 1, 7], device=device)
+        out = self.ops.decode_attention(q, k0, v0, lengths, 0.5, None, 10)
+        self.check("decode_attention with max_length", out, self.ops.decode_attention(q, k0, v0, lengths, 0.5, None),
+                   torch.float32)
+        try:
+            self.ops.decode_attention(q, k0, v0, lengths, 0.5, None, 11)
+            self.failures.append("decode_attention: max_length past the capacity did not raise")
+        except ValueError as e:
+            if "max_length" not in str(e):
+                self.failures.append(f"decode_attention: max_length error: {e}")
+        k = k0.clone()  # positions above the bound given: the kernel skips the row that does not fit
+        self.ops.kv_cache_append(k, v0.clone(), k_new, v_new, torch.tensor([8, 0, 3], device=device), 6)
+        if not (torch.equal(k[0], k0[0]) and torch.equal(k[1, :, :4], k_new[1])):
+            self.failures.append("kv_cache_append: a row past a broken max_position was not skipped")
+
     def check_int8_linear(self, shapes) -> None:
         device, dtypes = self.device, DTYPES
         for m, k, n in shapes:
@@ -422,40 +543,28 @@ class KernelChecks:
                     self.check(f"int8_linear [M {m}, K {k}, N {n}] {str(dtype)[6:]} {variant}", out, ref, dtype, terms)
 
 
-class KernelTarget:
-    """Where the CUDA kernel cases run: the op namespace, its device, and (emulated) the pretend device sizes."""
+# ---- python -m pytransformer check ----
 
-    def __init__(self, ops, device: str, emulated: bool, full: bool):
-        self.ops, self.device, self.emulated, self.full = ops, device, emulated, full
+def run(device: str, quick: bool = False) -> KernelChecks:
+    """Every op's cases (the quick shape lists with `quick`) against torch.ops.pytransformer on `device`, from a
+    fixed seed."""
+    torch.manual_seed(0)
+    checks = KernelChecks(torch.ops.pytransformer, device)
+    pick = (lambda short, full: short if quick else full)  # noqa: E731
+    checks.check_norms(pick(NORM_SHAPES_QUICK, NORM_SHAPES))
+    checks.check_softmax(pick(SOFTMAX_SHAPES_QUICK, SOFTMAX_SHAPES))
+    checks.check_attention(pick(ATTENTION_SHAPES_QUICK, ATTENTION_SHAPES))
+    checks.check_attention_tiles(ATTENTION_TILE_CASES)
+    checks.check_kv_cache(pick(APPEND_SHAPES_QUICK, APPEND_SHAPES))
+    checks.check_decode(pick(DECODE_SHAPES_QUICK, DECODE_SHAPES))
+    checks.check_int8_linear(pick(INT8_SHAPES_QUICK, INT8_SHAPES))
+    return checks
 
-    def shapes(self, quick, full):
-        """The full shape list with --cuda-full, else the quick one."""
-        return full if self.full else quick
 
-    def run(self, cases, each_device_size: bool = False) -> list[str]:
-        """cases(KernelChecks) from a fixed seed, on a small and a large pretend device when emulated and
-        `each_device_size` (persistent grids looping over many rows, or many row groups and split-K partial sums);
-        returns the names of the failed cases."""
-        torch.manual_seed(0)
-        checks = KernelChecks(self.ops, self.device)
-        for sms, blocks in ((2, 2), (64, 8)) if self.emulated and each_device_size else ((None, None),):
-            if sms is not None:
-                self.ops.set_device(sms, blocks)
-            cases(checks)
-        return checks.failures
-
-    def captured(self, fn):
-        """fn() as it runs while a stream is captured into a CUDA graph (on the GPU: captured, then replayed once)."""
-        if self.emulated:
-            self.ops.set_capturing(True)
-            try:
-                return fn()
-            finally:
-                self.ops.set_capturing(False)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn()
-        graph.replay()
-        torch.cuda.synchronize()
-        return out
+def table(checks: KernelChecks) -> str:
+    """A markdown table: op, dtype, cases, worst row error over its bound (1.0 is the bound), failed, pass/fail."""
+    rows = ["| op | dtype | cases | worst row error / bound | failed | result |", "|---|---|---|---|---|---|"]
+    for (op, dtype), (cases, failed, ratio) in sorted(checks.stats.items()):
+        rows.append(f"| {op} | {dtype} | {cases} | {ratio:.3f} | {failed} | {'FAIL' if failed else 'pass'} |")
+    return "\n".join(rows)
 
