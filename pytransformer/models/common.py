@@ -31,7 +31,7 @@ class Embeddings(nn.Module):
             x = x + self.types(torch.zeros_like(ids) if token_type_ids is None else token_type_ids)
         if self.norm is not None:
             x = self.norm(x)
-        return self.dropout(x)
+        return self.dropout(x) if self.training else x
 
 
 def rotary_for(config) -> RotaryEmbedding | None:

@@ -69,8 +69,7 @@ class MultiHeadAttention(nn.Module):
         if cache is not None and cache.static:  # cross-attention over the K/V computed once
             y = ops.attention(self._project_q(x), cache.k, cache.v, key_lengths=cache.lengths)
         elif cache is not None:  # self-attention over the cached rows plus the L new ones
-            positions = cache.lengths[:, None] + torch.arange(x.shape[1], device=x.device)  # [B, L]
-            q, k, v = self._qkv(x, context, positions)
+            q, k, v = self._qkv(x, context, cache.positions)
             if cache.rolling:
                 if self.window != cache.k.shape[2]:
                     raise ValueError(f"cache: a rolling cache of {cache.k.shape[2]} rows needs window="
@@ -78,7 +77,7 @@ class MultiHeadAttention(nn.Module):
                 y = rolling_attention(q, k, v, cache, key_lengths)
             else:
                 ops.kv_cache_append(cache.k, cache.v, k, v, cache.lengths)
-                y = ops.decode_attention(q, cache.k, cache.v, cache.lengths + x.shape[1], window=self.window)
+                y = ops.decode_attention(q, cache.k, cache.v, cache.visible, window=self.window)
         else:
             q, k, v = self._qkv(x, context, None)
             y = ops.attention(q, k, v, mask=mask, causal=causal, window=self.window, key_lengths=key_lengths,

@@ -29,4 +29,4 @@ class FeedForward(nn.Module):
             h = F.silu(gate) * up
         else:
             h = ACTIVATIONS[self.activation](h)
-        return self.fc2(self.dropout(h))
+        return self.fc2(self.dropout(h) if self.training else h)

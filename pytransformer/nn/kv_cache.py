@@ -16,6 +16,10 @@ class AttentionCache(NamedTuple):
     lengths: Tensor  # [B] int64
     static: bool
     rolling: bool = False  # a rolling buffer: position i lives in row i % capacity (see rolling_attention)
+    # Self-attention, per forward step (computed once for all layers by KVCache.layers): the absolute positions
+    # [B, L] of the step's L tokens, and the rows visible once they are appended, lengths + L [B].
+    positions: Tensor | None = None
+    visible: Tensor | None = None
 
 
 class LayerCache(NamedTuple):
@@ -50,12 +54,19 @@ class KVCache:
         """Rows per sequence that the self-attention cache can hold (rolling: the window it keeps)."""
         return self.k[0].shape[2]
 
-    def layer(self, i: int) -> LayerCache:
-        """The self- (and cross-) attention entries of decoder layer i."""
-        cross = None
-        if self.cross_k is not None:
-            cross = AttentionCache(self.cross_k[i], self.cross_v[i], self.memory_lengths, True)
-        return LayerCache(AttentionCache(self.k[i], self.v[i], self.lengths, False, self.rolling), cross)
+    def layers(self, length: int) -> list[LayerCache]:
+        """The self- (and cross-) attention entries of every decoder layer for a forward step of the next `length`
+        tokens of every row (their positions and the visible rows computed once, shared by all layers)."""
+        positions = self.positions(length)
+        visible = self.lengths + length
+        entries = []
+        for i in range(len(self.k)):
+            cross = None
+            if self.cross_k is not None:
+                cross = AttentionCache(self.cross_k[i], self.cross_v[i], self.memory_lengths, True)
+            entries.append(LayerCache(AttentionCache(self.k[i], self.v[i], self.lengths, False, self.rolling,
+                                                     positions, visible), cross))
+        return entries
 
     def positions(self, length: int) -> Tensor:
         """Absolute positions [B, length] of the next `length` tokens of every row."""

@@ -27,11 +27,12 @@ class Residual(nn.Module):
     def forward(self, x: Tensor, f) -> Tensor:
         """x [B, L, d_model], f: [B, L, d_model] -> [B, L, d_model]."""
         if self.mode == "post":
-            return self.norm(x + self.dropout(f(x)))
+            y = f(x)
+            return self.norm(x + (self.dropout(y) if self.training else y))
         y = f(self.norm(x))
         if self.out_norm is not None:
             y = self.out_norm(y)
-        return x + self.dropout(y)
+        return x + (self.dropout(y) if self.training else y)
 
 
 class TransformerEncoderLayer(nn.Module):
@@ -144,10 +145,10 @@ class TransformerDecoder(nn.Module):
                 memory_mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
         """x [B, L, d_model] -> [B, L, d_model]. With a cache, x holds the next L tokens of every row; afterwards the
         cache counts them (key_lengths [B] of a right-padded prompt: only the real ones)."""
-        for i, layer in enumerate(self.layers):
+        caches = [None] * len(self.layers) if cache is None else cache.layers(x.shape[1])
+        for layer, layer_cache in zip(self.layers, caches):
             x = layer(x, memory, causal=causal, mask=mask, key_lengths=key_lengths,
-                      memory_key_lengths=memory_key_lengths, memory_mask=memory_mask,
-                      cache=None if cache is None else cache.layer(i))
+                      memory_key_lengths=memory_key_lengths, memory_mask=memory_mask, cache=layer_cache)
         if cache is not None:
             cache.advance(x.shape[1] if key_lengths is None else key_lengths)
         return x if self.norm is None else self.norm(x)

@@ -100,6 +100,20 @@ def test_greedy_matches_generate(saved, name):
     assert torch.equal(ours.generate(ids, NEW), expected)
 
 
+@pytest.mark.parametrize("batch", [1, 8])
+def test_gpt2_greedy_256_tokens_match_generate(batch):
+    """Every one of 256 greedy float32 tokens equals Hugging Face's, at batch 1 and 8 (the decode-time linear layers
+    run through ops.linear's few-rows kernel, the prompt through the GEMM)."""
+    torch.manual_seed(3)
+    hf = _random_norms(DECODERS["gpt2"]())
+    hf.config.n_positions = 512
+    hf.transformer.wpe = torch.nn.Embedding(512, 64).eval()
+    ids = torch.randint(1, V, (batch, 16))
+    expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=256, min_new_tokens=256,
+                           do_sample=False)
+    assert torch.equal(DecoderLM.from_hf(hf).generate(ids, 256), expected)
+
+
 @pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "gpt2"])
 def test_padded_batch_matches_generate(saved, name):
     """Our right-padded prompts (key_lengths) against Hugging Face's left-padded ones (attention_mask)."""

@@ -74,7 +74,7 @@ def test_chunks_of_any_size(n_kv_heads):
     kv = KVCache(1, 2, n_kv_heads or 4, 8, window, rolling=True, dtype=torch.float64)
     out, start = [], 0
     for size in [1, 3, 1, 7, 5, 2, 12, 1, 8]:
-        out.append(attn(x[:, start:start + size], cache=kv.layer(0).self_attn))
+        out.append(attn(x[:, start:start + size], cache=kv.layers(size)[0].self_attn))
         kv.advance(size)
         start += size
     torch.testing.assert_close(torch.cat(out, 1), full)
@@ -95,9 +95,9 @@ def test_errors():
     attn = MultiHeadAttention(16, 2, window=3)
     cache = KVCache(1, 1, 2, 8, 4, rolling=True)
     with pytest.raises(ValueError, match="cache"):
-        attn(torch.randn(1, 1, 16), cache=cache.layer(0).self_attn)
+        attn(torch.randn(1, 1, 16), cache=cache.layers(1)[0].self_attn)
     with pytest.raises(ValueError, match="cache"):
-        MultiHeadAttention(16, 2)(torch.randn(1, 1, 16), cache=cache.layer(0).self_attn)
+        MultiHeadAttention(16, 2)(torch.randn(1, 1, 16), cache=cache.layers(1)[0].self_attn)
 
 
 def test_short_generation_keeps_a_plain_cache():

@@ -74,7 +74,7 @@ def test_cached_steps_equal_full_causal(rotary, window):
     with torch.no_grad():
         outs = []
         for lo, hi in [(0, 4), (4, 5), (5, 6), (6, 9)]:
-            outs.append(m(x[:, lo:hi], cache=cache.layer(0).self_attn))
+            outs.append(m(x[:, lo:hi], cache=cache.layers(hi - lo)[0].self_attn))
             cache.advance(hi - lo)
     torch.testing.assert_close(torch.cat(outs, 1), full.detach())
 
@@ -109,4 +109,4 @@ def test_bad_arguments():
     m = MultiHeadAttention(16, 2)
     cache = KVCache(1, 1, 2, 8, 4)
     with pytest.raises(ValueError, match="mask"):
-        m(torch.randn(1, 1, 16), mask=torch.ones(1, 1, 1, 1, dtype=torch.bool), cache=cache.layer(0).self_attn)
+        m(torch.randn(1, 1, 16), mask=torch.ones(1, 1, 1, 1, dtype=torch.bool), cache=cache.layers(1)[0].self_attn)
