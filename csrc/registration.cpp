@@ -33,6 +33,8 @@ TORCH_LIBRARY(pytransformer, m) {
         " int? max_position=None) -> ()");
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_lengths, float scale, int? window,"
         " int? max_length=None) -> Tensor");
+  // Linear layer: x [..., K] @ weight [N, K]^T + bias [N] -> [..., N] (F.linear); its backward is ATen's matmuls.
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   // Weight-only int8 linear (inference): (x [..., K] @ weight int8 [N, K]^T) * scale [N] + bias [N] -> [..., N].
   m.def("int8_linear(Tensor x, Tensor weight, Tensor scale, Tensor? bias) -> Tensor");
 }

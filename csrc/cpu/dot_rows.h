@@ -1,10 +1,14 @@
 #pragma once
 // dot_rows: the dot products of a block of rows with a block of other rows, each vector load serving every product
-// of its row; for_blocks: kernels written for a fixed number of rows applied to any. Shared by the CPU kernels;
-// compiled into each including file's ISA level (namespace CPU_CAPABILITY, see isa.h).
+// of its row (the first rows may be stored narrower than the accumulation type: bfloat16, float16 or int8 weights,
+// widened as they are loaded); for_blocks: kernels written for a fixed number of rows applied to any. Shared by the CPU
+// kernels; compiled into each including file's ISA level (namespace CPU_CAPABILITY, see isa.h).
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
+#include <cstdint>
 #include <functional>
 #include <type_traits>
 
@@ -18,10 +22,38 @@ constexpr int kDotCols = 4;
 constexpr int kDotCols = 2;
 #endif
 
-// out[r * out_r + c * out_c] = sum_i a_r[i] * b_c[i] over n elements for the R rows a_r = a + r * a_step and the C
-// rows b_c = b + c * b_step.
-template <int R, int C, typename acc_t>
-void dot_block(const acc_t* a, int64_t a_step, const acc_t* b, int64_t b_step, int64_t n, acc_t* out, int64_t out_r,
+// The count <= Vectorized<acc_t>::size() elements at p widened to acc_t, zeros past count. Full vectors of bfloat16 or
+// float16 widen with at::vec's conversions and of int8 with the ISA's sign extension; tails go through a buffer.
+template <typename acc_t, typename T>
+inline at::vec::Vectorized<acc_t> load_widened(const T* p, int64_t count) {
+  using Vec = at::vec::Vectorized<acc_t>;
+  if constexpr (std::is_same_v<T, acc_t>) {
+    return Vec::loadu(p, count);
+  } else {
+    if (count == Vec::size()) {
+      if constexpr (std::is_same_v<acc_t, float> && (std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>)) {
+        Vec v;
+        at::vec::load_to_float(p, v);
+        return v;
+      }
+#if defined(CPU_CAPABILITY_AVX512)
+      if constexpr (std::is_same_v<acc_t, float> && std::is_same_v<T, int8_t>)
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(CPU_CAPABILITY_AVX2)
+      if constexpr (std::is_same_v<acc_t, float> && std::is_same_v<T, int8_t>)
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#endif
+    }
+    acc_t buf[Vec::size()] = {};
+    for (int64_t i = 0; i < count; ++i) buf[i] = static_cast<acc_t>(p[i]);
+    return Vec::loadu(buf);
+  }
+}
+
+// out[r * out_r + c * out_c] = sum_i a_r[i] * b_c[i] over n elements for the R rows a_r = a + r * a_step (of a_t,
+// widened to acc_t) and the C rows b_c = b + c * b_step.
+template <int R, int C, typename acc_t, typename a_t>
+void dot_block(const a_t* a, int64_t a_step, const acc_t* b, int64_t b_step, int64_t n, acc_t* out, int64_t out_r,
                int64_t out_c) {
   using Vec = at::vec::Vectorized<acc_t>;
   constexpr int64_t kV = Vec::size();
@@ -32,7 +64,7 @@ void dot_block(const acc_t* a, int64_t a_step, const acc_t* b, int64_t b_step, i
     Vec bv[C];
     for (int c = 0; c < C; ++c) bv[c] = Vec::loadu(b + c * b_step + i, count);
     for (int r = 0; r < R; ++r) {
-      const Vec av = Vec::loadu(a + r * a_step + i, count);
+      const Vec av = load_widened<acc_t>(a + r * a_step + i, count);
       for (int c = 0; c < C; ++c) acc[r][c] = at::vec::fmadd(av, bv[c], acc[r][c]);
     }
   };
@@ -57,8 +89,8 @@ void for_blocks(int64_t count, F&& f) {
 
 // out[r * out_r + c * out_c] = dot(a + r * a_step, b + c * b_step) over n elements for any rows x cols, in blocks of
 // up to 4 x kDotCols.
-template <typename acc_t>
-void dot_rows(const acc_t* a, int64_t a_step, int64_t rows, const acc_t* b, int64_t b_step, int64_t cols, int64_t n,
+template <typename acc_t, typename a_t>
+void dot_rows(const a_t* a, int64_t a_step, int64_t rows, const acc_t* b, int64_t b_step, int64_t cols, int64_t n,
               acc_t* out, int64_t out_r, int64_t out_c) {
   for_blocks<4>(rows, [&](auto R, int64_t r) {
     for_blocks<kDotCols>(cols, [&](auto C, int64_t c) {

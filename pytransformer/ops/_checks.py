@@ -182,6 +182,19 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lengths:
           f"max_length: expected 0 <= max_length <= capacity = {cap}, got {max_length}")
 
 
+def linear(x: Tensor, weight: Tensor, bias) -> None:
+    """csrc/linear.h: check_linear_args."""
+    float_dtype(x, "x")
+    check(x.dim() >= 1, "x: expected a tensor [..., K], got a 0-d tensor")
+    like(weight, "weight", x, "x")
+    check(weight.dim() == 2 and weight.shape[1] == x.shape[-1], f"weight: expected [N, K] with K = {x.shape[-1]} "
+          f"(the last dim of x), got shape {list(weight.shape)}")
+    if bias is not None:
+        like(bias, "bias", x, "x")
+        check(bias.dim() == 1 and bias.shape[0] == weight.shape[0], f"bias: expected shape [N] = [{weight.shape[0]}] "
+              f"(the rows of weight), got {list(bias.shape)}")
+
+
 def int8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias) -> None:
     """csrc/int8_linear.h: check_int8_linear_args."""
     float_dtype(x, "x")

@@ -69,6 +69,12 @@ def decode_attention(q, k_cache, v_cache, cache_lengths, *, scale=None, window=N
     return torch.cat(outs)
 
 
+def linear(x, weight, bias=None) -> Tensor:
+    """x [..., K] @ weight [N, K]^T + bias, in x's dtype."""
+    y = x @ weight.T
+    return y if bias is None else y + bias
+
+
 def int8_linear(x, weight, scale, bias=None) -> Tensor:
     """x [..., K] @ (weight [N, K] * scale[:, None])^T + bias, in x's dtype."""
     y = x @ (weight.to(x.dtype) * scale.to(x.dtype)[:, None]).T

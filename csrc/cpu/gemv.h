@@ -1,0 +1,43 @@
+#pragma once
+// gemv_rows: the few-rows (decoding) product of the linear layers, out [M, N] = (x [M, K] @ w [N, K]^T) * scale [N] +
+// bias [N], shared by linear (float32, bfloat16, float16 weights) and int8_linear (int8 weights with scales). It is
+// weight streaming: M is small, so the time is that of reading w once from memory. Work items are blocks of 4 output
+// features split over all threads (at::parallel_for: each thread streams a contiguous range of weight rows, 4 rows in
+// flight at once); a block's rows are dotted with all M rows of x by dot_rows (blocks of 4 weight rows by up to
+// kDotCols rows of x), widening narrow weights as they are loaded, so each weight row comes from memory once and from
+// cache for the later blocks of x rows. Sums are per vector lane over K, then across lanes (the order of a blocked
+// GEMM). Compiled into each including kernel file's ISA level (namespace CPU_CAPABILITY, see isa.h).
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "dot_rows.h"
+
+namespace pytransformer::cpu {
+inline namespace CPU_CAPABILITY {
+
+constexpr int64_t kGemvBlock = 4;  // output features per work item (the weight rows dot_rows takes at once)
+
+// out [M, N] (acc_t, contiguous) = (x [M, K] @ w [N, K]^T) * scale + bias; scale and bias may be nullptr (1 and 0).
+template <typename acc_t, typename w_t>
+void gemv_rows(int64_t M, int64_t N, int64_t K, const acc_t* x, const w_t* w, const acc_t* scale, const acc_t* bias,
+               acc_t* out) {
+  const int64_t items = (N + kGemvBlock - 1) / kGemvBlock;
+  // ~32 KiB of weight per task at least: fewer tasks than that cost more in scheduling than they save.
+  const int64_t item_bytes = kGemvBlock * std::max<int64_t>(1, K) * static_cast<int64_t>(sizeof(w_t));
+  at::parallel_for(0, items, std::max<int64_t>(1, (int64_t(1) << 15) / item_bytes), [&](int64_t i0, int64_t i1) {
+    std::vector<acc_t> part(M * kGemvBlock);  // [M, 4]
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t n = i * kGemvBlock, nb = std::min(kGemvBlock, N - n);
+      dot_rows<acc_t>(w + n * K, K, nb, x, K, M, K, part.data(), 1, kGemvBlock);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t r = 0; r < nb; ++r)
+          out[m * N + n + r] = part[m * kGemvBlock + r] * (scale ? scale[n + r] : acc_t(1)) + (bias ? bias[n + r] : acc_t(0));
+    }
+  });
+}
+
+}  // namespace CPU_CAPABILITY
+}  // namespace pytransformer::cpu

@@ -1,0 +1,41 @@
+// CPU glue of linear: argument checks, then per call by the number of rows of x either the weight-streaming kernel of
+// the best ISA level (linear_kernel.cpp) or ATen's GEMM, and registration.
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "../linear.h"
+#include "isa.h"
+
+namespace pytransformer::cpu {
+KernelTable<LinearGemvCpuFn> linear_gemv_kernel;
+
+namespace {
+// Up to this many rows of x (decoding) the weight-streaming kernel, which reads the weight once at memory bandwidth;
+// more rows (prefill) go to ATen's GEMM, which is compute-bound and faster there. Measured with
+// benchmarks/bench_linear.py (the crossover rows are in its output).
+constexpr int64_t kMaxGemvRows = 16;
+
+at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  const LinearParams p = check_linear_args(x, weight, bias);
+  // float64 (gradcheck) and many rows: ATen, which also takes non-contiguous x and weight as they are.
+  if (p.rows > kMaxGemvRows || x.scalar_type() == at::kDouble) return at::linear(x, weight, bias);
+  // The kernel takes contiguous arrays: x and bias are small (copied, in float32); a non-contiguous weight is copied.
+  const at::Tensor x2 = x.reshape({p.rows, p.in_features}).to(at::kFloat).contiguous();  // [M, K]
+  const at::Tensor w = weight.contiguous();                                                // [N, K]
+  const at::Tensor b = bias ? bias->to(at::kFloat).contiguous() : at::Tensor();            // [N] or undefined
+  at::Tensor out = at::empty({p.rows, p.out_features}, x2.options());                      // [M, N] float32
+  if (out.numel() > 0)
+    linear_gemv_kernel.get()(p, w.scalar_type(), x2.const_data_ptr<float>(), w.const_data_ptr(),
+                             b.defined() ? b.const_data_ptr<float>() : nullptr, out.mutable_data_ptr<float>());
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = p.out_features;
+  return out.to(x.scalar_type()).view(shape);
+}
+}  // namespace
+
+TORCH_LIBRARY_IMPL(pytransformer, CPU, m) { m.impl("linear", &linear_cpu); }
+
+}  // namespace pytransformer::cpu

@@ -1,0 +1,165 @@
+"""ops.linear against a float64 reference, each output element within the dot-product error bound of its dtype (both
+CPU paths: the weight-streaming kernel up to 16 rows, ATen's GEMM above), dtypes, layouts, edge shapes, every CPU ISA
+level, opcheck, gradcheck, torch.compile, bad input."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pytransformer import ops
+from pytransformer.ops import reference
+
+from tests.helpers import CPU_ISA_LEVELS, TRACING_ERROR, WHERE, compiled, run_under_isa
+
+# Error of an output element relative to sum_k |x_k w_nk| + |b_n| (the bound of a dot product's rounding error): float32
+# accumulation over K <= a few thousand, plus the rounding of the result to the half types.
+REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3, torch.float64: 1e-12}
+GEMV_ROWS = 16  # csrc/cpu/linear.cpp: kMaxGemvRows
+
+
+def make(n, k, device="cpu", dtype=torch.float32, bias=True):
+    weight = torch.randn(n, k, dtype=torch.float64).to(device, dtype)
+    return weight, torch.randn(n, dtype=torch.float64).to(device, dtype) if bias else None
+
+
+def check(x, weight, bias):
+    got = ops.linear(x, weight, bias)
+    assert got.dtype == x.dtype and got.shape == (*x.shape[:-1], weight.shape[0])
+    xd, wd = x.double(), weight.double()
+    bd = None if bias is None else bias.double()
+    want = reference.linear(xd, wd, bd)
+    bound = reference.linear(xd.abs(), wd.abs(), None if bd is None else bd.abs())  # [..., N]
+    err = (got.double() - want).abs()
+    worst = (err / bound.clamp_min(1e-30)).amax().item() if err.numel() else 0.0
+    assert worst <= REL_TOL[x.dtype], f"worst error {worst:.3g} x its bound; per element: {err}"
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 15, GEMV_ROWS, GEMV_ROWS + 1, 40])
+@pytest.mark.parametrize("k,n", [(64, 48), (37, 5), (1, 3), (300, 129), (17, 1)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_matches_reference(device, rows, k, n, bias):
+    weight, b = make(n, k, device, bias=bias)
+    check(torch.randn(rows, k, device=device), weight, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("rows", [1, 7, GEMV_ROWS, 20])
+@pytest.mark.parametrize("k,n", [(72, 40), (301, 67)])
+def test_dtypes(device, dtype, rows, k, n):
+    if dtype == torch.float64 and device == "cuda":
+        pytest.skip("float64 is CPU-only")
+    weight, b = make(n, k, device, dtype)
+    check(torch.randn(2, rows, k, device=device).to(dtype), weight, b)
+    check(torch.randn(rows, k, device=device).to(dtype), weight, None)
+
+
+@pytest.mark.parametrize("isa", CPU_ISA_LEVELS)
+def test_each_cpu_isa_level_agrees(isa):
+    """The kernel is compiled per ISA level (8 or 16 lanes, 2 or 4 rows of x per block): 7 weight rows and 7 rows of x
+    reach every block shape, K = 1100 full vectors and a tail, in each weight dtype."""
+    run_under_isa(isa, (
+        "for dt, tol in ((torch.float32, 2e-5), (torch.bfloat16, 2e-2), (torch.float16, 2e-3)):\n"
+        "  w=torch.randn(7,1100).to(dt); b=torch.randn(7).to(dt); x=torch.randn(7,1100).to(dt)\n"
+        "  torch.testing.assert_close(pt.ops.linear(x,w,b).double(), ref.linear(x.double(),w.double(),b.double()),"
+        " atol=tol*40, rtol=tol)"))
+
+
+def test_layouts_and_edge_shapes(device):
+    weight, b = make(24, 40, device)
+    check(torch.randn(40, 6, device=device).t(), weight, b)  # transposed x
+    check(torch.randn(3, 1, 40, device=device).expand(3, 4, 40), weight, b)  # expanded x
+    check(torch.randn(5, 80, device=device)[:, ::2], weight, b)  # strided x
+    check(torch.randn(40, device=device), weight, b)  # 1-d x
+    check(torch.randn(2, 0, 40, device=device), weight, b)  # no rows
+    check(torch.randn(5, 40, device=device), torch.randn(40, 24, device=device).t(), b)  # transposed weight
+    check(torch.randn(5, 40, device=device), torch.randn(48, 40, device=device)[8:32], b)  # a row slice of a weight
+    empty = ops.linear(torch.randn(3, 0, device=device), weight[:, :0], b)  # K = 0: the bias
+    torch.testing.assert_close(empty, b.expand(3, 24))
+
+
+def test_matches_f_linear_at_model_shapes():
+    """A decoding step at GPT-2's LM-head width: the same result as F.linear within float32 rounding."""
+    weight, b = make(50257 // 7, 768)
+    x = torch.randn(1, 768)
+    torch.testing.assert_close(ops.linear(x, weight, b), F.linear(x, weight, b), atol=1e-4, rtol=1e-4)
+
+
+def test_opcheck(device):
+    weight, b = make(16, 24, device)
+    for x in (torch.randn(3, 24, device=device), torch.randn(2, 12, 24, device=device)):
+        torch.library.opcheck(torch.ops.pytransformer.linear, (x, weight, b))
+        torch.library.opcheck(torch.ops.pytransformer.linear, (x.requires_grad_(), weight.requires_grad_(), None))
+
+
+@pytest.mark.parametrize("rows", [3, GEMV_ROWS + 2])
+@pytest.mark.parametrize("bias", [True, False])
+def test_gradcheck(rows, bias):
+    weight, b = make(5, 7, dtype=torch.float64, bias=bias)
+    args = [t.requires_grad_(True) if t is not None else None for t in (torch.randn(2, rows, 7, dtype=torch.float64),
+                                                                         weight, b)]
+    assert torch.autograd.gradcheck(ops.linear, args)
+
+
+def test_backward_matches_f_linear(device):
+    """float32 gradients of the kernel path as F.linear's, and only for the inputs that need them."""
+    weight, b = make(9, 13, device)
+    x = torch.randn(2, 3, 13, device=device)
+    ours = [t.clone().requires_grad_(True) for t in (x, weight, b)]
+    theirs = [t.clone().requires_grad_(True) for t in (x, weight, b)]
+    g = torch.randn(2, 3, 9, device=device)
+    ops.linear(*ours).backward(g)
+    F.linear(*theirs).backward(g)
+    for a, t in zip(ours, theirs):
+        torch.testing.assert_close(a.grad, t.grad)
+    w = weight.clone().requires_grad_(True)  # x and bias without grad
+    torch.testing.assert_close(torch.autograd.grad(ops.linear(x, w, b).sum(), [w])[0],
+                               torch.autograd.grad(F.linear(x, w, b).sum(), [w])[0])
+
+
+@pytest.mark.parametrize("rows", [1, 30])
+def test_compile(device, rows):
+    weight, b = make(16, 24, device)
+    x = torch.randn(2, rows, 24, device=device, requires_grad=True)
+    fn = compiled(ops.linear)
+    torch.testing.assert_close(fn(x, weight, b), ops.linear(x, weight, b))
+    grad, = torch.autograd.grad(fn(x, weight, b).sum(), [x])
+    torch.testing.assert_close(grad, torch.autograd.grad(F.linear(x, weight, b).sum(), [x])[0])
+
+
+def test_compile_inductor():
+    weight, b = make(16, 24)
+    x = torch.randn(3, 24)
+    torch.testing.assert_close(torch.compile(ops.linear, fullgraph=True)(x, weight, b), ops.linear(x, weight, b))
+
+
+def test_bad_call_under_compile_names_the_argument():
+    weight, b = make(4, 8)
+    with pytest.raises(TRACING_ERROR, match="bias: expected shape"):
+        compiled(ops.linear)(torch.randn(2, 8), weight, b[:3])
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_bad_input(where):
+    device = "meta" if where == "meta" else "cpu"
+    weight, b = make(4, 8, device)
+    x = torch.randn(2, 8, device=device)
+    with pytest.raises(ValueError, match="weight: expected dtype"):
+        ops.linear(x, weight.double(), b)
+    with pytest.raises(ValueError, match="weight: expected"):
+        ops.linear(x, weight.to(torch.int8), b)
+    with pytest.raises(ValueError, match=r"weight: expected \[N, K\] with K = 8"):
+        ops.linear(x, weight[:, :6], b)
+    with pytest.raises(ValueError, match=r"weight: expected \[N, K\]"):
+        ops.linear(x, weight[0], b)
+    with pytest.raises(ValueError, match=r"bias: expected shape \[N\] = \[4\]"):
+        ops.linear(x, weight, b[:3])
+    with pytest.raises(ValueError, match="bias: expected dtype"):
+        ops.linear(x, weight, b.double())
+    with pytest.raises(ValueError, match="x: expected a float32"):
+        ops.linear(x.long(), weight, b)
+    with pytest.raises(ValueError, match="x: expected a tensor"):
+        ops.linear(torch.tensor(1.0, device=device), weight, b)
+    with pytest.raises(TypeError, match="weight: expected a tensor"):
+        ops.linear(x, weight.tolist() if device == "cpu" else None, b)
+    if device == "cpu":
+        with pytest.raises(ValueError, match="weight: expected a tensor on cpu"):
+            ops.linear(x, weight.to("meta"), b)
