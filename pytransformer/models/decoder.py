@@ -2,7 +2,7 @@
 import torch
 from torch import Tensor, nn
 
-from ..nn import KVCache, TransformerDecoder, token_positions
+from ..nn import KVCache, Linear, TransformerDecoder, token_positions
 from ..nn.quantized import quantize as _quantize
 from .common import Embeddings, float_parameter, init_normal, rotary_for
 from .configs import DecoderConfig
@@ -19,7 +19,7 @@ class DecoderLM(nn.Module):
         self.embed = Embeddings(config)
         self.decoder = TransformerDecoder(config.n_layers, cross_attention=False, rotary=rotary_for(config),
                                           window=config.window, **config.layer_kwargs())
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.d_model, config.vocab_size, bias=False)
         init_normal(self)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.tok.weight

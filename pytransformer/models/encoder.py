@@ -2,7 +2,7 @@
 import torch
 from torch import Tensor, nn
 
-from ..nn import LayerNorm, TransformerEncoder
+from ..nn import LayerNorm, Linear, TransformerEncoder
 from .common import Embeddings, init_normal, rotary_for
 from .configs import EncoderConfig
 from . import checkpoint
@@ -13,9 +13,9 @@ class MLMHead(nn.Module):
 
     def __init__(self, config: EncoderConfig):
         super().__init__()
-        self.dense = nn.Linear(config.d_model, config.d_model)
+        self.dense = Linear(config.d_model, config.d_model)
         self.norm = LayerNorm(config.d_model, eps=config.eps)
-        self.decoder = nn.Linear(config.d_model, config.vocab_size)
+        self.decoder = Linear(config.d_model, config.vocab_size)
 
     def forward(self, hidden: Tensor) -> Tensor:
         """hidden [B, L, d_model] -> logits [B, L, vocab]."""
@@ -32,7 +32,7 @@ class EncoderModel(nn.Module):
         post = config.norm == "post"
         self.embed = Embeddings(config, type_vocab_size=config.type_vocab_size, norm=post)
         self.encoder = TransformerEncoder(config.n_layers, rotary=rotary_for(config), **config.layer_kwargs())
-        self.pooler = nn.Linear(config.d_model, config.d_model) if config.pooler else None
+        self.pooler = Linear(config.d_model, config.d_model) if config.pooler else None
         self.mlm_head = MLMHead(config) if mlm_head else None
         init_normal(self)
         if self.mlm_head is not None and config.tie_embeddings:

@@ -3,7 +3,7 @@
 import torch
 from torch import Tensor, nn
 
-from ..nn import KVCache, TransformerDecoder, TransformerEncoder, token_positions
+from ..nn import KVCache, Linear, TransformerDecoder, TransformerEncoder, token_positions
 from .common import Embeddings, float_parameter, rotary_for
 from .configs import Seq2SeqConfig
 from .generation import beam_search, check_generate_args, decode, next_token
@@ -21,7 +21,7 @@ class Seq2SeqTransformer(nn.Module):
         self.tgt_embed = self.src_embed if config.tie_embeddings else Embeddings(config, scale=True)
         self.encoder = TransformerEncoder(config.n_encoder_layers, rotary=rotary, **config.layer_kwargs())
         self.decoder = TransformerDecoder(config.n_decoder_layers, rotary=rotary, **config.layer_kwargs())
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.d_model, config.vocab_size, bias=False)
         for m in self.modules():  # Transformer (fairseq) initialisation
             if isinstance(m, nn.Linear):
                 nn.init.xavier_uniform_(m.weight)

@@ -2,6 +2,7 @@
 from .attention import MultiHeadAttention
 from .feedforward import FeedForward
 from .kv_cache import AttentionCache, KVCache, LayerCache
+from .linear import Linear
 from .layers import (Residual, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
                      TransformerEncoderLayer)
 from .norm import LayerNorm, RMSNorm
@@ -11,4 +12,4 @@ from .positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalP
 __all__ = ["LayerNorm", "RMSNorm", "MultiHeadAttention", "FeedForward", "SinusoidalPositionalEncoding",
            "LearnedPositionalEmbedding", "RotaryEmbedding", "token_positions", "Residual", "TransformerEncoderLayer",
            "TransformerDecoderLayer", "TransformerEncoder", "TransformerDecoder", "KVCache", "AttentionCache",
-           "LayerCache", "QuantizedLinear", "QuantizedEmbedding"]
+           "LayerCache", "Linear", "QuantizedLinear", "QuantizedEmbedding"]

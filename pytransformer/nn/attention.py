@@ -5,6 +5,7 @@ from torch import Tensor, nn
 from .. import ops
 from ..ops.visibility import visible_keys
 from .kv_cache import AttentionCache, rolling_attention
+from .linear import Linear
 from .positional import RotaryEmbedding
 from .quantized import linear_rows
 
@@ -27,9 +28,9 @@ class MultiHeadAttention(nn.Module):
         self.dropout, self.rotary, self.window = dropout, rotary, window
         self.q_dim, self.kv_dim = d_model, n_kv_heads * self.head_dim
         factory = {"device": device, "dtype": dtype}
-        self.qkv_proj = nn.Linear(d_model, self.q_dim + 2 * self.kv_dim, bias=bias if qkv_bias is None else qkv_bias,
-                                  **factory)  # rows: Q | K | V
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias, **factory)
+        self.qkv_proj = Linear(d_model, self.q_dim + 2 * self.kv_dim, bias=bias if qkv_bias is None else qkv_bias,
+                               **factory)  # rows: Q | K | V
+        self.out_proj = Linear(d_model, d_model, bias=bias, **factory)
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         return x.unflatten(-1, (n, self.head_dim)).transpose(1, 2)  # [B, L, n*D] -> [B, n, L, D]

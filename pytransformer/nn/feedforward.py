@@ -4,6 +4,8 @@ import functools
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .linear import Linear
+
 ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh")}
 
 
@@ -17,8 +19,8 @@ class FeedForward(nn.Module):
             raise ValueError(f"activation: expected one of {[*ACTIVATIONS, 'swiglu']}, got {activation!r}")
         self.activation = activation
         factory = {"device": device, "dtype": dtype}
-        self.fc1 = nn.Linear(d_model, 2 * d_ff if activation == "swiglu" else d_ff, bias=bias, **factory)
-        self.fc2 = nn.Linear(d_ff, d_model, bias=bias, **factory)
+        self.fc1 = Linear(d_model, 2 * d_ff if activation == "swiglu" else d_ff, bias=bias, **factory)
+        self.fc2 = Linear(d_ff, d_model, bias=bias, **factory)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -55,7 +55,7 @@ def linear_rows(linear: nn.Module, x: Tensor, rows: slice) -> Tensor:
     bias = None if linear.bias is None else linear.bias[rows]
     if isinstance(linear, QuantizedLinear):
         return ops.int8_linear(x, linear.weight[rows], linear.scale[rows], bias)
-    return F.linear(x, linear.weight[rows], bias)
+    return ops.linear(x, linear.weight[rows], bias)
 
 
 class QuantizedEmbedding(nn.Module):
