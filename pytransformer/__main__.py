@@ -1,4 +1,5 @@
-"""Command line: python -m pytransformer demo | bench | count | generate | check (--help for the options)."""
+"""Command line: python -m pytransformer demo | bench | bench-generate | count | generate | check (--help for the
+options)."""
 import argparse
 import json
 import sys
@@ -67,7 +68,7 @@ def parser() -> argparse.ArgumentParser:
     from .models import CONFIGS
 
     p = argparse.ArgumentParser(prog="python -m pytransformer", description="pytransformer command line")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{demo,bench,count,generate,check}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{demo,bench,bench-generate,count,generate,check}")
     device_help = "cpu or cuda (default: cuda when available)"
 
     demo = sub.add_parser("demo", help="train a small encoder-decoder to reverse digit strings, then decode it",
@@ -97,6 +98,10 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", metavar="FILE.png", help="plot throughput against size per op")
     bench.add_argument("--record", metavar="FILE.md", help="write the results as markdown")
     bench.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)  # tiny sizes: a smoke test
+
+    sub.add_parser("bench-generate", add_help=False,
+                   help="generation tokens/s of a GPT-2 or Llama shape against Hugging Face and CTranslate2 (its "
+                        "options: bench-generate --help)")
 
     count = sub.add_parser("count", help="parameters by component and KV-cache bytes per token of the named configs")
     count.add_argument("--config", choices=[*CONFIGS, "all"], default="all", help="a named config (default: all)")
@@ -131,6 +136,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench-generate"]:  # the options are those of benchmarks/bench_generate.py
+        from .bench.generate import main as bench_generate
+        bench_generate(argv[1:])
+        return 0
     args = parser().parse_args(argv)
     if args.command == "demo":
         import torch

@@ -25,7 +25,8 @@ def keep_threads():
 @pytest.mark.parametrize("argv", [[], ["train"], ["demo", "--steps", "0"], ["demo", "--steps", "many"],
                                   ["demo", "--device", "tpu"], ["demo", "--device", "cuda:x"],
                                   ["bench", "--only", "matmul"], ["bench", "--json"], ["count", "--config", "gpt5"],
-                                  ["count", "extra"]])
+                                  ["count", "extra"], ["bench-generate", "--model", "gpt5"],
+                                  ["bench-generate", "--dtypes", "int4"]])
 def test_bad_arguments_print_usage_and_fail(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)

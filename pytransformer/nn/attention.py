@@ -77,8 +77,10 @@ class MultiHeadAttention(nn.Module):
                                      f"{cache.k.shape[2]}, this attention has window={self.window}")
                 y = rolling_attention(q, k, v, cache, key_lengths)
             else:
-                ops.kv_cache_append(cache.k, cache.v, k, v, cache.lengths)
-                y = ops.decode_attention(q, cache.k, cache.v, cache.visible, window=self.window)
+                bound = cache.max_length  # host-side bound of cache.lengths (None: unknown, read on CUDA)
+                ops.kv_cache_append(cache.k, cache.v, k, v, cache.lengths, max_position=bound)
+                y = ops.decode_attention(q, cache.k, cache.v, cache.visible, window=self.window,
+                                         max_length=None if bound is None else bound + x.shape[1])
         else:
             q, k, v = self._qkv(x, context, None)
             y = ops.attention(q, k, v, mask=mask, causal=causal, window=self.window, key_lengths=key_lengths,

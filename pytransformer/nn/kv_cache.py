@@ -20,6 +20,10 @@ class AttentionCache(NamedTuple):
     # [B, L] of the step's L tokens, and the rows visible once they are appended, lengths + L [B].
     positions: Tensor | None = None
     visible: Tensor | None = None
+    # A host-side bound of `lengths` (every row holds at most this many), None when unknown: passed to the kernels
+    # as max_position / max_length, so that on CUDA they check it instead of reading the lengths back (a stream
+    # synchronisation per layer per token).
+    max_length: int | None = None
 
 
 class LayerCache(NamedTuple):
@@ -32,6 +36,12 @@ class KVCache:
     """Preallocated caches for `n_layers` decoder layers with per-row lengths, so prompts of different lengths batch
     together. Every tensor keeps its shape and address for the cache's lifetime (torch.compile and CUDA graphs).
 
+    `lengths` [B] lives on the cache's device (the kernels read it there); beside it `max_length`, a host-side int
+    bound of it, kept by advance/reset, lets the CUDA kernels check for overflow without reading the lengths back: an
+    eager decode loop then has no stream synchronisation per token. Inside torch.compile the bound is dropped (None:
+    unknown, so nothing is specialised on it) and later calls read the lengths as before. Writing `lengths` directly
+    breaks the bound: call reset() or set `max_length` (None if unknown) too.
+
     rolling=True makes the self-attention caches rolling buffers for sliding-window attention with window ==
     capacity: position i is stored in row i % capacity, so a sequence of any length needs only `capacity` rows."""
 
@@ -43,6 +53,7 @@ class KVCache:
         self.k = [torch.zeros(shape, **factory) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, **factory) for _ in range(n_layers)]
         self.lengths = torch.zeros(batch_size, dtype=torch.int64, device=device)  # [B] tokens held per row
+        self.max_length: int | None = 0  # host-side bound of lengths
         # Cross-attention K/V of the encoder output, written once by TransformerDecoder.cache_memory.
         mem_shape = (batch_size, n_kv_heads, memory_length, head_dim)
         self.cross_k = [torch.zeros(mem_shape, **factory) for _ in range(n_layers)] if memory_length else None
@@ -65,16 +76,21 @@ class KVCache:
             if self.cross_k is not None:
                 cross = AttentionCache(self.cross_k[i], self.cross_v[i], self.memory_lengths, True)
             entries.append(LayerCache(AttentionCache(self.k[i], self.v[i], self.lengths, False, self.rolling,
-                                                     positions, visible), cross))
+                                                     positions, visible, self.max_length), cross))
         return entries
 
     def positions(self, length: int) -> Tensor:
         """Absolute positions [B, length] of the next `length` tokens of every row."""
         return self.lengths[:, None] + torch.arange(length, device=self.lengths.device)
 
-    def advance(self, n: int | Tensor) -> None:
-        """Count n more tokens per row (an int, or [B] for padded prompts), in place."""
+    def advance(self, n: int | Tensor, most: int | None = None) -> None:
+        """Count n more tokens per row (an int, or [B] for padded prompts), in place; `most` bounds n's largest value
+        on the host (default: n itself, or n.max() read back for a tensor)."""
         self.lengths.add_(n)
+        if torch.compiler.is_compiling():
+            self.max_length = None
+        elif self.max_length is not None:
+            self.max_length += most if most is not None else n if isinstance(n, int) else int(n.max())
 
     def reorder(self, index: Tensor) -> None:
         """Make row i a copy of row index[i] (beam search), in place; cross-attention rows are left as they are."""
@@ -84,6 +100,7 @@ class KVCache:
     def reset(self) -> None:
         """Empty every row (the stored K/V are simply overwritten later)."""
         self.lengths.zero_()
+        self.max_length = 0
 
 
 def rolling_attention(q: Tensor, k: Tensor, v: Tensor, cache: AttentionCache, key_lengths: Tensor | None = None
@@ -100,9 +117,9 @@ def rolling_attention(q: Tensor, k: Tensor, v: Tensor, cache: AttentionCache, ke
     """
     k_cache, v_cache, lengths = cache.k, cache.v, cache.lengths
     window, t = k_cache.shape[2], q.shape[2]
-    if t == 1:
-        ops.kv_cache_append(k_cache, v_cache, k, v, lengths % window)
-        return ops.decode_attention(q, k_cache, v_cache, (lengths + 1).clamp(max=window))
+    if t == 1:  # rows lengths % W < W, lengths + 1 clamped to W: bounds known without reading them
+        ops.kv_cache_append(k_cache, v_cache, k, v, lengths % window, max_position=window - 1)
+        return ops.decode_attention(q, k_cache, v_cache, (lengths + 1).clamp(max=window), max_length=window)
     past = lengths[:, None] + torch.arange(1 - window, 0, device=lengths.device)  # [B, W-1] positions before the chunk
     rows = (past % window)[:, None, :, None]  # [B, 1, W-1, 1]
     k_all = torch.cat([k_cache.gather(2, rows.expand(-1, k.shape[1], -1, k.shape[3])), k], 2)  # [B, Hkv, W-1+T, D]

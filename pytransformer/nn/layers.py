@@ -150,7 +150,7 @@ class TransformerDecoder(nn.Module):
             x = layer(x, memory, causal=causal, mask=mask, key_lengths=key_lengths,
                       memory_key_lengths=memory_key_lengths, memory_mask=memory_mask, cache=layer_cache)
         if cache is not None:
-            cache.advance(x.shape[1] if key_lengths is None else key_lengths)
+            cache.advance(x.shape[1] if key_lengths is None else key_lengths, x.shape[1])
         return x if self.norm is None else self.norm(x)
 
 

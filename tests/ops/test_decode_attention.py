@@ -1,5 +1,7 @@
 """decode_attention: against float64 references, with kv_cache_append in decode loops and steps (eager, compiled,
 CUDA graphs), opcheck, errors."""
+import sys
+
 import pytest
 import torch
 
@@ -375,3 +377,27 @@ def test_cuda_host_bounds(kernel_target):
     ops.kv_cache_append(k, v, new, new, positions)
     ops.decode_attention(q, k, v, positions + 1, 0.5, None)
     assert ops.synchronizations() == 2
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("window", [None, 4])
+def test_cuda_generate_reads_no_lengths_back(emu, monkeypatch, window):
+    """The KVCache module passes its host-side bound of the lengths (max_position / max_length), so a whole greedy
+    generate, prefill and every token, runs the CUDA KV-cache glue (emulated) without a stream synchronisation, with
+    the same tokens as the CPU kernels; without the bound (max_length None) every layer's append and decode reads the
+    lengths back (the counter sees it). window=4: the rolling cache (bounds W - 1 and W)."""
+    model = pt.models.DecoderLM(pt.models.gpt2_small(n_layers=2, d_model=32, n_heads=4, vocab_size=50,
+                                                     window=window, dropout=0.0)).eval()
+    prompt = torch.randint(0, 50, (2, 5))
+    expected = model.generate(prompt, 6)
+    for op in ("kv_cache_append", "decode_attention"):
+        monkeypatch.setattr(sys.modules[f"pytransformer.ops.{op}"], "_ops", emu)
+    emu.synchronizations()
+    assert torch.equal(model.generate(prompt, 6), expected)
+    assert emu.synchronizations() == 0
+    if window is None:
+        cache = model.new_cache(2, 12)
+        model(prompt, cache=cache)
+        cache.max_length = None
+        model(prompt[:, :1], cache=cache)
+        assert emu.synchronizations() == 2 * 2  # two layers, append and decode each
