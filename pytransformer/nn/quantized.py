@@ -8,12 +8,16 @@ from torch import Tensor, nn
 from .. import ops
 
 
-def quantize_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric int8 quantization of each row: weight [out, in] -> int8 [out, in], scale [out] (weight's dtype)."""
-    absmax = weight.detach().float().abs().amax(1)  # [out]
+def quantize_per_channel(weight: Tensor, rows: int = 1024) -> tuple[Tensor, Tensor]:
+    """Symmetric int8 quantization of each row: weight [out, in] -> int8 [out, in], scale [out] (weight's dtype).
+    Computed `rows` rows at a time, so the float temporaries stay small beside a large weight (an LM head)."""
+    w = weight.detach()
+    absmax = torch.cat([w[r:r + rows].float().abs().amax(1) for r in range(0, max(1, w.shape[0]), rows)])  # [out]
     scale = (absmax / 127.0).to(weight.dtype)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # all-zero rows quantize to 0 with any scale
-    q = (weight.detach().float() / scale.float()[:, None]).round().clamp(-127, 127).to(torch.int8)
+    q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
+    for r in range(0, w.shape[0], rows):
+        q[r:r + rows] = (w[r:r + rows].float() / scale[r:r + rows].float()[:, None]).round_().clamp_(-127, 127)
     return q, scale
 
 
