@@ -62,7 +62,7 @@ def test_bench_quick_json_and_plot(tmp_path):
     data = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"invalid JSON constant {c}"))
     ops = {row["op"] for row in data["rows"]}
     assert ops == {"layer_norm", "rms_norm", "masked_softmax", "attention", "decode_attention", "kv_cache_append",
-                   "int8_linear"}
+                   "int8_linear", "linear"}
     for row in data["rows"]:
         assert row["ours_s"] > 0 and row["torch_s"] > 0 and row["unit"] in ("GB/s", "GFLOP/s", "TFLOP/s")
         assert row["fraction_of_ceiling"] > 0 and row["ratio"] == pytest.approx(row["ours_s"] / row["torch_s"])

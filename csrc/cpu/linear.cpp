@@ -13,15 +13,18 @@ namespace pytransformer::cpu {
 KernelTable<LinearGemvCpuFn> linear_gemv_kernel;
 
 namespace {
-// Up to this many rows of x (decoding) the weight-streaming kernel, which reads the weight once at memory bandwidth;
-// more rows (prefill) go to ATen's GEMM, which is compute-bound and faster there. Measured with
-// benchmarks/bench_linear.py (the crossover rows are in its output).
-constexpr int64_t kMaxGemvRows = 16;
+// The most rows of x (decoding) that take the weight-streaming kernel, by dtype; more rows (prefill) go to ATen's GEMM.
+// Measured on an AVX-512 EPYC (Zen 4), weights cycled from memory, one thread (benchmarks/bench_linear.py has the
+// crossover rows). float32: the kernel took 0.6-0.7x the time of ATen's GEMM at every row count tried, 1 to 512, but it
+// is not blocked for the caches along the rows of x, so prefill-sized inputs stay with the GEMM: 32 rows. float16: the
+// same (ATen's float16 GEMM was 4-7x slower still). bfloat16: ATen's GEMM uses AVX-512 BF16 dot products there and
+// was as fast from 2 rows (0.9-1.0x) and faster from 4 (1.0-1.2x; 1.5x at 8): 2 rows.
+int64_t max_gemv_rows(at::ScalarType dtype) { return dtype == at::kBFloat16 ? 2 : 32; }
 
 at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   const LinearParams p = check_linear_args(x, weight, bias);
   // float64 (gradcheck) and many rows: ATen, which also takes non-contiguous x and weight as they are.
-  if (p.rows > kMaxGemvRows || x.scalar_type() == at::kDouble) return at::linear(x, weight, bias);
+  if (x.scalar_type() == at::kDouble || p.rows > max_gemv_rows(x.scalar_type())) return at::linear(x, weight, bias);
   // The kernel takes contiguous arrays: x and bias are small (copied, in float32); a non-contiguous weight is copied.
   const at::Tensor x2 = x.reshape({p.rows, p.in_features}).to(at::kFloat).contiguous();  // [M, K]
   const at::Tensor w = weight.contiguous();                                                // [N, K]

@@ -2,10 +2,10 @@
 the per-family benchmark scripts; `quick` uses tiny sizes (a smoke test of the whole pipeline)."""
 import torch
 
-from . import (Report, attention, decode_attention, int8_linear, kv_cache_append, masked_softmax, matmul_ceiling,
-               new_report, norm)
+from . import (Report, attention, decode_attention, int8_linear, kv_cache_append, linear, masked_softmax,
+               matmul_ceiling, new_report, norm)
 
-FAMILIES = ("norm", "masked_softmax", "attention", "decode_attention", "kv_cache_append", "int8_linear")
+FAMILIES = ("norm", "masked_softmax", "attention", "decode_attention", "kv_cache_append", "int8_linear", "linear")
 # A CPU forward+backward at L=4096 takes about 10 s a call on two cores: the CPU run stops at L=1024.
 CPU_MAX_ATTENTION_LENGTH = 1024
 
@@ -35,4 +35,10 @@ def run(device, dtype=torch.float32, families=FAMILIES, runs: int | None = None,
                               runs=n(30))
     if "int8_linear" in families:
         int8_linear.bench(report, device, cases=[(1, 64, 32, dtype)] if quick else int8_linear.OP_CASES, runs=n(20))
+    if "linear" in families:
+        if quick:
+            linear.bench(report, device, shapes=[("tiny", "layer", 64, 32)], crossover_rows=(17,), runs=n(15),
+                         cold_bytes=0)
+        else:
+            linear.bench(report, device, runs=n(15))
     return report

@@ -1,7 +1,8 @@
 """linear: x [..., K] @ weight [N, K]^T + bias [N] -> [..., N], the math of F.linear: wrapper, fake kernel, autograd.
 
-On the CPU, up to 16 rows of x (decoding) run our weight-streaming kernel (float32, bfloat16 and float16 weights, read
-once at memory bandwidth, float32 accumulation); more rows (prefill) and float64 run ATen's GEMM. On CUDA the op calls
+On the CPU, few rows of x (decoding: up to 32 in float32 and float16, 2 in bfloat16, where ATen's bfloat16 GEMM is
+faster above; csrc/cpu/linear.cpp) run our weight-streaming kernel (the weight read once at memory bandwidth, float32
+accumulation); more rows (prefill) and float64 run ATen's GEMM. On CUDA the op calls
 ATen (cuBLAS). The backward is ATen's matmuls: grad_x = g @ W, grad_W = g^T x, grad_b = g summed over the rows."""
 import torch
 from torch import Tensor
@@ -40,6 +41,6 @@ torch.library.register_autograd("pytransformer::linear", _backward, setup_contex
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """x [..., K] @ weight [N, K]^T + bias [N] -> [..., N] (F.linear), our weight-streaming kernel for few rows."""
+    """x [..., K] @ weight [N, K]^T + bias [N] -> [..., N] (F.linear); x, weight and bias of one dtype."""
     _checks.tensors(("bias",), x=x, weight=weight, bias=bias)
     return _ops.linear(x, weight, bias)
