@@ -102,8 +102,8 @@ def test_greedy_matches_generate(saved, name):
 
 @pytest.mark.parametrize("batch", [1, 8])
 def test_gpt2_greedy_256_tokens_match_generate(batch):
-    """Every one of 256 greedy float32 tokens equals Hugging Face's, at batch 1 and 8 (the decode-time linear layers
-    run through ops.linear's few-rows kernel, the prompt through the GEMM)."""
+    """Every one of 256 greedy float32 tokens equals Hugging Face's, at batch 1 and 8 (the decoding steps' linear
+    layers run ops.linear's weight-streaming kernel, the batch-8 prompt ATen's GEMM)."""
     torch.manual_seed(3)
     hf = _random_norms(DECODERS["gpt2"]())
     hf.config.n_positions = 512
