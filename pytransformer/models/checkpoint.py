@@ -5,7 +5,9 @@ are in hf.py; both paths hand `convert` a config dict and a name -> tensor mappi
 
 The model is built on the meta device, given uninitialised storage (a tied parameter stays one parameter), and its
 parameters are then copied one at a time from the tensors, read one at a time from the files: peak memory stays near
-the model's size. Buffers derived from the config (rotary frequencies, sinusoidal tables) are recomputed.
+the model's size. Buffers derived from the config (rotary frequencies, sinusoidal tables) are recomputed. With
+quantize=True the model is quantized while still on the meta device and each linear weight is quantized as it is
+read, so the float weights are never all in memory: peak memory stays near the int8 model's size plus one tensor.
 A tensor the model needs that is absent, a tensor it would not use, or a tensor of the wrong shape raises ValueError
 naming it."""
 import contextlib
@@ -17,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..nn.quantized import quantize as quantize_model, quantize_per_channel
 from .hf import architecture
 
 
@@ -51,9 +54,42 @@ def _list(names) -> str:
     return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
 
 
-def convert(cls, config_class, d: dict, tensors: Mapping, *, dtype: torch.dtype, device) -> nn.Module:
+def _writers(model: nn.Module, quantize: bool) -> dict:
+    """For each parameter name of a model on the meta device, a function writing a tensor into it once the model is
+    materialised. quantize=True quantizes the model (still on meta) first: a linear layer's weight (or a weight tied to
+    one) is then written into its QuantizedLinear, quantized per channel, and its bias into the int8 layer's bias."""
+    params = dict(model.named_parameters())
+    linears = {}  # id(parameter) -> (path of the first Linear using it, "weight" | "bias"), as quantize() ties them
+    for path, m in model.named_modules():
+        if quantize and isinstance(m, nn.Linear):
+            for attr in ("weight", "bias"):
+                if getattr(m, attr) is not None:
+                    linears.setdefault(id(getattr(m, attr)), (path, attr))
+    where = {name: linears.get(id(p)) for name, p in params.items()}
+    if quantize:
+        quantize_model(model)
+
+    def write(name):
+        def to_param(t):
+            model.get_parameter(name).copy_(t)
+
+        def to_int8(t):
+            path, attr = where[name]
+            layer = model.get_submodule(path)
+            if attr == "bias":
+                layer.bias.copy_(t)
+            else:
+                q, scale = quantize_per_channel(t.to(layer.scale.dtype))
+                layer.weight.copy_(q)
+                layer.scale.copy_(scale)
+        return to_int8 if where[name] else to_param
+    return {name: write(name) for name in params}
+
+
+def convert(cls, config_class, d: dict, tensors: Mapping, *, dtype: torch.dtype, device,
+            quantize: bool = False) -> nn.Module:
     """A `cls` model (its config a `config_class`) in `dtype` on `device` from a Hugging Face config dict and a
-    mapping of Hugging Face tensor names to tensors (read on access)."""
+    mapping of Hugging Face tensor names to tensors (read on access); quantize=True: its linear layers int8."""
     arch, given = architecture(d, tensors.keys())
     if not isinstance(arch.config, config_class):
         raise ValueError(f"model_type: {d['model_type']!r} is not a {cls.__name__} architecture")
@@ -66,16 +102,17 @@ def convert(cls, config_class, d: dict, tensors: Mapping, *, dtype: torch.dtype,
         raise ValueError(f"checkpoint: unexpected tensors {_list(unexpected)}")
     with torch.device("meta"):
         model = cls(arch.config).to(dtype)
+    shapes = {name: p.shape for name, p in model.named_parameters()}
+    assert shapes.keys() == arch.plan.keys(), "hf.py: the plan must cover the model's parameters"
+    writers = _writers(model, quantize)
     _materialize(model, device)
-    params = dict(model.named_parameters())
-    assert params.keys() == arch.plan.keys(), "hf.py: the plan must cover the model's parameters"
     with torch.no_grad():
         for ours, (names, transpose) in arch.plan.items():
             t = _combined(tensors, tuple(given[n] for n in names), transpose, ours)
-            if t.shape != params[ours].shape:
+            if t.shape != shapes[ours]:
                 raise ValueError(f"{' + '.join(names)}: shape {list(t.shape)} does not fit {ours} "
-                                 f"{list(params[ours].shape)} of the config")
-            params[ours].copy_(t)
+                                 f"{list(shapes[ours])} of the config")
+            writers[ours](t)
     return model
 
 
@@ -130,10 +167,12 @@ def checkpoint_files(path) -> tuple[dict, list[Path]]:
     return json.loads(config.read_text()), files
 
 
-def from_pretrained(cls, config_class, path, *, dtype: torch.dtype = torch.float32, device=None) -> nn.Module:
-    """`cls` from a save_pretrained directory, in `dtype` on `device` (default CPU), in eval mode."""
+def from_pretrained(cls, config_class, path, *, dtype: torch.dtype = torch.float32, device=None,
+                    quantize: bool = False) -> nn.Module:
+    """`cls` from a save_pretrained directory, in `dtype` on `device` (default CPU), in eval mode; quantize=True:
+    the weight-only int8 model (pytransformer.quantize), quantized tensor by tensor as the weights are read."""
     d, files = checkpoint_files(path)
     with contextlib.ExitStack() as stack:
         model = convert(cls, config_class, d, SafetensorsFiles(files, stack), dtype=dtype,
-                        device=torch.device("cpu") if device is None else device)
+                        device=torch.device("cpu") if device is None else device, quantize=quantize)
     return model.eval()

@@ -3,7 +3,6 @@ import torch
 from torch import Tensor, nn
 
 from ..nn import KVCache, Linear, TransformerDecoder, token_positions
-from ..nn.quantized import quantize as _quantize
 from .common import Embeddings, float_parameter, init_normal, rotary_for
 from .configs import DecoderConfig
 from .generation import beam_search, check_generate_args, decode, next_token
@@ -110,6 +109,6 @@ class DecoderLM(nn.Module):
         """A DecoderLM (eval mode) from a local directory written by a Hugging Face model's save_pretrained
         (config.json with model_type gpt2, llama, mistral or qwen2; model.safetensors or a sharded
         model.safetensors.index.json), in `dtype` on `device` (default CPU), without importing transformers.
-        quantize=True returns the weight-only int8 model (pytransformer.quantize) of the loaded weights."""
-        model = checkpoint.from_pretrained(cls, DecoderConfig, path, dtype=dtype, device=device)
-        return _quantize(model) if quantize else model
+        quantize=True returns the weight-only int8 model (pytransformer.quantize), each weight quantized as it is
+        read, so the float weights are never all in memory."""
+        return checkpoint.from_pretrained(cls, DecoderConfig, path, dtype=dtype, device=device, quantize=quantize)

@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from pytransformer import quantize
 from pytransformer.models import DecoderLM, EncoderModel
 from pytransformer.nn import QuantizedLinear
 
@@ -161,6 +162,19 @@ def test_bfloat16_and_int8(saved):
         assert isinstance(int8.lm_head, QuantizedLinear) and int8.lm_head.weight.dtype == torch.int8
         assert _relative_error(int8(ids), expected) < 0.05
     assert int8.generate(ids, 5).shape == (2, 17)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama3"])  # tied and untied LM head
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_load_quantizes_as_it_reads(saved, name, dtype):
+    """from_pretrained(quantize=True) quantizes each weight as it is read: the same int8 model, to the bit, as
+    quantizing the loaded float model."""
+    path = saved[name][1]
+    streamed = DecoderLM.from_pretrained(path, dtype, quantize=True)
+    whole = quantize(DecoderLM.from_pretrained(path, dtype))
+    a, b = streamed.state_dict(), whole.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
+    assert type(streamed.embed.tok) is type(whole.embed.tok)
 
 
 def test_bert(tmp_path):
