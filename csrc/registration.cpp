@@ -61,9 +61,43 @@ void kv_cache_append_autograd(const at::Tensor& k_cache, const at::Tensor& v_cac
   torch::autograd::increment_version(k_cache);
   torch::autograd::increment_version(v_cache);
 }
+
+// linear's backward is ATen's matmuls (grad_x = g @ W, grad_W = g^T x, grad_b = g summed over the rows). It is a C++
+// autograd function rather than a Python one: a decoding step calls linear for every projection of every layer, and a
+// Python autograd kernel costs several microseconds a call even under no_grad.
+struct LinearFunction : public torch::autograd::Function<LinearFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const std::optional<at::Tensor>& bias) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("pytransformer::linear", "")
+                               .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>();
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["has_bias"] = bias.has_value();
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return op.call(x, weight, bias);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &weight = saved[1], g = grads[0].reshape({-1, weight.size(0)});  // [M, N]
+    at::Tensor grad_x, grad_weight, grad_bias;
+    if (ctx->needs_input_grad(0)) grad_x = grads[0].matmul(weight);                          // [..., K]
+    if (ctx->needs_input_grad(1)) grad_weight = g.t().mm(x.reshape({-1, weight.size(1)}));   // [N, K]
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) grad_bias = g.sum(0);  // [N]
+    return {grad_x, grad_weight, grad_bias};
+  }
+};
+
+at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  return LinearFunction::apply(x, weight, bias);
+}
 }  // namespace
 
-TORCH_LIBRARY_IMPL(pytransformer, Autograd, m) { m.impl("kv_cache_append", &kv_cache_append_autograd); }
+TORCH_LIBRARY_IMPL(pytransformer, Autograd, m) {
+  m.impl("kv_cache_append", &kv_cache_append_autograd);
+  m.impl("linear", &linear_autograd);
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "pytransformer kernels; ops are registered under torch.ops.pytransformer";
