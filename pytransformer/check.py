@@ -4,7 +4,8 @@ The kernel cases of every op, against float64 references, on shapes chosen to re
 kernels (pack/scalar loads, sub-warp, warp and block row groups, rows streamed from memory, misaligned rows, masks of
 every kind, causal rows with nothing visible), attention (forward out and lse, backward grad q/k/v over every mask,
 GQA/MQA, odd and unequal head dims, Lq != Lk both ways, misaligned and strided operands), the KV-cache append and
-split-KV decode, and int8_linear (GEMV rows per block, split-K, tiled GEMM, 16-byte and byte weight loads). Outputs
+split-KV decode, int8_linear (GEMV rows per block, split-K, tiled GEMM, 16-byte and byte weight loads), and linear
+(on the CPU the streaming kernel's blocks of rows and the switch to GEMM; on CUDA it is ATen's). Outputs
 are allocated over freed NaN-filled memory so unwritten elements show up as NaN.
 
 Every compared output is checked as a whole (relative error within TOL) and row by row (each row of the last dim
@@ -13,6 +14,7 @@ thousands fails. The tests of tests/ops/test_<op>.py run these cases against the
 fixture (tests/conftest.py): the CUDA kernels on a GPU, or the same sources through the host emulator
 (tools/cuda_emulator) on a CPU-only machine; `run` runs them against torch.ops.pytransformer on any device.
 """
+import itertools
 import math
 import re
 
@@ -54,6 +56,10 @@ DECODE_SHAPES_QUICK = [(3, 8, 2, 1, 128, 128, 700, None), (2, 6, 1, 3, 37, 37, 9
 # 4096 take 16-byte weight loads (4096: several K slices), K = 1, 15 and 4104 byte loads with a tail.
 INT8_SHAPES = [(m, k, n) for m in (1, 3, 64, 200) for k in (1, 15, 16, 4096, 4104) for n in (1, 7, 512)]
 INT8_SHAPES_QUICK = [(1, 4104, 512), (3, 15, 7), (1, 1, 1), (64, 16, 512), (16, 4096, 7), (200, 100, 130)]
+# linear (M, K, N): on the CPU M reaches the streaming kernel's blocks of x rows (1, 3, 8) up to the switch to GEMM
+# (bfloat16 above 2 rows, float32 and float16 above 32); K and N full vectors and tails of both ISA widths.
+LINEAR_SHAPES = [(m, k, n) for m in (1, 2, 3, 8, 32, 33) for k in (1, 15, 16, 768, 1100) for n in (1, 7, 130)]
+LINEAR_SHAPES_QUICK = [(1, 1100, 130), (3, 15, 7), (1, 1, 1), (8, 768, 7), (32, 16, 130), (33, 100, 130)]
 
 
 
@@ -542,6 +548,21 @@ class KernelChecks:
                     out = self.ops.int8_linear(x, weight, scale, bias)
                     self.check(f"int8_linear [M {m}, K {k}, N {n}] {str(dtype)[6:]} {variant}", out, ref, dtype, terms)
 
+    def check_linear(self, shapes) -> None:
+        for (m, k, n), dtype, variant in itertools.product(shapes, DTYPES, ("bias", "plain", "misaligned")):
+            # "misaligned": x, weight and bias each one element past a 16-byte boundary; "plain": no bias.
+            x, weight, bias = (torch.randn(*shape, dtype=torch.float64).to(self.device, dtype)
+                               for shape in ((m, k), (n, k), (n,)))
+            bias = None if variant == "plain" else bias
+            if variant == "misaligned":
+                x, weight, bias = misaligned(x), misaligned(weight), misaligned(bias)
+            x64, w64 = x.double().cpu(), weight.double().cpu()
+            b64 = torch.zeros(n, dtype=torch.float64) if bias is None else bias.double().cpu()
+            poison(x)
+            out = self.ops.linear(x, weight, bias)
+            self.check(f"linear [M {m}, K {k}, N {n}] {str(dtype)[6:]} {variant}", out, x64 @ w64.t() + b64, dtype,
+                       x64.abs() @ w64.abs().t() + b64.abs())
+
 
 # ---- python -m pytransformer check ----
 
@@ -558,6 +579,7 @@ def run(device: str, quick: bool = False) -> KernelChecks:
     checks.check_kv_cache(pick(APPEND_SHAPES_QUICK, APPEND_SHAPES))
     checks.check_decode(pick(DECODE_SHAPES_QUICK, DECODE_SHAPES))
     checks.check_int8_linear(pick(INT8_SHAPES_QUICK, INT8_SHAPES))
+    checks.check_linear(pick(LINEAR_SHAPES_QUICK, LINEAR_SHAPES))
     return checks
 
 

@@ -2,8 +2,8 @@
 // gemv_rows: the few-rows (decoding) product of the linear layers, out [M, N] = (x [M, K] @ w [N, K]^T) * scale [N] +
 // bias [N], shared by linear (float32, bfloat16, float16 weights) and int8_linear (int8 weights with scales). It is
 // weight streaming: M is small, so the time is that of reading w once from memory. Work items are blocks of 4 output
-// features split over all threads (at::parallel_for: each thread streams a contiguous range of weight rows, 4 rows in
-// flight at once); a block's rows are dotted with all M rows of x by dot_rows (blocks of 4 weight rows by up to
+// features split over all threads (at::parallel_for: each thread streams a contiguous range of weight rows, 4 rows at
+// once, the next block prefetched); a block's rows are dotted with all M rows of x by dot_rows (blocks of 4 weight rows by up to
 // kDotCols rows of x), widening narrow weights as they are loaded, so each weight row comes from memory once and from
 // cache for the later blocks of x rows. Sums are per vector lane over K, then across lanes (the order of a blocked
 // GEMM). Compiled into each including kernel file's ISA level (namespace CPU_CAPABILITY, see isa.h).
@@ -14,12 +14,6 @@
 #include <vector>
 
 #include "dot_rows.h"
-
-
-
-
-
-
 
 namespace pytransformer::cpu {
 inline namespace CPU_CAPABILITY {

@@ -1,10 +1,11 @@
 """ops.linear against a float64 reference, each output element within the dot-product error bound of its dtype (both
-CPU paths: the weight-streaming kernel up to GEMV_ROWS rows, ATen's GEMM above), dtypes, layouts, edge shapes, every CPU ISA
-level, opcheck, gradcheck, torch.compile, bad input."""
+CPU paths: the weight-streaming kernel up to GEMV_ROWS rows, ATen's GEMM above), dtypes, layouts, edge shapes, every
+CPU ISA level, opcheck, gradcheck, torch.compile, bad input, and the CUDA glue's cases."""
 import pytest
 import torch
 import torch.nn.functional as F
 
+from pytransformer import check as kc
 from pytransformer import ops
 from pytransformer.ops import reference
 
@@ -165,3 +166,11 @@ def test_bad_input(where):
     if device == "cpu":
         with pytest.raises(ValueError, match="weight: expected a tensor on cpu"):
             ops.linear(x, weight.to("meta"), b)
+
+
+# ---- The CUDA glue (ATen's linear on the device): on a GPU, or through the host emulator (--cuda-emulator) ----
+
+@pytest.mark.cuda
+def test_cuda_kernels(kernel_target):
+    """linear's cases of pytransformer/check.py against float64 references on the CUDA target."""
+    assert kernel_target.run(lambda c: c.check_linear(kernel_target.shapes(kc.LINEAR_SHAPES_QUICK, kc.LINEAR_SHAPES))) == []
