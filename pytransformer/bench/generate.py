@@ -1,33 +1,34 @@
 """Generation throughput (greedy tokens/s) of DecoderLM against Hugging Face `generate` and, when the `ctranslate2`
-package is installed, CTranslate2's Generator, on the same device in the same run, timed in turns.
+package is installed, CTranslate2's Generator, on the same weights, prompts and thread count.
 
-The model is a random Hugging Face model, float32, saved to a temporary folder; ours is converted from it with
-DecoderLM.from_hf, CTranslate2's with its own TransformersConverter (a word-level vocabulary "t0", "t1", ... is saved
-beside it, so token strings map one to one to ids):
+The model is a random Hugging Face model, float32, saved with save_pretrained to a temporary folder, with a word-level
+vocabulary "t0", "t1", ... (so CTranslate2's token strings map one to one to ids). Each engine loads it from there:
+ours with DecoderLM.from_pretrained, Hugging Face with from_pretrained, CTranslate2 from its own converter's output.
 
-- `--model gpt2`: GPT-2 small shape (124M parameters, tied head); in float32 also ours without the KV cache.
+- `--model gpt2`: GPT-2 small shape (124M parameters, tied head); `--uncached-new-tokens N` adds ours without the
+  KV cache (float32).
 - `--model llama`: a Llama shape (124M parameters, GQA 4:1, SwiGLU, untied head).
 
 In each of `--dtypes`: float32; bfloat16 (weights and activations; CTranslate2's compute type bfloat16 where its CPU
 build has it); int8 (ours: weight-only int8; Hugging Face: torch's dynamic int8 quantization of its nn.Linear layers;
-CTranslate2: int8_float32). Every engine runs with the same number of threads (torch.get_num_threads()). The record
-also says whether our float32 greedy tokens equal Hugging Face's, and the resident memory of each engine after
-loading the model from the folder and at its peak while loading and generating (each in a fresh process).
+CTranslate2: int8_float32). Each engine and dtype runs in a fresh process of its own (engines sharing a process slow
+each other: a loaded CTranslate2 slowed PyTorch's generation by about 15%), which also gives its resident memory after
+the load and at its peak. The record also says whether our float32 greedy tokens equal Hugging Face's.
 """
 import argparse
-import copy
 import datetime
+import importlib.util
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import torch
 
-from .. import quantize
 from ..models import DecoderLM, count_parameters
 from . import device_name, sync
 
@@ -96,65 +97,84 @@ def ct2_generate(generator):
     return generate
 
 
-def ct2_generator(folder: Path, dtype: str, threads: int):
-    """A CTranslate2 Generator of the saved model in `dtype`, or None (with the reason printed) when the package is
-    not installed or its build cannot run that compute type here."""
-    try:
-        import ctranslate2
-    except ImportError:
-        return None
-    try:
-        return ctranslate2.Generator(str(ct2_folder(folder, dtype)), device="cpu", compute_type=CT2_TYPES[dtype],
-                                     intra_threads=threads)
-    except (ValueError, RuntimeError) as e:
-        print(f"CTranslate2 {dtype}: not run ({e})", flush=True)
-        return None
+def load_engine(engine: str, dtype: str, folder: Path, device, threads: int):
+    """generate(ids, n) of an engine loaded from the saved folder in `dtype`: "ours" (DecoderLM.from_pretrained;
+    int8: quantize=True), "ours, no cache", "Hugging Face" (from_pretrained; int8: torch's dynamic quantization of its
+    nn.Linear layers) or "CTranslate2" (its conversion of the folder, on the CPU)."""
+    torch_dtype = torch.float32 if dtype == "int8" else getattr(torch, dtype)
+    if engine.startswith("ours"):
+        model = DecoderLM.from_pretrained(folder, torch_dtype, quantize=dtype == "int8", device=device)
+        return model.generate if engine == "ours" else lambda ids, n: model.generate(ids, n, use_cache=False)
+    if engine == "Hugging Face":
+        import transformers
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype).to(device).eval()
+        if dtype == "int8":
+            model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        return hf_generate(model)
+    import ctranslate2
+    return ct2_generate(ctranslate2.Generator(str(ct2_folder(folder, dtype)), device="cpu",
+                                              compute_type=CT2_TYPES[dtype], intra_threads=threads))
 
 
-def ours_and_hf(hf, dtype: str):
-    """(ours, Hugging Face's) models in `dtype`."""
-    if dtype == "int8":
-        return (quantize(DecoderLM.from_hf(hf)),
-                torch.ao.quantization.quantize_dynamic(copy.deepcopy(hf), {torch.nn.Linear}, dtype=torch.qint8))
-    theirs = hf if dtype == "float32" else copy.deepcopy(hf).to(getattr(torch, dtype))
-    return DecoderLM.from_hf(theirs), theirs
+def prompts(batch: int, prompt_len: int, vocab: int, device) -> torch.Tensor:
+    """The prompt ids [batch, prompt_len] of a batch size: the same for every engine and for the token check."""
+    torch.manual_seed(batch)
+    return torch.randint(0, vocab, (batch, prompt_len), device=device)
 
 
-def variants(hf, folder: Path, device, dtypes, new_tokens, uncached_new_tokens=None):
-    """(variant, dtype, new tokens, generate(ids, n)) of every engine in each dtype."""
-    rows = []
-    for dtype in dtypes:
-        ours, theirs = ours_and_hf(hf, dtype)
-        rows += [("ours", dtype, new_tokens, ours.generate)]
-        if uncached_new_tokens and dtype == "float32":
-            rows += [("ours, no cache", dtype, uncached_new_tokens,
-                      lambda ids, n, m=ours: m.generate(ids, n, use_cache=False))]
-        rows += [("Hugging Face", dtype, new_tokens, hf_generate(theirs))]
-        generator = ct2_generator(folder, dtype, torch.get_num_threads()) if device == "cpu" else None
-        if generator is not None:
-            rows += [("CTranslate2", dtype, new_tokens, ct2_generate(generator))]
-    return rows
+def worker(spec: str) -> None:
+    """Run in a fresh process for one engine and dtype (see measure): load it, then time `runs` generate calls per
+    batch size after a warm-up; print JSON with the times and the anonymous resident memory (Linux: RssAnon, sampled
+    every millisecond, counted from just before the load) after the load and at its peak over the whole run."""
+    s = json.loads(spec)
+    torch.set_num_threads(s["threads"])
+
+    def rss():
+        if sys.platform != "linux":
+            return 0
+        return int(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("RssAnon:"))) * 1024
+    peak, done = [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], rss())
+            time.sleep(0.001)
+    before = rss()
+    sampler = threading.Thread(target=sample, daemon=True)  # daemon: a failed load still ends the process
+    sampler.start()
+    generate = load_engine(s["engine"], s["dtype"], Path(s["folder"]), s["device"], s["threads"])
+    after_load, times = rss(), {}
+    with torch.no_grad():
+        for batch in s["batch_sizes"]:
+            ids = prompts(batch, s["prompt_len"], s["vocab"], s["device"])
+            generate(ids, 4)  # warm-up
+            times[batch] = [timed(lambda: generate(ids, s["new_tokens"]), s["device"]) for _ in range(s["runs"])]
+    done.set()
+    sampler.join()
+    print(json.dumps({"after_load": after_load - before, "peak": max(peak[0], rss()) - before, "times": times}))
 
 
-def run(variants, device, batch_sizes, prompt_len, vocab_size, runs, uncached_runs=1):
-    """Rows (batch, variant, dtype, new tokens, tokens/s): median of `runs` calls per variant, round-robin, so that
-    load changes on a shared machine hit every variant alike (variants named "... no cache" run `uncached_runs`)."""
-    rows = []
-    for batch in batch_sizes:
-        torch.manual_seed(batch)
-        ids = torch.randint(0, vocab_size, (batch, prompt_len), device=device)
-        times = [[] for _ in variants]
-        with torch.no_grad():
-            for *_, fn in variants:
-                fn(ids, 4)  # warm-up
-            for i in range(runs):
-                for (name, _, n, fn), t in zip(variants, times):
-                    if "no cache" not in name or i < uncached_runs:
-                        t.append(timed(lambda: fn(ids, n), device))
-        for (name, dtype, n, _), t in zip(variants, times):
-            rows.append((batch, name, dtype, n, batch * n / statistics.median(t)))
-            print(f"| {batch} | {name} | {dtype} | {n} | {rows[-1][-1]:.1f} |", flush=True)
-    return rows
+def measure(engine, dtype, folder: Path, device, batch_sizes, prompt_len, vocab, new_tokens, runs):
+    """worker() of one engine and dtype in a fresh process: (tokens/s per batch size: batch * new tokens over the
+    median time, after-load and peak resident bytes), or the reason (a string) when it cannot run."""
+    spec = dict(engine=engine, dtype=dtype, folder=str(folder), device=str(device), threads=torch.get_num_threads(),
+                batch_sizes=batch_sizes, prompt_len=prompt_len, vocab=vocab, new_tokens=new_tokens, runs=runs)
+    out = subprocess.run([sys.executable, "-c", f"from {__name__} import worker; import sys; worker(sys.argv[1])",
+                          json.dumps(spec)], capture_output=True, text=True)
+    if out.returncode:
+        return out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit status {out.returncode}"
+    m = json.loads(out.stdout.splitlines()[-1])
+    rates = {int(b): int(b) * new_tokens / statistics.median(t) for b, t in m["times"].items()}
+    return rates, m["after_load"], m["peak"]
+
+
+def engines(device, uncached: bool) -> list[str]:
+    """The engines to time: ours (and ours without the KV cache), Hugging Face's, and CTranslate2's on the CPU when
+    the package is installed."""
+    names = ["ours"] + (["ours, no cache"] if uncached else []) + ["Hugging Face"]
+    if torch.device(device).type == "cpu" and importlib.util.find_spec("ctranslate2") is not None:
+        names.append("CTranslate2")
+    return names
 
 
 def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
@@ -167,93 +187,33 @@ def same_tokens(hf, device, batch_sizes, prompt_len, new_tokens) -> dict[int, in
     """Per batch size: the first position where our float32 greedy tokens differ from Hugging Face's (None: equal)."""
     ours, result = DecoderLM.from_hf(hf), {}
     for batch in batch_sizes:
-        torch.manual_seed(batch)
-        ids = torch.randint(0, hf.config.vocab_size, (batch, prompt_len), device=device)
+        ids = prompts(batch, prompt_len, hf.config.vocab_size, device)
         with torch.no_grad():
             a, b = ours.generate(ids, new_tokens), hf_generate(hf)(ids, new_tokens)
         result[batch] = first_difference(a[:, prompt_len:], b[:, prompt_len:])
     return result
 
 
-MEMORY_SCRIPT = """
-import json, sys, threading, time, torch
-def rss():
-    return int(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('RssAnon:'))) * 1024
-peak, done = [0], threading.Event()
-def sample():
-    while not done.is_set():
-        peak[0] = max(peak[0], rss())
-        time.sleep(0.001)
-engine, folder, dtype, threads, batch, prompt_len, new_tokens = sys.argv[1:]
-threads, batch, prompt_len, new_tokens = int(threads), int(batch), int(prompt_len), int(new_tokens)
-torch.set_num_threads(threads)
-from pytransformer.bench.generate import ct2_folder, ct2_generate, hf_generate
-ids = torch.randint(0, 1000, (batch, prompt_len))
-if engine == 'CTranslate2':
-    import ctranslate2
-    from pathlib import Path
-    path = ct2_folder(Path(folder), dtype)
-before = rss()
-sampler = threading.Thread(target=sample)
-sampler.start()
-if engine == 'ours':
-    from pytransformer.models import DecoderLM
-    model = DecoderLM.from_pretrained(folder, dtype=torch.float32 if dtype == 'int8' else getattr(torch, dtype),
-                                      quantize=dtype == 'int8')
-    generate = model.generate
-elif engine == 'Hugging Face':
-    import transformers
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32 if dtype == 'int8'
-                                                              else getattr(torch, dtype)).eval()
-    if dtype == 'int8':
-        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
-    generate = hf_generate(model)
-else:
-    generate = ct2_generate(ctranslate2.Generator(str(path), device='cpu',
-                                                  compute_type={'int8': 'int8_float32'}.get(dtype, dtype),
-                                                  intra_threads=threads))
-loaded = rss()
-with torch.no_grad():
-    generate(ids, new_tokens)
-done.set()
-sampler.join()
-print(json.dumps({'after_load': loaded - before, 'peak': max(peak[0], rss()) - before}))
-"""
-
-
-def resident_memory(folder: Path, engines, batch: int, prompt_len: int, new_tokens: int):
-    """(engine, dtype, anonymous resident bytes after loading the model from `folder`, and their peak while loading
-    and generating `new_tokens` tokens for `batch` prompts), each engine in a fresh process (Linux: RssAnon sampled
-    every millisecond, counted from just before the load; a file's mapped pages are page cache, not counted)."""
-    rows = []
-    for engine, dtype in engines:
-        out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, engine, str(folder), dtype,
-                              str(torch.get_num_threads()), str(batch), str(prompt_len), str(new_tokens)],
-                             capture_output=True, text=True)
-        if out.returncode:
-            print(f"memory of {engine} {dtype}: failed\n{out.stderr[-2000:]}", flush=True)
-            continue
-        m = json.loads(out.stdout.splitlines()[-1])
-        rows.append((engine, dtype, m["after_load"], m["peak"]))
-    return rows
-
-
-def markdown(rows, device, command, model_desc, prompt_len, runs, tokens=None, memory=(), memory_run="") -> str:
+def markdown(rows, memory, device, command, model_desc, prompt_len, runs, tokens=None, not_run=()) -> str:
     lines = [f"- device: {device_name(device)}", f"- torch: {torch.__version__}",
              f"- date: {datetime.date.today().isoformat()}", f"- command: `{command}`",
-             f"- model: {model_desc}; prompt {prompt_len} tokens, greedy, median of {runs} round-robin runs", "",
+             f"- model: {model_desc}; prompt {prompt_len} tokens, greedy, median of {runs} runs",
+             "- each engine and dtype runs in a fresh process of its own, one after another (in one process, a loaded "
+             "CTranslate2 slowed PyTorch's generation by about 15%), with the same thread count; tokens/s counts the "
+             "new tokens of the batch over the whole generate call, prefill included", "",
              "| batch | variant | dtype | new tokens | tokens/s | ours vs this |", "|---|---|---|---|---|---|"]
     ours = {(b, dtype): r for b, name, dtype, _, r in rows if name == "ours"}
     lines += [f"| {b} | {name} | {dtype} | {n} | {r:.1f} | {ours[b, dtype] / r:.2f}x |" for b, name, dtype, n, r in rows]
+    lines += [f"\nNot run: {what}: {why}" for what, why in not_run]
     if tokens:
         lines += ["", "Greedy float32 tokens against Hugging Face's: " + "; ".join(
             f"batch {b}: {'identical' if pos is None else f'first difference at new token {pos}'}"
             for b, pos in tokens.items())]
     if memory:
-        lines += ["", f"Resident memory, each engine in a fresh process: anonymous resident memory (RssAnon, sampled "
-                  f"every millisecond) counted from just before loading the model from the float32 save_pretrained "
-                  f"folder (CTranslate2: its converted folder); the peak spans the load and {memory_run}. Mapped "
-                  "files are page cache and not counted.", "",
+        lines += ["", "Resident memory of each engine's process: anonymous resident memory (RssAnon, sampled every "
+                  "millisecond) counted from just before loading the model from the float32 save_pretrained folder "
+                  "(CTranslate2: its converted folder), after the load and at its peak over the load and every timed "
+                  "run. Mapped files are page cache and not counted.", "",
                   "| engine | dtype | after load (MiB) | peak (MiB) |", "|---|---|---|---|"]
         lines += [f"| {e} | {d} | {a / 2**20:.0f} | {p / 2**20:.0f} |" for e, d, a, p in memory]
     return "\n".join(lines) + "\n"
@@ -271,9 +231,7 @@ def main(argv=None):
     p.add_argument("--uncached-new-tokens", type=int, default=None,
                    help="also time ours without the KV cache (float32) for this many new tokens (its cost per token "
                         "grows with length, so a shorter run overstates its tokens/s)")
-    p.add_argument("--runs", type=int, default=5, help="timed generate calls per variant, round-robin (median)")
-    p.add_argument("--uncached-runs", type=int, default=1, help="timed calls of the (slow) uncached variant")
-    p.add_argument("--no-memory", action="store_true", help="skip the resident-memory measurement")
+    p.add_argument("--runs", type=int, default=5, help="timed generate calls per engine, dtype and batch (median)")
     p.add_argument("--record", help="write the table as markdown to this file")
     args = p.parse_args(argv)
     try:
@@ -284,26 +242,32 @@ def main(argv=None):
     desc = f"{shape}, {count_parameters(hf) / 1e6:.1f}M parameters, random weights"
     print(f"device: {device_name(args.device)}\n| batch | variant | dtype | new tokens | tokens/s |\n"
           "|---|---|---|---|---|", flush=True)
+    rows, memory, not_run = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         save_folder(hf, folder)
-        runs = variants(hf, folder, args.device, args.dtypes, args.new_tokens, args.uncached_new_tokens)
-        rows = run(runs, args.device, args.batch_sizes, args.prompt_len, hf.config.vocab_size, args.runs,
-                   args.uncached_runs)
-        del runs
-        tokens = same_tokens(hf, args.device, args.batch_sizes, args.prompt_len, args.new_tokens)
-        memory, memory_run = (), ""
-        if sys.platform == "linux" and args.device == "cpu" and not args.no_memory:
-            batch, new = max(args.batch_sizes), 32
-            engines = [(e, d) for d in args.dtypes for e in ("ours", "Hugging Face", "CTranslate2")
-                       if any(name == e and dtype == d for _, name, dtype, _, _ in rows)]
-            memory = resident_memory(folder, engines, batch, args.prompt_len, new)
-            memory_run = f"generating {new} tokens for {batch} prompts of {args.prompt_len}"
-    print(markdown([], args.device, "", desc, args.prompt_len, args.runs, tokens, memory, memory_run), flush=True)
+        for dtype in args.dtypes:
+            for engine in engines(args.device, bool(args.uncached_new_tokens) and dtype == "float32"):
+                n = args.uncached_new_tokens if engine == "ours, no cache" else args.new_tokens
+                result = measure(engine, dtype, folder, args.device, args.batch_sizes, args.prompt_len,
+                                 hf.config.vocab_size, n, 1 if engine == "ours, no cache" else args.runs)
+                if isinstance(result, str):
+                    not_run.append((f"{engine} {dtype}", result))
+                    print(f"{engine} {dtype}: not run ({result})", flush=True)
+                    continue
+                rates, after_load, peak = result
+                for batch, rate in rates.items():
+                    rows.append((batch, engine, dtype, n, rate))
+                    print(f"| {batch} | {engine} | {dtype} | {n} | {rate:.1f} |", flush=True)
+                if engine != "ours, no cache":
+                    memory.append((engine, dtype, after_load, peak))
+    rows.sort(key=lambda r: r[0])  # by batch size, engines and dtypes in the order run
+    tokens = same_tokens(hf, args.device, args.batch_sizes, args.prompt_len, args.new_tokens)
+    print(markdown([], memory, args.device, "", desc, args.prompt_len, args.runs, tokens, not_run), flush=True)
     if args.record:
         with open(args.record, "w") as f:
-            f.write("# Generation benchmark\n\n" + markdown(rows, args.device, " ".join(["python"] + sys.argv), desc,
-                                                           args.prompt_len, args.runs, tokens, memory, memory_run))
+            f.write("# Generation benchmark\n\n" + markdown(rows, memory, args.device, " ".join(["python"] + sys.argv),
+                                                           desc, args.prompt_len, args.runs, tokens, not_run))
 
 
 if __name__ == "__main__":
