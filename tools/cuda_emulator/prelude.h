@@ -1,6 +1,7 @@
 #pragma once
 // Host emulation of the CUDA subset that the kernels of csrc/cuda use (see build.py): the threads of a block are
-// fibers on one OS thread, switched where they wait (__syncthreads, __syncwarp, shuffles); blocks run one after another.
+// fibers on one OS thread, switched where they wait (__syncthreads, __syncwarp, shuffles); blocks run one after
+// another.
 // A wait that can never end (a barrier some thread never reaches) is reported by synccheck instead of hanging. The
 // schedule is random (fixed seed): each round resumes the runnable threads in a fresh order and lets about half of
 // them lag a round behind, so that a shared-memory access that a missing barrier leaves unordered with another
@@ -126,7 +127,7 @@ EMU_RUNTIME inline Barrier& warp_barrier(unsigned mask) {
                                                             mask == 0xffffffffu ? int(warp) : -1}).first->second;
 }
 
-inline bool runnable(const Fiber& f) {
+EMU_RUNTIME inline bool runnable(const Fiber& f) {
   return !f.done && (!f.waiting_on || f.waiting_on->generation != f.waiting_generation);
 }
 
@@ -219,8 +220,9 @@ inline void report_deadlock(unsigned n, uint3 block_idx) {
   report(std::string("synccheck: ") + what + " in " + launch_name);
 }
 
-// Runs the threads of one block to their end; false if they deadlock (reported; the block is abandoned).
-inline bool run_block(dim3 block, uint3 block_idx) {
+// Runs the threads of one block to their end; false if they deadlock (reported; the block is abandoned). Not
+// instrumented, and on raw pointers (a no_sanitize function cannot inline the instrumented std::vector accessors).
+EMU_RUNTIME inline bool run_block(dim3 block, uint3 block_idx) {
   const unsigned n = block.x * block.y * block.z;
   while (fibers.size() < n) fibers.push_back({{}, fiber_stacks + fibers.size() * kStackBytes, true, nullptr, 0, 0});
   block_barrier = Barrier{int(n)};
@@ -238,23 +240,26 @@ inline bool run_block(dim3 block, uint3 block_idx) {
     makecontext(&f.ctx, fiber_entry, 0);
   }
   static std::mt19937 rng(0);
-  std::vector<unsigned> order(n);
-  std::iota(order.begin(), order.end(), 0u);
+  std::vector<unsigned> order_(n);
+  unsigned* order = order_.data();
+  Fiber* fs = fibers.data();
+  std::iota(order, order + n, 0u);
   bool let_lag = true;  // false for a round after one without progress: a deadlock shows in a round that runs all
   for (unsigned live = n; live;) {
     progressed = false;
     live = 0;
-    std::shuffle(order.begin(), order.end(), rng);
-    for (unsigned t : order) {
-      if (fibers[t].done) continue;
+    std::shuffle(order, order + n, rng);
+    for (unsigned i = 0; i < n; ++i) {
+      const unsigned t = order[i];
+      if (fs[t].done) continue;
       ++live;
-      if (!runnable(fibers[t]) || (let_lag && rng() % 2)) continue;
+      if (!runnable(fs[t]) || (let_lag && rng() % 2)) continue;
       current = t;
       threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-      running = &fibers[t];
-      swapcontext(&scheduler, &fibers[t].ctx);
+      running = &fs[t];
+      swapcontext(&scheduler, &fs[t].ctx);
       running = nullptr;
-      live -= fibers[t].done;
+      live -= fs[t].done;
     }
     if (!live)
       for (auto& groups : async_groups)

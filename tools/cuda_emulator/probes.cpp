@@ -62,7 +62,9 @@ void emu_race_kernel(int64_t variant, const uint4* src) {
 }
 
 // One bug per detector, in 64 threads (two warps) over x: [64] -> out: [64]; `planted` false: the correct kernel.
-enum Bug : int64_t { kBarrier, kDynamicBarrier, kWarpBarrier, kPadding, kReadPastRow, kWritePastRow, kDivergent, kExit };
+enum Bug : int64_t {
+  kBarrier, kDynamicBarrier, kWarpBarrier, kPadding, kReadPastRow, kWritePastRow, kDivergent, kExit
+};
 void emu_bug_kernel(int64_t bug, bool planted, const float* x, float* out) {
   __shared__ float s[65];
   extern __shared__ float dyn[];

@@ -1,6 +1,7 @@
 // The emulator's sanitizers (see sanitizer.h): the __tsan_* entry points that -fsanitize=thread code calls on every
 // load and store, the classification of the address, and racecheck, initcheck and memcheck. Everything here is
-// EMU_RUNTIME (not instrumented itself), and what it calls out of line runs with the fiber quiet.
+// EMU_RUNTIME (not instrumented itself), and what it calls out of line runs with the fiber quiet. The hot paths use
+// raw pointers and plain arrays: a no_sanitize function cannot inline the (instrumented) std::vector accessors.
 #include "prelude.h"
 
 #include <c10/core/StorageImpl.h>
@@ -25,23 +26,33 @@ enum Readers : uint8_t { kNoReader, kOneReader, kOneWarp, kManyWarps };
 
 struct Region {
   uintptr_t lo, hi;
-  std::string name;
-  std::vector<Byte> shadow;
+  Byte* shadow;
+  const char *kind, *name;
 };
 
+constexpr int kMaxSharedArrays = 256;
 uint32_t epoch = 0, block_first_epoch = 0, wgen[kMaxThreads / 32];
-Region dynamic_region{0, 0, "dynamic shared memory", {}};
-std::vector<Region> static_regions;  // the __shared__ arrays, registered where they are declared
+std::vector<Byte> dynamic_shadow;
+Region dynamic_region{0, 0, nullptr, "", "dynamic shared memory"};
+uintptr_t dynamic_cap = 0;  // the dynamic shared-memory buffer's bytes (accesses past dynamic_region.hi: memcheck)
+Region static_regions[kMaxSharedArrays];  // the __shared__ arrays, registered where they are declared
+int static_count = 0;
 uintptr_t module_lo = 0, module_hi = 0, stack_lo = 0, stack_hi = 0;
 std::vector<std::string> reports;
 
-struct Extent {
+struct Span {
   uintptr_t lo, hi;
+};
+struct Extent {
+  Span span;
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;  // the extent is dropped once its storage is freed
 };
 std::vector<Extent> extents;
+std::vector<Span> launch_spans;  // the live extents at the launch, and a raw view of them
+const Span* spans = nullptr;
+size_t span_count = 0;
 
-EMU_RUNTIME int tid() { return int(linear_tid()); }
+EMU_RUNTIME int tid() { return int(current); }  // the running fiber's index is its linear thread index
 EMU_RUNTIME uint32_t warp_gen(int thread) { return wgen[thread / 32]; }
 
 // Whether an access by `thread` in this epoch at warp generation `gen` is ordered before one by the running thread:
@@ -58,7 +69,7 @@ EMU_RUNTIME std::string block_name() {
 
 EMU_RUNTIME void race(const char* what, const Region& r, size_t byte, int a, int b) {
   char s[320];
-  snprintf(s, sizeof s, "racecheck: %s at byte %zu of %s, threads %d and %d, ", what, byte, r.name.c_str(), a, b);
+  snprintf(s, sizeof s, "racecheck: %s at byte %zu of %s%s, threads %d and %d, ", what, byte, r.kind, r.name, a, b);
   report(s + block_name() + ", in " + launch_name);
 }
 
@@ -91,8 +102,8 @@ EMU_RUNTIME void shared(Region& r, size_t off, size_t n, bool write) {
     }
     if (b.w_epoch < block_first_epoch && !reported) {
       char s[320];
-      snprintf(s, sizeof s, "initcheck: read of byte %zu of %s, not written in this block, by thread %d, ", i,
-               r.name.c_str(), me);
+      snprintf(s, sizeof s, "initcheck: read of byte %zu of %s%s, not written in this block, by thread %d, ", i,
+               r.kind, r.name, me);
       report(s + block_name() + ", in " + launch_name);
       reported = true;
     }
@@ -107,16 +118,16 @@ EMU_RUNTIME void shared(Region& r, size_t off, size_t n, bool write) {
 
 EMU_RUNTIME Region* shared_region(uintptr_t a) {
   if (a - dynamic_region.lo < dynamic_region.hi - dynamic_region.lo) return &dynamic_region;
-  for (Region& r : static_regions)
-    if (a - r.lo < r.hi - r.lo) return &r;
+  for (int i = 0; i < static_count; ++i)
+    if (a - static_regions[i].lo < static_regions[i].hi - static_regions[i].lo) return &static_regions[i];
   return nullptr;
 }
 
 EMU_RUNTIME void memcheck(uintptr_t a, size_t n, bool write, const char* what) {
-  const Extent* near = nullptr;
-  auto distance = [&](const Extent& e) { return a < e.lo ? e.lo - a : a + n > e.hi ? a + n - e.hi : 0; };
-  for (const Extent& e : extents)
-    if (!near || distance(e) < distance(*near)) near = &e;
+  const Span* near = nullptr;
+  auto distance = [&](const Span& e) { return a < e.lo ? e.lo - a : a + n > e.hi ? a + n - e.hi : 0; };
+  for (size_t i = 0; i < span_count; ++i)
+    if (!near || distance(spans[i]) < distance(*near)) near = &spans[i];
   char s[400];
   const int len = snprintf(s, sizeof s, "memcheck: out-of-bounds %s %s of %zu bytes at %#lx by thread %d, ", what,
                            write ? "write" : "read", n, static_cast<unsigned long>(a), tid());
@@ -131,9 +142,9 @@ EMU_RUNTIME void memcheck(uintptr_t a, size_t n, bool write, const char* what) {
 
 EMU_RUNTIME void global(uintptr_t a, size_t n, bool write) {
   static size_t last = 0;  // the extent of the previous access: most accesses fall in it
-  if (last < extents.size() && a >= extents[last].lo && a + n <= extents[last].hi) return;
-  for (size_t i = 0; i < extents.size(); ++i)
-    if (a >= extents[i].lo && a + n <= extents[i].hi) {
+  if (last < span_count && a >= spans[last].lo && a + n <= spans[last].hi) return;
+  for (size_t i = 0; i < span_count; ++i)
+    if (a >= spans[i].lo && a + n <= spans[i].hi) {
       last = i;
       return;
     }
@@ -148,13 +159,18 @@ EMU_RUNTIME inline void on_access(const void* p, size_t n, bool write) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   if (a - reinterpret_cast<uintptr_t>(fiber_stacks) < kMaxThreads * kStackBytes) return;
   ++f->quiet;
-  if (a - dynamic_region.lo < dynamic_smem_buffer.size()) {
+  if (a - dynamic_region.lo < dynamic_cap) {
     if (a + n > dynamic_region.hi)
       memcheck(a, n, write, "shared-memory (past the dynamic shared memory)");
     else
       shared(dynamic_region, a - dynamic_region.lo, n, write);
   } else if (a - module_lo < module_hi - module_lo) {
-    if (Region* r = shared_region(a)) shared(*r, a - r->lo, n, write);
+    if (Region* r = shared_region(a)) {
+      if (a + n > r->hi)
+        memcheck(a, n, write, "shared-memory (past the end of a __shared__ array)");
+      else
+        shared(*r, a - r->lo, n, write);
+    }
   } else if (a - stack_lo >= stack_hi - stack_lo) {  // the launching thread's stack holds the kernel's arguments
     global(a, n, write);
   }
@@ -193,9 +209,15 @@ EMU_RUNTIME void begin_launch() {
     pthread_attr_destroy(&attr);
     stack_owner = pthread_self(), stack_lo = reinterpret_cast<uintptr_t>(lo), stack_hi = stack_lo + size;
   }
-  dynamic_region.lo = reinterpret_cast<uintptr_t>(dynamic_smem), dynamic_region.hi = dynamic_region.lo + dynamic_smem_bytes;
-  dynamic_region.shadow.assign(dynamic_smem_bytes, Byte{});
+  dynamic_region.lo = reinterpret_cast<uintptr_t>(dynamic_smem);
+  dynamic_region.hi = dynamic_region.lo + dynamic_smem_bytes;
+  dynamic_cap = dynamic_smem_buffer.data() + dynamic_smem_buffer.size() - dynamic_smem;
+  dynamic_shadow.assign(dynamic_smem_bytes, Byte{});
+  dynamic_region.shadow = dynamic_shadow.data();
   std::erase_if(extents, [](const Extent& e) { return e.storage.expired(); });
+  launch_spans.clear();
+  for (const Extent& e : extents) launch_spans.push_back(e.span);
+  spans = launch_spans.data(), span_count = launch_spans.size();
   reports.clear();
 }
 
@@ -222,7 +244,9 @@ EMU_RUNTIME void shared_access(const void* p, size_t n, bool write) {
   if (Region* r = shared_region(a)) shared(*r, a - r->lo, n, write);
 }
 
-EMU_RUNTIME void global_access(const void* p, size_t n, bool write) { global(reinterpret_cast<uintptr_t>(p), n, write); }
+EMU_RUNTIME void global_access(const void* p, size_t n, bool write) {
+  global(reinterpret_cast<uintptr_t>(p), n, write);
+}
 
 EMU_RUNTIME void async_issue(const void* dst, size_t n) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(dst);
@@ -239,11 +263,12 @@ EMU_RUNTIME void async_land(const void* dst, size_t n) {
 }
 
 EMU_RUNTIME void shared_array(const void* p, size_t n, const char* name) {
-  Quiet quiet;
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  for (const Region& r : static_regions)
-    if (r.lo == a) return;
-  static_regions.push_back({a, a + n, std::string("shared array ") + name, std::vector<Byte>(n)});
+  for (int i = 0; i < static_count; ++i)
+    if (static_regions[i].lo == a) return;
+  if (static_count == kMaxSharedArrays) throw std::runtime_error("emu: more __shared__ arrays than kMaxSharedArrays");
+  Quiet quiet;
+  static_regions[static_count++] = {a, a + n, new Byte[n], "shared array ", name};
 }
 
 EMU_RUNTIME void note_extent(const at::TensorBase& t, const void* data) {
@@ -253,14 +278,16 @@ EMU_RUNTIME void note_extent(const at::TensorBase& t, const void* data) {
   const auto base = reinterpret_cast<uintptr_t>(data);
   const uintptr_t first = base + lo * t.element_size(), last = base + (hi + 1) * t.element_size();
   for (const Extent& e : extents)
-    if (e.lo == first && e.hi == last && !e.storage.expired()) return;
-  extents.push_back({first, last, t.storage().getWeakStorageImpl()});
+    if (e.span.lo == first && e.span.hi == last && !e.storage.expired()) return;
+  extents.push_back({{first, last}, t.storage().getWeakStorageImpl()});
 }
 
 }  // namespace emu
 
 // The entry points of -fsanitize=thread code (no TSan runtime is linked).
-#define EMU_HOOK extern "C" EMU_RUNTIME void
+// Hidden: the instrumented code of this library calls them directly, not through the PLT.
+#define EMU_ENTRY extern "C" EMU_RUNTIME __attribute__((visibility("hidden")))
+#define EMU_HOOK EMU_ENTRY void
 EMU_HOOK __tsan_init() {}
 EMU_HOOK __tsan_func_entry(void*) {}
 EMU_HOOK __tsan_func_exit() {}
@@ -279,25 +306,23 @@ EMU_HOOKS(4)
 EMU_HOOKS(8)
 EMU_HOOKS(16)
 // Atomics (torch's reference counts in the glue): performed, not checked, always sequentially consistent.
-#define EMU_ATOMICS(n, T)                                                                                      \
-  extern "C" EMU_RUNTIME T __tsan_atomic##n##_load(const volatile T* a, int) {                                 \
-    return __atomic_load_n(a, __ATOMIC_SEQ_CST);                                                               \
-  }                                                                                                            \
-  EMU_HOOK __tsan_atomic##n##_store(volatile T* a, T v, int) { __atomic_store_n(a, v, __ATOMIC_SEQ_CST); }     \
-  extern "C" EMU_RUNTIME T __tsan_atomic##n##_exchange(volatile T* a, T v, int) {                              \
-    return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                                        \
-  }                                                                                                            \
-  extern "C" EMU_RUNTIME T __tsan_atomic##n##_fetch_add(volatile T* a, T v, int) {                             \
-    return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                                         \
-  }                                                                                                            \
-  extern "C" EMU_RUNTIME T __tsan_atomic##n##_fetch_sub(volatile T* a, T v, int) {                             \
-    return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                                         \
-  }                                                                                                            \
-  extern "C" EMU_RUNTIME int __tsan_atomic##n##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) {  \
-    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                    \
-  }                                                                                                            \
-  extern "C" EMU_RUNTIME int __tsan_atomic##n##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {    \
-    return __atomic_compare_exchange_n(a, c, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                     \
+#define EMU_ATOMICS(n, T)                                                                                   \
+  EMU_ENTRY T __tsan_atomic##n##_load(const volatile T* a, int) { return __atomic_load_n(a, __ATOMIC_SEQ_CST); }      \
+  EMU_HOOK __tsan_atomic##n##_store(volatile T* a, T v, int) { __atomic_store_n(a, v, __ATOMIC_SEQ_CST); }            \
+  EMU_ENTRY T __tsan_atomic##n##_exchange(volatile T* a, T v, int) {                                                  \
+    return __atomic_exchange_n(a, v, __ATOMIC_SEQ_CST);                                                               \
+  }                                                                                                                   \
+  EMU_ENTRY T __tsan_atomic##n##_fetch_add(volatile T* a, T v, int) {                                                 \
+    return __atomic_fetch_add(a, v, __ATOMIC_SEQ_CST);                                                                \
+  }                                                                                                                   \
+  EMU_ENTRY T __tsan_atomic##n##_fetch_sub(volatile T* a, T v, int) {                                                 \
+    return __atomic_fetch_sub(a, v, __ATOMIC_SEQ_CST);                                                                \
+  }                                                                                                                   \
+  EMU_ENTRY int __tsan_atomic##n##_compare_exchange_strong(volatile T* a, T* c, T v, int, int) {                      \
+    return __atomic_compare_exchange_n(a, c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                           \
+  }                                                                                                                   \
+  EMU_ENTRY int __tsan_atomic##n##_compare_exchange_weak(volatile T* a, T* c, T v, int, int) {                        \
+    return __atomic_compare_exchange_n(a, c, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                            \
   }
 EMU_ATOMICS(8, uint8_t)
 EMU_ATOMICS(16, uint16_t)
