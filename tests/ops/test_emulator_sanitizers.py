@@ -23,6 +23,8 @@ BUGS = {
                              r"at .*probes.cpp:\d+"),
     "exited_before_barrier": (7, r"synccheck: __syncthreads at .*probes.cpp:\d+ reached by 32 of the 64 threads of "
                                  r"block \(0, 0, 0\); the others exited"),
+    "past_shared_array": (8, r"memcheck: out-of-bounds shared-memory \(past the end of a __shared__ array\) read of 4 "
+                             r"bytes at 0x[0-9a-f]+ by thread 63"),
 }
 
 

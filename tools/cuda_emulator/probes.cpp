@@ -63,7 +63,8 @@ void emu_race_kernel(int64_t variant, const uint4* src) {
 
 // One bug per detector, in 64 threads (two warps) over x: [64] -> out: [64]; `planted` false: the correct kernel.
 enum Bug : int64_t {
-  kBarrier, kDynamicBarrier, kWarpBarrier, kPadding, kReadPastRow, kWritePastRow, kDivergent, kExit
+  kBarrier, kDynamicBarrier, kWarpBarrier, kPadding, kReadPastRow, kWritePastRow, kDivergent, kExit,
+  kPastSharedArray
 };
 void emu_bug_kernel(int64_t bug, bool planted, const float* x, float* out) {
   __shared__ float s[65];
@@ -109,6 +110,12 @@ void emu_bug_kernel(int64_t bug, bool planted, const float* x, float* out) {
       __syncthreads();
       out[t] = x[t] + float(lane);
       break;
+    case kPastSharedArray:  // memcheck: planted, thread 63 reads s[65], one element past the end of s
+      s[t] = x[t];
+      if (t == 0) s[64] = 0.f;
+      __syncthreads();
+      out[t] = s[planted && t == 63 ? 65 : t];
+      break;
   }
 }
 
@@ -141,7 +148,8 @@ void probe_race(int64_t variant) {
 }
 
 at::Tensor probe_bug(int64_t bug, bool planted, const at::Tensor& x) {
-  TORCH_CHECK_VALUE(bug >= kBarrier && bug <= kExit, "bug: expected 0..", int64_t(kExit), ", got ", bug);
+  TORCH_CHECK_VALUE(bug >= kBarrier && bug <= kPastSharedArray, "bug: expected 0..", int64_t(kPastSharedArray),
+                    ", got ", bug);
   TORCH_CHECK_VALUE(x.sizes() == at::IntArrayRef{64} && x.scalar_type() == at::kFloat && x.is_contiguous(),
                     "x: expected contiguous float32 [64]");
   at::Tensor out = at::zeros_like(x);

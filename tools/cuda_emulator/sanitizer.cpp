@@ -123,6 +123,19 @@ EMU_RUNTIME Region* shared_region(uintptr_t a) {
   return nullptr;
 }
 
+// Whether a (in no shared-memory region) lies within kGuardBytes past the end of a __shared__ array, and is none of
+// the emulator's globals that kernel code reads (which the linker may have placed there).
+constexpr uintptr_t kGuardBytes = 16;
+EMU_RUNTIME bool past_shared_array(uintptr_t a) {
+  auto in = [a](const void* p, size_t n) { return a - reinterpret_cast<uintptr_t>(p) < n; };
+  if (in(&threadIdx, sizeof threadIdx) || in(&blockIdx, sizeof blockIdx) || in(&blockDim, sizeof blockDim) ||
+      in(&gridDim, sizeof gridDim) || in(&dynamic_smem, sizeof dynamic_smem))
+    return false;
+  for (int i = 0; i < static_count; ++i)
+    if (a - static_regions[i].hi < kGuardBytes) return true;
+  return false;
+}
+
 EMU_RUNTIME void memcheck(uintptr_t a, size_t n, bool write, const char* what) {
   const Span* near = nullptr;
   auto distance = [&](const Span& e) { return a < e.lo ? e.lo - a : a + n > e.hi ? a + n - e.hi : 0; };
@@ -165,12 +178,11 @@ EMU_RUNTIME inline void on_access(const void* p, size_t n, bool write) {
     else
       shared(dynamic_region, a - dynamic_region.lo, n, write);
   } else if (a - module_lo < module_hi - module_lo) {
-    if (Region* r = shared_region(a)) {
-      if (a + n > r->hi)
-        memcheck(a, n, write, "shared-memory (past the end of a __shared__ array)");
-      else
-        shared(*r, a - r->lo, n, write);
-    }
+    Region* r = shared_region(a);
+    if (r && a + n <= r->hi)
+      shared(*r, a - r->lo, n, write);
+    else if (r || past_shared_array(a))
+      memcheck(a, n, write, "shared-memory (past the end of a __shared__ array)");
   } else if (a - stack_lo >= stack_hi - stack_lo) {  // the launching thread's stack holds the kernel's arguments
     global(a, n, write);
   }
