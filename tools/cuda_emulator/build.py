@@ -2,9 +2,11 @@
 int8_linear) for the CPU, through a host emulator, and returns their op namespace, torch.ops.pytransformer_emu.
 
 csrc/cuda/*.cu and *.cuh are rewritten (launches `k<<<g, b, s, st>>>(args)` -> `emu::launcher(k, g, b, s, st)(args)`,
-no device guard or stream, ops registered for the CPU under torch.ops.pytransformer_emu with the schemas of
-csrc/registration.cpp) into build/cuda_emulator and compiled with g++ against prelude.h (fibers for threads) and
-stubs.cpp. The glue, the launch logic and the kernels run unchanged; PT_CUDA_EMULATOR swaps only the bodies of the
+no device guard or stream, __shared__ arrays as static arrays registered with the sanitizers, `t.data_ptr()` as
+`emu::extent(t, t.data_ptr())`, the fast-math functions as those of fast_math.h, ops registered for the CPU under
+torch.ops.pytransformer_emu with the schemas of csrc/registration.cpp) into build/cuda_emulator and compiled with g++
+and -fsanitize=thread (no TSan runtime: sanitizer.cpp takes the instrumentation's calls) against prelude.h (fibers for
+threads), sanitizer.cpp and stubs.cpp. The glue, the launch logic and the kernels run unchanged; PT_CUDA_EMULATOR swaps only the bodies of the
 instruction primitives of csrc/cuda/mma.cuh (inline PTX) for those of ptx.h here. The CUDA kernel cases of tests/ops run against
 this namespace with `python -m pytest tests/ops -m cuda --cuda-emulator` (make cuda-emulate); see README.md here.
 """
