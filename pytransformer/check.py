@@ -40,10 +40,11 @@ NORM_SHAPES_QUICK = [(5, 3), (33, 64), (40, 1001), (16, 4096), (3, 8196), (2, 32
 SOFTMAX_SHAPES = [(1, 1, 1, 1), (2, 3, 5, 7), (2, 2, 16, 64), (1, 2, 33, 77), (2, 1, 8, 1000), (1, 1, 4, 4096),
                   (1, 1, 3, 8192), (1, 1, 3, 8196), (1, 1, 2, 16388), (1, 1, 2, 10001)]
 SOFTMAX_SHAPES_QUICK = [(2, 3, 5, 7), (1, 2, 33, 77), (1, 1, 4, 4096), (1, 1, 2, 16388), (1, 1, 2, 10001)]
-# kv_cache_append (B, Hkv, T, D, Dv, capacity): packed and odd head dims (scalar path), T = 1 and prefills.
+# kv_cache_append (B, Hkv, T, D, Dv, capacity): packed and odd head dims (scalar path), T = 1 and prefills (T = 70
+# at D = 128: more new rows than a block copies, so several blocks along T).
 APPEND_SHAPES = [(2, 3, 5, 64, 64, 20), (2, 2, 1, 37, 37, 9), (3, 2, 17, 128, 48, 40), (1, 1, 1, 8, 8, 1),
                  (2, 4, 70, 128, 128, 80)]
-APPEND_SHAPES_QUICK = [(2, 2, 1, 37, 37, 9), (3, 2, 17, 128, 48, 40)]
+APPEND_SHAPES_QUICK = [(2, 2, 1, 37, 37, 9), (3, 2, 17, 128, 48, 40), (2, 4, 70, 128, 128, 80)]
 # decode_attention (B, Hq, Hkv, T, D, Dv, capacity, window): MHA, GQA 4, MQA, T > 1 (several passes of query rows),
 # odd D (scalar path), Dv != D, the largest head dim, windows, and caches long enough for several splits.
 DECODE_SHAPES = [(2, 4, 4, 1, 64, 64, 50, None), (3, 8, 2, 1, 128, 128, 700, None), (2, 6, 1, 3, 37, 37, 90, None),

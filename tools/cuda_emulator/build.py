@@ -2,9 +2,11 @@
 int8_linear) for the CPU, through a host emulator, and returns their op namespace, torch.ops.pytransformer_emu.
 
 csrc/cuda/*.cu and *.cuh are rewritten (launches `k<<<g, b, s, st>>>(args)` -> `emu::launcher(k, g, b, s, st)(args)`,
-no device guard or stream, ops registered for the CPU under torch.ops.pytransformer_emu with the schemas of
-csrc/registration.cpp) into build/cuda_emulator and compiled with g++ against prelude.h (fibers for threads) and
-stubs.cpp. The glue, the launch logic and the kernels run unchanged; PT_CUDA_EMULATOR swaps only the bodies of the
+no device guard or stream, __shared__ arrays as static arrays registered with the sanitizers, `t.data_ptr()` as
+`emu::extent(t, t.data_ptr())`, the fast-math functions as those of fast_math.h, ops registered for the CPU under
+torch.ops.pytransformer_emu with the schemas of csrc/registration.cpp) into build/cuda_emulator and compiled with g++
+and -fsanitize=thread (no TSan runtime: sanitizer.cpp takes the instrumentation's calls) against prelude.h (fibers for
+threads), sanitizer.cpp and stubs.cpp. The glue, the launch logic and the kernels run unchanged; PT_CUDA_EMULATOR swaps only the bodies of the
 instruction primitives of csrc/cuda/mma.cuh (inline PTX) for those of ptx.h here. The CUDA kernel cases of tests/ops run against
 this namespace with `python -m pytest tests/ops -m cuda --cuda-emulator` (make cuda-emulate); see README.md here.
 """
@@ -18,6 +20,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 OUT = ROOT / "build" / "cuda_emulator"
 LAUNCH = re.compile(r"([A-Za-z_][\w:]*(?:<[^<>;()]*>)?)<<<(.*?)>>>\(", re.S)
+FAST_MATH = re.compile(r"(?<![\w:.])(exp2f|__expf|expf|log2f|logf|rsqrtf)\(")  # see fast_math.h
+DATA_PTR = re.compile(r"\b(\w+)\.(?:const_|mutable_)?data_ptr(?:<[\w:]+>)?\(\)")
 
 
 def rewrite(text: str) -> str:
@@ -26,6 +30,10 @@ def rewrite(text: str) -> str:
     text = text.replace("c10::cuda::getCurrentCUDAStream()", "cudaStream_t{}")
     text = re.sub(r"extern __shared__ (?:__align__\(\d+\) )?([\w ]+?) (\w+)\[\];",
                   r"\1* \2 = reinterpret_cast<\1*>(emu::dynamic_smem);", text)
+    text = re.sub(r"__shared__ ([\w:<>]+) (\w+)((?:\[[^\]]+\])+);",
+                  r'static \1 \2\3; emu::shared_array(\2, sizeof \2, "\2");', text)
+    text = FAST_MATH.sub(r"emu::fast::\1(", text)
+    text = DATA_PTR.sub(lambda m: f"emu::extent({m.group(1)}, {m.group(0)})", text)
     text = text.replace("TORCH_LIBRARY_IMPL(pytransformer, CUDA, m)", "TORCH_LIBRARY_IMPL(pytransformer_emu, CPU, m)")
     return re.sub(r"#include <c10/cuda/CUDA(Guard|Stream)\.h>\n", "", text)
 
@@ -54,8 +62,9 @@ def load():
     src = OUT / "src"
     (src / "csrc" / "cuda").mkdir(parents=True, exist_ok=True)
     for header in (ROOT / "csrc").glob("*.h"):
-        write_if_changed(src / "csrc" / header.name, header.read_text())
-    sources = [HERE / "stubs.cpp", HERE / "probes.cpp"]
+        write_if_changed(src / "csrc" / header.name, rewrite(header.read_text()))
+    write_if_changed(src / "probes.cpp", rewrite((HERE / "probes.cpp").read_text()))
+    sources = [HERE / "stubs.cpp", HERE / "sanitizer.cpp", src / "probes.cpp"]
     for f in sorted((ROOT / "csrc" / "cuda").iterdir()):
         if f.suffix == ".cuh":
             write_if_changed(src / "csrc" / "cuda" / f.name, rewrite(f.read_text()))
@@ -67,5 +76,6 @@ def load():
     (OUT / "obj").mkdir(exist_ok=True)
     load_extension(name="pytransformer_cuda_emulator", sources=[str(s) for s in sources], build_directory=str(OUT / "obj"),
          extra_include_paths=[str(HERE), str(src / "csrc"), "/usr/local/cuda/include"],
-         extra_cflags=["-O1", "-std=c++20", "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", "-DPT_CUDA_EMULATOR", "-w"], is_python_module=False)
+         extra_cflags=["-O1", "-std=c++20", "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", "-DPT_CUDA_EMULATOR", "-w",
+                      "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0"], is_python_module=False)
     return torch.ops.pytransformer_emu

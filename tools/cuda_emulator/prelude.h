@@ -1,17 +1,18 @@
 #pragma once
-// Host emulation of the CUDA subset that the row kernels of csrc/cuda use (see run.py): the threads of a block are
-// fibers on one OS thread, switched where they wait (__syncthreads, __shfl_xor_sync); blocks run one after another,
-// so `static` stands in for __shared__. A wait that can never end (a barrier some thread never reaches, a shuffle
-// partner outside the mask) aborts with a message instead of hanging. The schedule is random (fixed seed): each round
-// resumes the runnable threads in a fresh order and lets about half of them lag a round behind, so that a shared-memory
-// access that a missing barrier leaves unordered with another thread's (a tile read before the cp.async of another
-// warp has landed, a stage overwritten while a slower warp still reads it) goes wrong here as it may on the GPU.
+// Host emulation of the CUDA subset that the kernels of csrc/cuda use (see build.py): the threads of a block are
+// fibers on one OS thread, switched where they wait (__syncthreads, __syncwarp, shuffles); blocks run one after
+// another.
+// A wait that can never end (a barrier some thread never reaches) is reported by synccheck instead of hanging. The
+// schedule is random (fixed seed): each round resumes the runnable threads in a fresh order and lets about half of
+// them lag a round behind, so that a shared-memory access that a missing barrier leaves unordered with another
+// thread's also goes wrong here as it may on the GPU; the sanitizers (sanitizer.h) report it in any schedule.
 // Included before the rewritten CUDA sources.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cxxabi.h>
 #include <dlfcn.h>
+#include <xmmintrin.h>
 #include <ucontext.h>
 
 #include <bit>
@@ -21,7 +22,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <array>
-#include <functional>
 #include <map>
 #include <numeric>
 #include <random>
@@ -38,8 +38,7 @@
 #define __host__
 #undef __forceinline__
 #define __forceinline__ inline
-#undef __shared__
-#define __shared__ static
+#undef __shared__  // build.py rewrites each __shared__ array as a static one it registers (emu::shared_array)
 #define __launch_bounds__(...)
 
 inline uint3 threadIdx, blockIdx;
@@ -47,9 +46,16 @@ inline dim3 blockDim, gridDim;
 
 namespace emu {
 
+// Runtime functions that kernel code calls are excluded from the sanitizers' instrumentation (see sanitizer.h):
+// their own memory accesses are the emulator's, not the kernel's.
+#define EMU_RUNTIME __attribute__((no_sanitize("thread")))
+
 struct Barrier {
   int expected, arrived = 0;
   unsigned generation = 0;
+  int warp = -1;                  // a barrier of all 32 lanes of this warp (orders their shared-memory accesses)
+  const char* site = nullptr;     // __syncthreads: where the first thread of this generation waits (synccheck)
+  int site_line = 0, site_thread = -1;
 };
 
 struct Fiber {
@@ -58,14 +64,18 @@ struct Fiber {
   bool done;
   const Barrier* waiting_on;  // the barrier the fiber waits at (nullptr: runnable), and its generation then
   unsigned waiting_generation;
+  int quiet;                  // > 0: inside the emulator's runtime, whose accesses the sanitizers skip
 };
 
-constexpr size_t kStackBytes = 128 * 1024;
+constexpr size_t kStackBytes = 128 * 1024, kMaxThreads = 1024;
 inline ucontext_t scheduler;
 inline std::vector<Fiber> fibers;
+inline char* fiber_stacks;           // kMaxThreads stacks of kStackBytes, one mapping (see sanitizer.cpp)
+inline Fiber* running;               // the fiber that runs now (nullptr: the host side of a launch)
 inline unsigned current;
 inline bool progressed;              // some thread arrived at a barrier or finished in this round
-inline std::function<void()> body;   // the kernel call of the current launch
+inline void (*body)(const void*);    // the kernel call of the current launch, body(body_call): both on the host's
+inline const void* body_call;        // stack (the sanitizers pass the kernel's reads of its arguments there)
 inline Barrier block_barrier;
 inline std::map<std::pair<unsigned, unsigned>, Barrier> shuffle_barriers;  // (warp, mask)
 inline float shuffle_slots[32][32];                                       // [warp, lane]
@@ -74,14 +84,35 @@ inline int sm_count = 2, blocks_per_sm = 2;
 // The compute capability it reports (major * 10 + minor), and the kernels launched (see launched_kernels, stubs.cpp).
 inline int compute_capability = 90;
 inline std::vector<std::string> launched;
+inline std::string launch_name;      // the demangled name of the kernel of the current launch
+
+inline std::map<const void*, size_t> max_dynamic_smem;  // set by cudaFuncSetAttribute (stubs.cpp)
+inline std::vector<unsigned char> dynamic_smem_buffer;
+inline unsigned char* dynamic_smem;
+inline size_t dynamic_smem_bytes;
 
 inline unsigned linear_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
 
-inline void arrive_and_wait(Barrier& b) {
+// While one lives, the running fiber's memory accesses are the emulator's own (not checked).
+struct Quiet {
+  EMU_RUNTIME Quiet() { if (running) ++running->quiet; }
+  EMU_RUNTIME ~Quiet() { if (running) --running->quiet; }
+};
+
+}  // namespace emu
+
+#include "fast_math.h"
+#include "sanitizer.h"
+
+namespace emu {
+
+EMU_RUNTIME inline void arrive_and_wait(Barrier& b) {
   const unsigned generation = b.generation;
   progressed = true;
   if (++b.arrived == b.expected) {
     b.arrived = 0, ++b.generation;
+    if (&b == &block_barrier) block_synced();
+    else if (b.warp >= 0) warp_synced(b.warp);
     return;
   }
   fibers[current].waiting_on = &b, fibers[current].waiting_generation = generation;
@@ -89,12 +120,19 @@ inline void arrive_and_wait(Barrier& b) {
   fibers[current].waiting_on = nullptr;
 }
 
-inline bool runnable(const Fiber& f) {
+// The barrier of the lanes of `mask` in the calling thread's warp.
+EMU_RUNTIME inline Barrier& warp_barrier(unsigned mask) {
+  const unsigned warp = linear_tid() / 32;
+  return shuffle_barriers.try_emplace({warp, mask}, Barrier{__builtin_popcount(mask), 0, 0,
+                                                            mask == 0xffffffffu ? int(warp) : -1}).first->second;
+}
+
+EMU_RUNTIME inline bool runnable(const Fiber& f) {
   return !f.done && (!f.waiting_on || f.waiting_on->generation != f.waiting_generation);
 }
 
-inline void fiber_entry() {
-  body();
+EMU_RUNTIME inline void fiber_entry() {
+  body(body_call);
   fibers[current].done = true;
   progressed = true;
 }
@@ -103,21 +141,17 @@ inline void fiber_entry() {
 
 // Every lane of the calling warp passes `mine`; each gets all 32 values, indexed by lane. All 32 lanes must call.
 template <class V>
-std::array<V, 32> warp_exchange(const V& mine) {
+EMU_RUNTIME std::array<V, 32> warp_exchange(const V& mine) {
+  Quiet quiet;
   static std::map<unsigned, std::array<V, 32>> slots;  // per warp
   const unsigned tid = linear_tid(), warp = tid / 32;
-  Barrier& b = shuffle_barriers.try_emplace({warp, 0xffffffffu}, Barrier{32}).first->second;
+  Barrier& b = warp_barrier(0xffffffffu);
   slots[warp][tid % 32] = mine;
   arrive_and_wait(b);
   const std::array<V, 32> all = slots[warp];
   arrive_and_wait(b);
   return all;
 }
-
-inline std::map<const void*, size_t> max_dynamic_smem;  // set by cudaFuncSetAttribute (stubs.cpp)
-inline std::vector<unsigned char> dynamic_smem_buffer;
-inline unsigned char* dynamic_smem;
-inline size_t dynamic_smem_bytes;
 
 // Aborts unless [p, p + n) lies in this launch's dynamic shared memory and p is 16-byte aligned (what ldmatrix row
 // addresses and cp.async destinations must be on the GPU; the tensor-core kernels use dynamic shared memory only).
@@ -127,60 +161,6 @@ inline void check_smem_access(const void* p, size_t n, const char* what) {
     fprintf(stderr, "emu: %s at byte %td of %zu bytes of dynamic shared memory (or misaligned)\n", what,
             c - dynamic_smem, dynamic_smem_bytes);
     abort();
-  }
-}
-
-// Racecheck of the tensor-core pipeline, per 16 bytes of dynamic shared memory (the granule of cp.async and of an
-// ldmatrix row): the thread whose cp.async is in flight there, the last writer (the thread whose wait landed a
-// cp.async) and reader (ldmatrix) with the barrier interval (block barrier generation) of the access. Reported, for
-// the launch to raise: a read of bytes whose cp.async is still in flight (the issuing thread's own: a read before its
-// wait), a read of bytes another thread's cp.async landed in the same barrier interval, and a cp.async over bytes
-// another thread read in the same interval. Plain shared-memory stores and loads are not tracked.
-struct Granule {
-  int pending = -1, writer = -1, reader = -1;
-  bool many_readers = false;
-  unsigned write_epoch = 0, read_epoch = 0;
-};
-inline std::vector<Granule> granules;
-inline std::vector<std::string> race_reports;
-inline std::string launch_name;
-
-inline void race(const std::string& what, const void* p, int a, int b) {
-  if (race_reports.size() >= 4) return;
-  char where[160];
-  snprintf(where, sizeof where, " at byte %td of dynamic shared memory, threads %d and %d, block (%u, %u, %u)",
-           static_cast<const unsigned char*>(p) - dynamic_smem, a, b, blockIdx.x, blockIdx.y, blockIdx.z);
-  race_reports.push_back("racecheck: " + what + where + " in " + launch_name);
-}
-inline Granule& granule(const void* p) {
-  return granules[size_t(static_cast<const unsigned char*>(p) - dynamic_smem) / 16];
-}
-inline void smem_async_issue(const void* dst) {
-  const int tid = int(linear_tid()), epoch = int(block_barrier.generation);
-  Granule& g = granule(dst);
-  if (g.pending >= 0 && g.pending != tid) race("two threads' cp.async in flight to the same bytes", dst, g.pending, tid);
-  if (g.read_epoch == unsigned(epoch) && (g.many_readers || (g.reader >= 0 && g.reader != tid)))
-    race("cp.async over bytes another thread read with no barrier between", dst, g.reader, tid);
-  g.pending = tid;
-}
-inline void smem_async_land(const void* dst) {
-  Granule& g = granule(dst);
-  g.pending = -1, g.writer = int(linear_tid()), g.write_epoch = block_barrier.generation;
-}
-inline void smem_read(const void* p) {
-  const int tid = int(linear_tid());
-  const unsigned epoch = block_barrier.generation;
-  Granule& g = granule(p);
-  if (g.pending == tid)
-    race("read of bytes whose cp.async has not been waited for (no cp.async.wait_group)", p, tid, tid);
-  else if (g.pending >= 0)
-    race("read of bytes another thread's cp.async is still writing", p, g.pending, tid);
-  else if (g.writer >= 0 && g.writer != tid && g.write_epoch == epoch)
-    race("read of bytes another thread's cp.async wrote with no barrier between", p, g.writer, tid);
-  if (g.read_epoch != epoch || g.reader < 0) {
-    g.reader = tid, g.many_readers = false, g.read_epoch = epoch;
-  } else if (g.reader != tid) {
-    g.many_readers = true;
   }
 }
 
@@ -197,35 +177,62 @@ inline std::vector<std::vector<AsyncCopy>>& thread_groups() {
   if (async_groups[tid].empty()) async_groups[tid].emplace_back();
   return async_groups[tid];
 }
-inline void async_copy(void* dst, const void* src, size_t n) {  // src == nullptr: zeros
+EMU_RUNTIME inline void async_copy(void* dst, const void* src, size_t n) {  // src == nullptr: zeros
+  Quiet quiet;
   AsyncCopy c{dst, {}, n};
-  if (src) std::memcpy(c.bytes, src, n);
-  smem_async_issue(dst);
+  if (src) {
+    global_access(src, n, false);
+    std::memcpy(c.bytes, src, n);
+  }
+  async_issue(dst, n);
   thread_groups().back().push_back(c);
 }
-inline void async_commit() { thread_groups().emplace_back(); }
-inline void async_wait(int pending) {
+EMU_RUNTIME inline void async_commit() {
+  Quiet quiet;
+  thread_groups().emplace_back();
+}
+EMU_RUNTIME inline void async_wait(int pending) {
+  Quiet quiet;
   auto& groups = thread_groups();
   const int committed = int(groups.size()) - 1;
   for (int i = 0; i < committed - pending; ++i)
     for (const AsyncCopy& c : groups[i]) {
       std::memcpy(c.dst, c.bytes, c.n);
-      smem_async_land(c.dst);
+      async_land(c.dst, c.n);
     }
   if (committed > pending) groups.erase(groups.begin(), groups.begin() + (committed - pending));
 }
 
-inline void run_block(dim3 block, uint3 block_idx) {
+// A wait that can never end: the threads of the block that still run all wait. Reported for the launch to raise.
+inline void report_deadlock(unsigned n, uint3 block_idx) {
+  unsigned at_block = 0, at_warp = 0;
+  for (unsigned t = 0; t < n; ++t)
+    if (!fibers[t].done) (fibers[t].waiting_on == &block_barrier ? at_block : at_warp) += 1;
+  char what[320];
+  if (!at_warp)
+    snprintf(what, sizeof what, "__syncthreads at %s:%d reached by %u of the %u threads of block (%u, %u, %u); the "
+             "others exited", block_barrier.site, block_barrier.site_line, at_block, n, block_idx.x, block_idx.y,
+             block_idx.z);
+  else
+    snprintf(what, sizeof what, "deadlock in block (%u, %u, %u): %u threads wait at __syncthreads, %u at a warp "
+             "barrier (__syncwarp or a shuffle) that some lane of its mask never reaches", block_idx.x, block_idx.y,
+             block_idx.z, at_block, at_warp);
+  report(std::string("synccheck: ") + what + " in " + launch_name);
+}
+
+// Runs the threads of one block to their end; false if they deadlock (reported; the block is abandoned). Not
+// instrumented, and on raw pointers (a no_sanitize function cannot inline the instrumented std::vector accessors).
+EMU_RUNTIME inline bool run_block(dim3 block, uint3 block_idx) {
   const unsigned n = block.x * block.y * block.z;
-  while (fibers.size() < n) fibers.push_back({{}, static_cast<char*>(malloc(kStackBytes)), true, nullptr, 0});
+  while (fibers.size() < n) fibers.push_back({{}, fiber_stacks + fibers.size() * kStackBytes, true, nullptr, 0, 0});
   block_barrier = Barrier{int(n)};
-  granules.assign(dynamic_smem_bytes / 16 + 1, Granule{});
   async_groups.clear();
   shuffle_barriers.clear();
   blockIdx = block_idx;
+  begin_block();
   for (unsigned t = 0; t < n; ++t) {
     Fiber& f = fibers[t];
-    f.done = false, f.waiting_on = nullptr;
+    f.done = false, f.waiting_on = nullptr, f.quiet = 0;
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = f.stack;
     f.ctx.uc_stack.ss_size = kStackBytes;
@@ -233,21 +240,26 @@ inline void run_block(dim3 block, uint3 block_idx) {
     makecontext(&f.ctx, fiber_entry, 0);
   }
   static std::mt19937 rng(0);
-  std::vector<unsigned> order(n);
-  std::iota(order.begin(), order.end(), 0u);
+  std::vector<unsigned> order_(n);
+  unsigned* order = order_.data();
+  Fiber* fs = fibers.data();
+  std::iota(order, order + n, 0u);
   bool let_lag = true;  // false for a round after one without progress: a deadlock shows in a round that runs all
   for (unsigned live = n; live;) {
     progressed = false;
     live = 0;
-    std::shuffle(order.begin(), order.end(), rng);
-    for (unsigned t : order) {
-      if (fibers[t].done) continue;
+    std::shuffle(order, order + n, rng);
+    for (unsigned i = 0; i < n; ++i) {
+      const unsigned t = order[i];
+      if (fs[t].done) continue;
       ++live;
-      if (!runnable(fibers[t]) || (let_lag && rng() % 2)) continue;
+      if (!runnable(fs[t]) || (let_lag && rng() % 2)) continue;
       current = t;
       threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-      swapcontext(&scheduler, &fibers[t].ctx);
-      live -= fibers[t].done;
+      running = &fs[t];
+      swapcontext(&scheduler, &fs[t].ctx);
+      running = nullptr;
+      live -= fs[t].done;
     }
     if (!live)
       for (auto& groups : async_groups)
@@ -258,12 +270,12 @@ inline void run_block(dim3 block, uint3 block_idx) {
             abort();
           }
     if (live && !progressed && !let_lag) {
-      fprintf(stderr, "emu: deadlock in block (%u, %u, %u): %u threads wait forever\n", block_idx.x, block_idx.y,
-              block_idx.z, live);
-      abort();
+      report_deadlock(n, block_idx);
+      return false;
     }
     let_lag = progressed;
   }
+  return true;
 }
 
 template <class... Params, class... Args>
@@ -271,7 +283,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   const unsigned n = block.x * block.y * block.z;
   const auto limit = max_dynamic_smem.find(reinterpret_cast<const void*>(kernel));
   const size_t allowed = limit == max_dynamic_smem.end() ? 48 * 1024 : limit->second;
-  if (smem > allowed || n == 0 || n > 1024 || n % 32 || !grid.x || !grid.y || !grid.z) {
+  if (smem > allowed || n == 0 || n > kMaxThreads || n % 32 || !grid.x || !grid.y || !grid.z) {
     fprintf(stderr, "emu: unsupported launch: grid (%u, %u, %u), block of %u threads, %zu bytes of dynamic smem\n",
             grid.x, grid.y, grid.z, n, smem);
     abort();
@@ -286,16 +298,17 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   dynamic_smem_buffer.assign(smem + 16, 0xff);  // NaN-filled for every 16-bit and 32-bit float type
   dynamic_smem = dynamic_smem_buffer.data() + (16 - reinterpret_cast<uintptr_t>(dynamic_smem_buffer.data()) % 16) % 16;
   dynamic_smem_bytes = smem;
-  body = [&] { kernel(args...); };
+  begin_launch();
+  const unsigned mxcsr = _mm_getcsr();
+  _mm_setcsr(mxcsr | 0x8040);  // FTZ | DAZ: denormals flushed, as --use_fast_math's .ftz float32 instructions do
+  const auto call = [&] { kernel(args...); };
+  body = [](const void* c) { (*static_cast<const decltype(call)*>(c))(); }, body_call = &call;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) run_block(block, {x, y, z});
-  if (!race_reports.empty()) {  // raised here, on the host side of the launch (never inside a fiber)
-    std::string message;
-    for (const std::string& r : race_reports) message += r + "\n";
-    race_reports.clear();
-    throw std::runtime_error(message);
-  }
+      for (unsigned x = 0; x < grid.x; ++x)
+        if (!run_block(block, {x, y, z})) z = grid.z, y = grid.y, x = grid.x;  // a deadlock ends the launch
+  _mm_setcsr(mxcsr);
+  end_launch();  // raises what the sanitizers found, on the host side of the launch (never inside a fiber)
 }
 
 // `kernel<<<grid, block, smem, stream>>>(args)` is rewritten as `emu::launcher(kernel, grid, block, smem, stream)(args)`.
@@ -306,15 +319,31 @@ auto launcher(Kernel kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t st
 
 }  // namespace emu
 
-inline void __syncthreads() { emu::arrive_and_wait(emu::block_barrier); }
+// A block barrier; where it is called from tells divergent barriers apart (synccheck).
+EMU_RUNTIME inline void __syncthreads(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+  emu::Quiet quiet;
+  emu::Barrier& b = emu::block_barrier;
+  const int tid = int(emu::linear_tid());
+  if (b.arrived == 0) {
+    b.site = file, b.site_line = line, b.site_thread = tid;
+  } else if (b.site_line != line || std::strcmp(b.site, file) != 0) {
+    char what[320];
+    snprintf(what, sizeof what, "synccheck: divergent __syncthreads: thread %d waits at %s:%d, thread %d at %s:%d, "
+             "block (%u, %u, %u), in ", b.site_thread, b.site, b.site_line, tid, file, line, blockIdx.x, blockIdx.y,
+             blockIdx.z);
+    emu::report(what + emu::launch_name);
+  }
+  emu::arrive_and_wait(b);
+}
 
-inline float __shfl_xor_sync(unsigned mask, float v, int offset) {
+EMU_RUNTIME inline float __shfl_xor_sync(unsigned mask, float v, int offset) {
+  emu::Quiet quiet;
   const unsigned tid = emu::linear_tid(), warp = tid / 32, lane = tid % 32;
   if (!(mask & (1u << lane)) || !(mask & (1u << (lane ^ offset)))) {
     fprintf(stderr, "emu: shuffle of lane %u with offset %d outside mask %08x\n", lane, offset, mask);
     abort();
   }
-  emu::Barrier& b = emu::shuffle_barriers.try_emplace({warp, mask}, emu::Barrier{__builtin_popcount(mask)}).first->second;
+  emu::Barrier& b = emu::warp_barrier(mask);
   emu::shuffle_slots[warp][lane] = v;
   emu::arrive_and_wait(b);
   const float r = emu::shuffle_slots[warp][lane ^ offset];
@@ -322,16 +351,13 @@ inline float __shfl_xor_sync(unsigned mask, float v, int offset) {
   return r;
 }
 
-inline float __expf(float x) { return std::exp(x); }
-inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 
 // ---- attention (csrc/cuda/attention*.cu*): a barrier of the lanes of `mask` in this warp ----
-inline void __syncwarp(unsigned mask = 0xffffffffu) {
-  const unsigned warp = emu::linear_tid() / 32;
-  emu::arrive_and_wait(
-      emu::shuffle_barriers.try_emplace({warp, mask}, emu::Barrier{__builtin_popcount(mask)}).first->second);
+EMU_RUNTIME inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  emu::Quiet quiet;
+  emu::arrive_and_wait(emu::warp_barrier(mask));
 }
 
 inline float atomicAdd(float* address, float v) {  // fibers never run at once: a plain update is atomic

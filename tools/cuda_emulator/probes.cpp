@@ -1,9 +1,12 @@
 // Ops that run one warp's instruction primitive (csrc/cuda/mma.cuh with the bodies of ptx.h) on given operands, for
-// the layout oracle of tests/ops/test_ptx_layouts.py (probe_ldmatrix, probe_mma), and the racecheck's planted races
-// (probe_race, tests/ops/test_emulator_sanitizers.py).
+// the layout oracle of tests/ops/test_ptx_layouts.py (probe_ldmatrix, probe_mma), and the sanitizers' planted bugs
+// (probe_race, probe_bug; tests/ops/test_emulator_sanitizers.py). build.py rewrites this file as it does the CUDA
+// sources (__shared__ arrays, data pointers).
 #include "prelude.h"
 
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
 #include "cuda/mma.cuh"
@@ -58,12 +61,101 @@ void emu_race_kernel(int64_t variant, const uint4* src) {
   if (variant != 3 && warp == 1) ldmatrix<false>(r, s + lane);
 }
 
+// One bug per detector, in 64 threads (two warps) over x: [64] -> out: [64]; `planted` false: the correct kernel.
+enum Bug : int64_t {
+  kBarrier, kDynamicBarrier, kWarpBarrier, kPadding, kReadPastRow, kWritePastRow, kDivergent, kExit,
+  kPastSharedArray
+};
+void emu_bug_kernel(int64_t bug, bool planted, const float* x, float* out) {
+  __shared__ float s[65];
+  extern __shared__ float dyn[];
+  const int t = int(threadIdx.x), lane = t % 32;
+  switch (bug) {
+    case kBarrier:  // racecheck: the barrier between the stores and another warp's loads removed
+      s[t] = x[t];
+      if (!planted) __syncthreads();
+      out[t] = s[63 - t];
+      break;
+    case kDynamicBarrier:  // the same in dynamic shared memory
+      dyn[t] = x[t];
+      if (!planted) __syncthreads();
+      out[t] = dyn[63 - t];
+      break;
+    case kWarpBarrier:  // __syncwarp orders the lanes of one warp only: planted, a lane reads the other warp's store
+      s[t] = x[t];
+      __syncwarp();
+      out[t] = s[planted ? t ^ 32 : t ^ 1];
+      break;
+    case kPadding:  // initcheck: planted, thread 63 reads s[64], which no thread wrote
+      s[t] = x[t];
+      __syncthreads();
+      out[t] = s[t + planted];
+      break;
+    case kReadPastRow:  // memcheck: planted, thread 63 reads one element past the end of x
+      out[t] = x[t + planted];
+      break;
+    case kWritePastRow:  // memcheck: planted, thread 63 writes one element past the end of out
+      out[t + planted] = x[t];
+      break;
+    case kDivergent:  // synccheck: planted, the warps wait at different __syncthreads
+      if (planted && t >= 32) {
+        __syncthreads();
+      } else {
+        __syncthreads();
+      }
+      out[t] = x[t];
+      break;
+    case kExit:  // synccheck: planted, warp 1 exits before the barrier that warp 0 waits at
+      if (planted && t >= 32) return;
+      __syncthreads();
+      out[t] = x[t] + float(lane);
+      break;
+    case kPastSharedArray:  // memcheck: planted, thread 63 reads s[65], one element past the end of s
+      s[t] = x[t];
+      if (t == 0) s[64] = 0.f;
+      __syncthreads();
+      out[t] = s[planted && t == 63 ? 65 : t];
+      break;
+  }
+}
+
+// The --use_fast_math numerics (fast_math.h) as kernel code gets them (the calls rewritten, denormals flushed):
+// out = f(x) for fn 0: exp2f, 1: __expf, 2: log2f, 3: logf, 4: rsqrtf, 5: x * 2^-100 (a plain float32 multiply).
+void emu_fast_math_kernel(int64_t fn, const float* x, float* out, int64_t n) {
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = x[i];
+    out[i] = fn == 0 ? exp2f(v) : fn == 1 ? __expf(v) : fn == 2 ? log2f(v) : fn == 3 ? logf(v) : fn == 4 ? rsqrtf(v)
+                                                                                               : v * 0x1p-100f;
+  }
+}
+
 namespace {
+
+at::Tensor probe_fast_math(int64_t fn, const at::Tensor& x) {
+  TORCH_CHECK_VALUE(fn >= 0 && fn <= 5, "fn: expected 0..5, got ", fn);
+  TORCH_CHECK_VALUE(x.dim() == 1 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: expected float32 [n]");
+  at::Tensor out = at::empty_like(x);
+  emu::launch(emu_fast_math_kernel, dim3(1), dim3(32), 0, cudaStream_t{}, fn, x.const_data_ptr<float>(),
+              out.mutable_data_ptr<float>(), x.numel());
+  return out;
+}
 
 void probe_race(int64_t variant) {
   TORCH_CHECK_VALUE(variant >= 0 && variant <= 3, "variant: expected 0..3, got ", variant);
-  static uint4 src[32];
-  emu::launch(emu_race_kernel, dim3(1), dim3(64), 1024, cudaStream_t{}, variant, static_cast<const uint4*>(src));
+  const at::Tensor src = at::zeros({32 * 16}, at::kByte);
+  emu::launch(emu_race_kernel, dim3(1), dim3(64), 1024, cudaStream_t{}, variant,
+              reinterpret_cast<const uint4*>(src.const_data_ptr()));
+}
+
+at::Tensor probe_bug(int64_t bug, bool planted, const at::Tensor& x) {
+  TORCH_CHECK_VALUE(bug >= kBarrier && bug <= kPastSharedArray, "bug: expected 0..", int64_t(kPastSharedArray),
+                    ", got ", bug);
+  TORCH_CHECK_VALUE(x.sizes() == at::IntArrayRef{64} && x.scalar_type() == at::kFloat && x.is_contiguous(),
+                    "x: expected contiguous float32 [64]");
+  at::Tensor out = at::zeros_like(x);
+  emu::launch(emu_bug_kernel, dim3(1), dim3(64), 64 * sizeof(float), cudaStream_t{}, bug, planted,
+              x.const_data_ptr<float>(), out.mutable_data_ptr<float>());
+  return out;
 }
 
 // smem: [n_rows, 8] int16 (bit patterns), rows: [32] int64 -> [32, num] int64 registers.
@@ -105,4 +197,6 @@ TORCH_LIBRARY_FRAGMENT(pytransformer_emu, m) {
   m.def("probe_ldmatrix(Tensor smem, Tensor rows, int num, bool trans) -> Tensor", &probe_ldmatrix);
   m.def("probe_mma(Tensor a, Tensor b, Tensor c, bool bf16) -> Tensor", &probe_mma);
   m.def("probe_race(int variant) -> ()", &probe_race);
+  m.def("probe_bug(int bug, bool planted, Tensor x) -> Tensor", &probe_bug);
+  m.def("probe_fast_math(int fn, Tensor x) -> Tensor", &probe_fast_math);
 }

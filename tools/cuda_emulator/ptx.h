@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <type_traits>
 
@@ -21,12 +22,13 @@ inline int lane_id() { return static_cast<int>(emu::linear_tid() % 32); }
 // Lanes 8i..8i+7 give the rows of matrix i (each row 8 16-bit elements, 16-byte aligned); lane (g, t) = (l / 4, l % 4)
 // gets, of matrix i, row g elements 2t, 2t + 1 (.trans: column g, rows 2t, 2t + 1), the lower index in the low half.
 template <bool kTrans, int kNum>
-inline void ldmatrix(uint32_t (&r)[kNum], const void* row_addr) {
+EMU_RUNTIME inline void ldmatrix(uint32_t (&r)[kNum], const void* row_addr) {
   static_assert(kNum == 1 || kNum == 2 || kNum == 4);
+  emu::Quiet quiet;  // the rows are read for their lanes: checked as the reads of the lanes that give their addresses
   const unsigned lane = emu::linear_tid() % 32, g = lane / 4, t = lane % 4;
   if (lane < 8u * kNum) {
     emu::check_smem_access(row_addr, 16, "ldmatrix row");
-    emu::smem_read(row_addr);
+    emu::shared_access(row_addr, 16, false);
   }
   const auto rows = emu::warp_exchange(static_cast<const uint16_t*>(row_addr));  // [lane] -> its row of 8 values
   for (int i = 0; i < kNum; ++i) {
@@ -50,10 +52,19 @@ inline float half_bits_to_float(uint16_t bits) {
   }
 }
 
+// The tensor cores' float32 accumulation (as measured on A100: Fasi, Higham, Mikaitis, Pranesh, "Numerical behavior
+// of NVIDIA tensor cores", PeerJ CS 2021): the products of 16-bit inputs are exact, each block of 8 of them is added to
+// the accumulator in one step and the sum is rounded toward zero (truncated) to float32, not to nearest.
+inline float toward_zero(double sum) {
+  const float f = float(sum);
+  return std::fabs(double(f)) > std::fabs(sum) ? std::nextafter(f, 0.f) : f;
+}
+
 // c += a * b, m16n8k16 .row.col: lane (g, t) holds a0 = A[g][2t, 2t+1], a1 = A[g+8][..], a2 = A[g][2t+8, 2t+9],
 // a3 = A[g+8][2t+8..]; b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]; c0, c1 = C[g][2t, 2t+1], c2, c3 = C[g+8][..].
 template <typename T>
-inline void mma_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t* b) {
+EMU_RUNTIME inline void mma_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t* b) {
+  emu::Quiet quiet;
   struct Operands {
     uint32_t a[4], b[2];
   };
@@ -70,7 +81,11 @@ inline void mma_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t* b) 
   for (int e = 0; e < 4; ++e) {
     const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
     float acc = c[e];
-    for (int k = 0; k < 16; ++k) acc += A(row, k) * B(k, col);
+    for (int k0 = 0; k0 < 16; k0 += 8) {  // float32 accumulation as the tensor cores do it: see toward_zero
+      double sum = acc;
+      for (int k = k0; k < k0 + 8; ++k) sum += double(A(row, k)) * double(B(k, col));
+      acc = toward_zero(sum);
+    }
     c[e] = acc;
   }
 }
