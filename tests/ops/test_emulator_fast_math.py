@@ -7,7 +7,7 @@ import torch
 
 pytestmark = pytest.mark.cuda
 
-EXP2F, EXPF, LOG2F, LOGF, RSQRTF, MUL_2_POW_MINUS_100 = range(6)
+EXP2F, EXPF, LOG2F, LOGF, RSQRTF, MUL_2_POW_MINUS_100, RECIPROCAL = range(7)
 
 
 def ulps(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -47,6 +47,13 @@ def test_rsqrtf_is_rsqrt_approx(emu):
     out, ref = emu.probe_fast_math(RSQRTF, x).double(), x.double().rsqrt()
     assert ((out - ref) / ref).abs().max() <= 2 ** -22.9 + 2 ** -24
     assert (out != ref.float().double()).double().mean() > 0.5
+
+
+def test_reciprocal_is_rcp_approx(emu):
+    x = torch.cat([torch.logspace(-30, 30, 4099), -torch.logspace(-30, 30, 4099)])
+    out, ref = emu.probe_fast_math(RECIPROCAL, x), 1 / x.double()
+    assert ulps(out, ref).max() <= 1.0 + 1e-6  # within 1 ulp of the exact reciprocal
+    assert (out != ref.float()).float().mean() > 0.15  # not the correctly rounded result for many inputs
 
 
 def test_denormals_are_flushed(emu):

@@ -21,6 +21,7 @@ ROOT = HERE.parents[1]
 OUT = ROOT / "build" / "cuda_emulator"
 LAUNCH = re.compile(r"([A-Za-z_][\w:]*(?:<[^<>;()]*>)?)<<<(.*?)>>>\(", re.S)
 FAST_MATH = re.compile(r"(?<![\w:.])(exp2f|__expf|expf|log2f|logf|rsqrtf)\(")  # see fast_math.h
+RECIPROCAL = re.compile(r"(?<![\w.])1\.f / ([A-Za-z_][\w.]*(?:\[[^\]]*\])*)")  # 1.f / x: rcp.approx
 DATA_PTR = re.compile(r"\b(\w+)\.(?:const_|mutable_)?data_ptr(?:<[\w:]+>)?\(\)")
 
 
@@ -33,6 +34,7 @@ def rewrite(text: str) -> str:
     text = re.sub(r"__shared__ ([\w:<>]+) (\w+)((?:\[[^\]]+\])+);",
                   r'static \1 \2\3; emu::shared_array(\2, sizeof \2, "\2");', text)
     text = FAST_MATH.sub(r"emu::fast::\1(", text)
+    text = RECIPROCAL.sub(r"emu::fast::rcp(\1)", text)
     text = DATA_PTR.sub(lambda m: f"emu::extent({m.group(1)}, {m.group(0)})", text)
     text = text.replace("TORCH_LIBRARY_IMPL(pytransformer, CUDA, m)", "TORCH_LIBRARY_IMPL(pytransformer_emu, CPU, m)")
     return re.sub(r"#include <c10/cuda/CUDA(Guard|Stream)\.h>\n", "", text)

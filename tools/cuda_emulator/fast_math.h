@@ -1,6 +1,7 @@
 #pragma once
 // The float32 numerics of the CUDA build (nvcc --use_fast_math, tools/build_config.py) on the host: build.py rewrites
-// the kernels' calls of exp2f, __expf, log2f, logf and rsqrtf as calls of the approximate instructions below, and a
+// the kernels' calls of exp2f, __expf, log2f, logf and rsqrtf, and their reciprocals 1.f / x, as calls of the
+// approximate instructions below (other float divisions stay exact IEEE divisions: see README.md), and a
 // launch runs with denormals flushed (MXCSR FTZ and DAZ, see emu::launch). Each instruction returns the correctly
 // rounded result moved by a deterministic amount (a hash of the input) within the error bound the PTX ISA documents
 // for it, so that results differ from exact math by errors of the hardware's size; subnormal inputs and results are
@@ -35,6 +36,15 @@ inline float lg2(float x) {
   if (!std::isfinite(r)) return float(r);
   const double e = unit(x) * 0x1p-22;
   return float(x > 0.5f && x < 2.f ? r + e : r * (1.0 + e));
+}
+// rcp.approx.ftz.f32 (what --use_fast_math compiles a float reciprocal 1.f / x to): "maximum ulp error is 1 across
+// the full range of inputs".
+inline float rcp(float x) {
+  x = ftz(x);
+  const double r = 1.0 / double(x);
+  if (!std::isfinite(float(r)) || float(r) == 0.f) return float(r);
+  // The exact result moved by up to half a float32 ulp, then rounded: within 1 ulp of the exact reciprocal.
+  return ftz(float(r + unit(x) * 0.5 * std::ldexp(1.0, std::ilogb(r) - 23)));
 }
 // rsqrt.approx.ftz.f32: maximum relative error 2^-22.9 over the positive finite range.
 inline float rsqrt(float x) {

@@ -120,19 +120,20 @@ void emu_bug_kernel(int64_t bug, bool planted, const float* x, float* out) {
 }
 
 // The --use_fast_math numerics (fast_math.h) as kernel code gets them (the calls rewritten, denormals flushed):
-// out = f(x) for fn 0: exp2f, 1: __expf, 2: log2f, 3: logf, 4: rsqrtf, 5: x * 2^-100 (a plain float32 multiply).
+// out = f(x) for fn 0: exp2f, 1: __expf, 2: log2f, 3: logf, 4: rsqrtf, 5: x * 2^-100 (a plain float32 multiply),
+// 6: 1.f / x.
 void emu_fast_math_kernel(int64_t fn, const float* x, float* out, int64_t n) {
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const float v = x[i];
     out[i] = fn == 0 ? exp2f(v) : fn == 1 ? __expf(v) : fn == 2 ? log2f(v) : fn == 3 ? logf(v) : fn == 4 ? rsqrtf(v)
-                                                                                               : v * 0x1p-100f;
+             : fn == 5 ? v * 0x1p-100f : 1.f / v;
   }
 }
 
 namespace {
 
 at::Tensor probe_fast_math(int64_t fn, const at::Tensor& x) {
-  TORCH_CHECK_VALUE(fn >= 0 && fn <= 5, "fn: expected 0..5, got ", fn);
+  TORCH_CHECK_VALUE(fn >= 0 && fn <= 6, "fn: expected 0..6, got ", fn);
   TORCH_CHECK_VALUE(x.dim() == 1 && x.scalar_type() == at::kFloat && x.is_contiguous(), "x: expected float32 [n]");
   at::Tensor out = at::empty_like(x);
   emu::launch(emu_fast_math_kernel, dim3(1), dim3(32), 0, cudaStream_t{}, fn, x.const_data_ptr<float>(),
