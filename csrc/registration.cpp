@@ -68,9 +68,9 @@ void kv_cache_append_autograd(const at::Tensor& k_cache, const at::Tensor& v_cac
 struct LinearFunction : public torch::autograd::Function<LinearFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("pytransformer::linear", "")
-                               .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>();
+    using Linear = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&);
+    static const auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("pytransformer::linear", "").typed<Linear>();
     ctx->save_for_backward({x, weight});
     ctx->saved_data["has_bias"] = bias.has_value();
     at::AutoDispatchBelowADInplaceOrView guard;

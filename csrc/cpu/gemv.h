@@ -3,9 +3,9 @@
 // bias [N], shared by linear (float32, bfloat16, float16 weights) and int8_linear (int8 weights with scales). It is
 // weight streaming: M is small, so the time is that of reading w once from memory. Work items are blocks of 4 output
 // features split over all threads (at::parallel_for: each thread streams a contiguous range of weight rows, 4 rows at
-// once, the next block prefetched); a block's rows are dotted with all M rows of x by dot_rows (blocks of 4 weight rows by up to
-// kDotCols rows of x), widening narrow weights as they are loaded, so each weight row comes from memory once and from
-// cache for the later blocks of x rows. Sums are per vector lane over K, then across lanes (the order of a blocked
+// once, the next block prefetched); a block's rows are dotted with all M rows of x by dot_rows (blocks of 4 weight
+// rows by up to kDotCols rows of x), widening narrow weights as they are loaded, so each weight row comes from memory
+// once and from cache for the later blocks of x rows. Sums are per vector lane over K, then across lanes (the order of a blocked
 // GEMM). Compiled into each including kernel file's ISA level (namespace CPU_CAPABILITY, see isa.h).
 #include <ATen/Parallel.h>
 
@@ -48,7 +48,8 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const acc_t* x, const w_t* w, co
       dot_rows<acc_t>(w + n * K, K, nb, x, K, M, K, part.data(), 1, kGemvBlock);
       for (int64_t m = 0; m < M; ++m)
         for (int64_t r = 0; r < nb; ++r)
-          out[m * N + n + r] = part[m * kGemvBlock + r] * (scale ? scale[n + r] : acc_t(1)) + (bias ? bias[n + r] : acc_t(0));
+          out[m * N + n + r] =
+              part[m * kGemvBlock + r] * (scale ? scale[n + r] : acc_t(1)) + (bias ? bias[n + r] : acc_t(0));
     }
   });
 }

@@ -3,16 +3,15 @@
 //
 // Few rows (decoding, M <= kMaxGemvRows): the weight-streaming kernel of the linear layers (gemv.h), its int8 weight
 // rows widened as they are loaded and each dot product times its scale, so the product reads 1 byte per weight from
-// memory instead of the float layer's 4. Many rows (prefill): the product is compute-bound, so blocks of weight rows are dequantized
-// (times scale) into a buffer of 16 MiB and multiplied with ATen's GEMM. float16/bfloat16 x is computed in float32,
-// float64 in float64.
+// memory instead of the float layer's 4. Many rows (prefill): the product is compute-bound, so blocks of weight rows
+// are dequantized (times scale) into a buffer of 16 MiB and multiplied with ATen's GEMM. float16/bfloat16 x is
+// computed in float32, float64 in float64.
 #include "isa.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cstdint>
-#include <vector>
 
 #include "../int8_linear.h"
 #include "gemv.h"

@@ -14,7 +14,9 @@ extern KernelTable<LinearGemvCpuFn> linear_gemv_kernel;
 inline namespace CPU_CAPABILITY {
 void linear_gemv(const LinearParams& p, at::ScalarType weight_dtype, const float* x, const void* weight,
                  const float* bias, float* out) {
-  const auto run = [&](const auto* w) { gemv_rows<float>(p.rows, p.out_features, p.in_features, x, w, nullptr, bias, out); };
+  const auto run = [&](const auto* w) {
+    gemv_rows<float>(p.rows, p.out_features, p.in_features, x, w, nullptr, bias, out);
+  };
   switch (weight_dtype) {  // the glue passes float32, bfloat16 or float16 weights only
     case at::kBFloat16: return run(static_cast<const c10::BFloat16*>(weight));
     case at::kHalf: return run(static_cast<const c10::Half*>(weight));

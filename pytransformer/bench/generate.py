@@ -203,7 +203,8 @@ def markdown(rows, memory, device, command, model_desc, prompt_len, runs, tokens
              "new tokens of the batch over the whole generate call, prefill included", "",
              "| batch | variant | dtype | new tokens | tokens/s | ours vs this |", "|---|---|---|---|---|---|"]
     ours = {(b, dtype): r for b, name, dtype, _, r in rows if name == "ours"}
-    lines += [f"| {b} | {name} | {dtype} | {n} | {r:.1f} | {ours[b, dtype] / r:.2f}x |" for b, name, dtype, n, r in rows]
+    lines += [f"| {b} | {name} | {dtype} | {n} | {r:.1f} | {ours[b, dtype] / r:.2f}x |"
+              for b, name, dtype, n, r in rows]
     lines += [f"\nNot run: {what}: {why}" for what, why in not_run]
     if tokens:
         lines += ["", "Greedy float32 tokens against Hugging Face's: " + "; ".join(

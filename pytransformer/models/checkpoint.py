@@ -60,14 +60,14 @@ def _writers(model: nn.Module, quantize: bool) -> dict:
     one) is then written into its QuantizedLinear, quantized per channel, and its bias into the int8 layer's bias."""
     params = dict(model.named_parameters())
     linears = {}  # id(parameter) -> (path of the first Linear using it, "weight" | "bias"), as quantize() ties them
-    for path, m in model.named_modules():
-        if quantize and isinstance(m, nn.Linear):
-            for attr in ("weight", "bias"):
-                if getattr(m, attr) is not None:
-                    linears.setdefault(id(getattr(m, attr)), (path, attr))
-    where = {name: linears.get(id(p)) for name, p in params.items()}
     if quantize:
+        for path, m in model.named_modules():
+            if isinstance(m, nn.Linear):
+                for attr in ("weight", "bias"):
+                    if getattr(m, attr) is not None:
+                        linears.setdefault(id(getattr(m, attr)), (path, attr))
         quantize_model(model)
+    where = {name: linears.get(id(p)) for name, p in params.items()}
 
     def write(name):
         def to_param(t):
