@@ -25,8 +25,10 @@ constexpr int64_t kPrefetchBytes = int64_t(32) << 10;  // the most weight bytes 
 // most kPrefetchBytes: short rows are short streams that the hardware prefetcher barely starts following before they
 // end (measured, one thread, GPT-2's K = 768: int8 12 -> 32 GB/s, bfloat16 19 -> 30, float32 27 -> 35), while the
 // rows of a larger block would evict each other from L1 and are long streams that the hardware follows by itself.
+// Always inlined: GCC counts a prefetch as free of side effects, so it deletes a call to a function that only
+// prefetches (GCC 12 did, in linear's kernel files), while a prefetch inside a loop that stores is kept.
 template <typename w_t>
-inline void prefetch_rows(const w_t* w, int64_t K, int64_t N, int64_t n, int64_t count) {
+__attribute__((always_inline)) inline void prefetch_rows(const w_t* w, int64_t K, int64_t N, int64_t n, int64_t count) {
   if (n >= N || count * K * static_cast<int64_t>(sizeof(w_t)) > kPrefetchBytes) return;
   const char* p = reinterpret_cast<const char*>(w + n * K);
   const char* end = reinterpret_cast<const char*>(w + std::min(N, n + count) * K);
