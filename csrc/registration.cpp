@@ -1,5 +1,6 @@
 // The one TORCH_LIBRARY(pytransformer, m): every op's schema, forward and backward. Kernels are registered per
-// device next to them (csrc/cpu/*.cpp, csrc/cuda/*.cu); fake kernels and autograd live in pytransformer/ops.
+// device next to them (csrc/cpu/*.cpp, csrc/cuda/*.cu); fake kernels, and the autograd of the training ops, live in
+// pytransformer/ops.
 // Also the pybind11 module `pytransformer._C`, which loads this library and reports how it was built.
 #include <torch/extension.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
@@ -92,11 +93,52 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
 at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   return LinearFunction::apply(x, weight, bias);
 }
+// The inference ops int8_linear and decode_attention run on inputs that require grad, and a backward through them
+// raises `message`. A C++ autograd function for the same reason as linear's: each is called per layer per token.
+struct NoBackward : public torch::autograd::Function<NoBackward> {
+  template <class Op, class... Args>
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const char* message, const Op& op,
+                            const Args&... args) {
+    ctx->saved_data["message"] = std::string(message);
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return op.call(args...);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list) {
+    TORCH_CHECK(false, ctx->saved_data["message"].toStringRef());
+  }
+};
+
+at::Tensor int8_linear_autograd(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
+                                const std::optional<at::Tensor>& bias) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("pytransformer::int8_linear", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>();
+  return NoBackward::apply("int8_linear is an inference op and has no backward: run quantized models under "
+                           "torch.no_grad() or torch.inference_mode()", op, x, weight, scale, bias);
+}
+
+at::Tensor decode_attention_autograd(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                     const at::Tensor& cache_lengths, double scale, std::optional<int64_t> window,
+                                     std::optional<int64_t> max_length) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("pytransformer::decode_attention", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                               const at::Tensor&, double, std::optional<int64_t>,
+                                               std::optional<int64_t>)>();
+  return NoBackward::apply("decode_attention is an inference op and has no backward: call it under torch.no_grad() "
+                           "or torch.inference_mode(), and use pytransformer.ops.attention where gradients are needed",
+                           op, q, k_cache, v_cache, cache_lengths, scale, window, max_length);
+}
 }  // namespace
 
 TORCH_LIBRARY_IMPL(pytransformer, Autograd, m) {
   m.impl("kv_cache_append", &kv_cache_append_autograd);
   m.impl("linear", &linear_autograd);
+  m.impl("int8_linear", &int8_linear_autograd);
+  m.impl("decode_attention", &decode_attention_autograd);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -1,6 +1,6 @@
 #pragma once
 // gemv_rows: the few-rows (decoding) product of the linear layers, out [M, N] = (x [M, K] @ w [N, K]^T) * scale [N] +
-// bias [N], shared by linear (float32, bfloat16, float16 weights) and int8_linear (int8 weights with scales). It is
+// bias [N], shared by linear (float32, bfloat16, float16 x and weights) and int8_linear (int8 weights with scales). It is
 // weight streaming: M is small, so the time is that of reading w once from memory. Work items are blocks of 4 output
 // features split over all threads (at::parallel_for: each thread streams a contiguous range of weight rows, 4 rows at
 // once, the next block prefetched); a block's rows are dotted with all M rows of x by dot_rows (blocks of 4 weight
@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "dot_rows.h"
@@ -35,10 +36,19 @@ __attribute__((always_inline)) inline void prefetch_rows(const w_t* w, int64_t K
   for (; p < end; p += 64) __builtin_prefetch(p, 0, 3);
 }
 
-// out [M, N] (acc_t, contiguous) = (x [M, K] @ w [N, K]^T) * scale + bias; scale and bias may be nullptr (1 and 0).
-template <typename acc_t, typename w_t>
-void gemv_rows(int64_t M, int64_t N, int64_t K, const acc_t* x, const w_t* w, const acc_t* scale, const acc_t* bias,
-               acc_t* out) {
+// out [M, N] = (x [M, K] @ w [N, K]^T) * scale + bias, every array contiguous; scale and bias may be nullptr (1 and 0).
+// x, bias and out are io_t (float32, or bfloat16/float16 that is widened to acc_t and rounded back once at the end).
+template <typename acc_t, typename w_t, typename io_t>
+void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, const acc_t* scale, const io_t* bias,
+               io_t* out) {
+  std::vector<acc_t> x_wide;  // x in acc_t when it is narrower: M * K elements, the size of one weight row or a few
+  const acc_t* xa;
+  if constexpr (std::is_same_v<io_t, acc_t>) {
+    xa = x;
+  } else {
+    x_wide.assign(x, x + M * K);
+    xa = x_wide.data();
+  }
   const int64_t items = (N + kGemvBlock - 1) / kGemvBlock;
   // ~32 KiB of weight per task at least: fewer tasks than that cost more in scheduling than they save.
   const int64_t item_bytes = kGemvBlock * std::max<int64_t>(1, K) * static_cast<int64_t>(sizeof(w_t));
@@ -47,11 +57,11 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const acc_t* x, const w_t* w, co
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t n = i * kGemvBlock, nb = std::min(kGemvBlock, N - n);
       prefetch_rows(w, K, N, n + kGemvBlock, kGemvBlock);  // the next block, while this one is computed
-      dot_rows<acc_t>(w + n * K, K, nb, x, K, M, K, part.data(), 1, kGemvBlock);
+      dot_rows<acc_t>(w + n * K, K, nb, xa, K, M, K, part.data(), 1, kGemvBlock);
       for (int64_t m = 0; m < M; ++m)
         for (int64_t r = 0; r < nb; ++r)
-          out[m * N + n + r] =
-              part[m * kGemvBlock + r] * (scale ? scale[n + r] : acc_t(1)) + (bias ? bias[n + r] : acc_t(0));
+          out[m * N + n + r] = static_cast<io_t>(part[m * kGemvBlock + r] * (scale ? scale[n + r] : acc_t(1)) +
+                                                 (bias ? static_cast<acc_t>(bias[n + r]) : acc_t(0)));
     }
   });
 }

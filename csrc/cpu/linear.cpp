@@ -25,17 +25,17 @@ at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::
   const LinearParams p = check_linear_args(x, weight, bias);
   // float64 (gradcheck) and many rows: ATen, which also takes non-contiguous x and weight as they are.
   if (x.scalar_type() == at::kDouble || p.rows > max_gemv_rows(x.scalar_type())) return at::linear(x, weight, bias);
-  // The kernel takes contiguous arrays: x and bias are small (copied, in float32); a non-contiguous weight is copied.
-  const at::Tensor x2 = x.reshape({p.rows, p.in_features}).to(at::kFloat).contiguous();  // [M, K]
-  const at::Tensor w = weight.contiguous();                                                // [N, K]
-  const at::Tensor b = bias ? bias->to(at::kFloat).contiguous() : at::Tensor();            // [N] or undefined
-  at::Tensor out = at::empty({p.rows, p.out_features}, x2.options());                      // [M, N] float32
+  // The kernel takes contiguous arrays in x's dtype (a non-contiguous weight is copied).
+  const at::Tensor x2 = x.reshape({p.rows, p.in_features}).contiguous();  // [M, K]
+  const at::Tensor w = weight.contiguous();                              // [N, K]
+  const at::Tensor b = bias ? bias->contiguous() : at::Tensor();         // [N] or undefined
+  at::Tensor out = at::empty({p.rows, p.out_features}, x2.options());    // [M, N]
   if (out.numel() > 0)
-    linear_gemv_kernel.get()(p, w.scalar_type(), x2.const_data_ptr<float>(), w.const_data_ptr(),
-                             b.defined() ? b.const_data_ptr<float>() : nullptr, out.mutable_data_ptr<float>());
+    linear_gemv_kernel.get()(p, x.scalar_type(), x2.const_data_ptr(), w.const_data_ptr(),
+                             b.defined() ? b.const_data_ptr() : nullptr, out.mutable_data_ptr());
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = p.out_features;
-  return out.to(x.scalar_type()).view(shape);
+  return out.view(shape);
 }
 }  // namespace
 

@@ -1,7 +1,7 @@
 // CPU kernel of linear, compiled once per ISA level (see isa.h; the glue is linear.cpp): the few-rows product
-// out [M, N] = x [M, K] @ weight [N, K]^T + bias, weight streaming over all threads (gemv.h). x, bias and out are
-// float32; the weight is float32, bfloat16 or float16, widened to float32 as it is loaded (a bfloat16 weight is half
-// the bytes to read, so half the time), with float32 accumulation.
+// out [M, N] = x [M, K] @ weight [N, K]^T + bias, weight streaming over all threads (gemv.h). x, weight, bias and out
+// are float32, bfloat16 or float16; narrow weights are widened to float32 as they are loaded (a bfloat16 weight is half
+// the bytes to read, so half the time) and accumulated in float32, and out is rounded to the dtype once.
 #include "isa.h"
 
 #include "../linear.h"
@@ -12,15 +12,17 @@ namespace pytransformer::cpu {
 extern KernelTable<LinearGemvCpuFn> linear_gemv_kernel;
 
 inline namespace CPU_CAPABILITY {
-void linear_gemv(const LinearParams& p, at::ScalarType weight_dtype, const float* x, const void* weight,
-                 const float* bias, float* out) {
-  const auto run = [&](const auto* w) {
-    gemv_rows<float>(p.rows, p.out_features, p.in_features, x, w, nullptr, bias, out);
+void linear_gemv(const LinearParams& p, at::ScalarType dtype, const void* x, const void* weight, const void* bias,
+                 void* out) {
+  const auto run = [&](auto io) {
+    using T = decltype(io);
+    gemv_rows<float>(p.rows, p.out_features, p.in_features, static_cast<const T*>(x), static_cast<const T*>(weight),
+                     nullptr, static_cast<const T*>(bias), static_cast<T*>(out));
   };
-  switch (weight_dtype) {  // the glue passes float32, bfloat16 or float16 weights only
-    case at::kBFloat16: return run(static_cast<const c10::BFloat16*>(weight));
-    case at::kHalf: return run(static_cast<const c10::Half*>(weight));
-    default: return run(static_cast<const float*>(weight));
+  switch (dtype) {  // the glue passes float32, bfloat16 or float16 only
+    case at::kBFloat16: return run(c10::BFloat16());
+    case at::kHalf: return run(c10::Half());
+    default: return run(float());
   }
 }
 }  // namespace CPU_CAPABILITY

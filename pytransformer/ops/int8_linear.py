@@ -1,7 +1,8 @@
 """int8_linear: weight-only int8 linear layer (inference): wrapper and fake kernel over the pytransformer kernels (CPU
 and CUDA: float32 accumulation; on CUDA float32/float16/bfloat16 x, on the CPU float64 too).
 
-Like decode_attention it has no backward: differentiating through it raises (quantized models are for inference)."""
+Like decode_attention it has no backward: differentiating through it raises (quantized models are for inference). That
+autograd kernel is C++ (csrc/registration.cpp), as linear's is: a Python one costs microseconds per call."""
 import torch
 from torch import Tensor
 
@@ -14,14 +15,6 @@ _ops = torch.ops.pytransformer
 def _(x, weight, scale, bias):
     _checks.int8_linear(x, weight, scale, bias)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))  # [..., N]
-
-
-def _int8_linear_backward(ctx, grad_out):
-    raise RuntimeError("int8_linear is an inference op and has no backward: run quantized models under "
-                       "torch.no_grad() or torch.inference_mode()")
-
-
-torch.library.register_autograd("pytransformer::int8_linear", _int8_linear_backward)
 
 
 def int8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
