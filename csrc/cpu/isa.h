@@ -46,6 +46,21 @@ inline IsaLevel best_isa() {
   return level;
 }
 
+// Whether the AVX-512 kernels may use AVX-512 BF16 dot products (vdpbf16ps: bfloat16 linear layers): the processor
+// has them and ATEN_CPU_CAPABILITY does not cap the level (any cap excludes them, so that ATEN_CPU_CAPABILITY=avx512
+// runs the plain AVX-512 code on such a processor).
+inline bool has_avx512_bf16() {
+  static const bool yes = [] {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return best_isa() == kAvx512 && __builtin_cpu_supports("avx512bf16") && !std::getenv("ATEN_CPU_CAPABILITY");
+#else
+    return false;
+#endif
+  }();
+  return yes;
+}
+
 // One kernel's implementations, indexed by ISA level. A namespace-scope KernelTable is zero-initialised before any
 // dynamic initialiser runs, so registrations from other translation units are safe in any order.
 template <class Fn>
