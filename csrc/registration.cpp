@@ -154,6 +154,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     static const char* names[] = {"default", "avx2", "avx512"};
     return std::string(names[pytransformer::cpu::best_isa()]);
   }, "The CPU instruction set level the CPU kernels run with.");
+  m.def("cpu_bf16_dot_products", [] { return pytransformer::cpu::has_avx512_bf16(); },
+        "Whether the AVX-512 kernels use AVX-512 BF16 dot products (bfloat16 linear layers).");
   m.def("cpu_kernels", [] {
     std::map<std::string, std::vector<int>> levels;
     for (const auto& r : pytransformer::cpu::kernel_registrations()) levels[r.table].push_back(r.level);

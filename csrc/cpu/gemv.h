@@ -21,12 +21,13 @@ namespace pytransformer::cpu {
 inline namespace CPU_CAPABILITY {
 
 constexpr int64_t kGemvBlock = 4;  // output features per work item (the weight rows dot_rows takes at once)
-constexpr int64_t kPrefetchBytes = int64_t(32) << 10;  // the most weight bytes of a block prefetched (an L1d cache)
+constexpr int64_t kPrefetchBytes = int64_t(64) << 10;  // the most weight bytes of a block prefetched
 
 // Asks for rows [n, n + count) of w [N, K] (those that exist) to be brought into L1, a line at a time, when they are at
 // most kPrefetchBytes: short rows are short streams that the hardware prefetcher barely starts following before they
-// end (measured, one thread, GPT-2's K = 768: int8 12 -> 32 GB/s, bfloat16 19 -> 30, float32 27 -> 35), while the
-// rows of a larger block would evict each other from L1 and are long streams that the hardware follows by itself.
+// end (measured, one thread, GPT-2's K = 768: int8 12 -> 32 GB/s, bfloat16 19 -> 30, float32 27 -> 35), and blocks of
+// rows of K = 3072 gained too (2 threads: float32 199 -> 163 us, bfloat16 128 -> 106 us at N = 768), while much larger
+// blocks would evict each other from L1 and are long streams that the hardware follows by itself.
 // Always inlined: GCC counts a prefetch as free of side effects, so it deletes a call to a function that only
 // prefetches (GCC 12 did, in linear's kernel files), while a prefetch inside a loop that stores is kept.
 template <typename w_t>
@@ -40,24 +41,26 @@ __attribute__((always_inline)) inline void prefetch_rows(const w_t* w, int64_t K
 #if defined(CPU_CAPABILITY_AVX512)
 #pragma GCC push_options
 #pragma GCC target("avx512bf16")
-// part[m * part_m + r] = dot(a row r, b row m) over K for R bfloat16 rows a + r * K and M bfloat16 rows b + m * K by
+// part[c * part_m + r] = dot(a row r, b row c) over K for R bfloat16 rows a + r * K and C bfloat16 rows b + c * K by
 // AVX-512 BF16 dot products (called only where has_avx512_bf16()): each vdpbf16ps multiplies 32 pairs exactly and adds
 // them to 16 float32 sums; subnormal inputs and results count as zero, as the instruction defines. One instruction
-// takes 32 weights where widening them to float32 takes three per 16 (measured below in benchmarks/results).
-template <int R>
-void dot_rows_bf16(const c10::BFloat16* a, int64_t K, const c10::BFloat16* b, int64_t M, float* part,
-                   int64_t part_m) {
-  for (int64_t m = 0; m < M; ++m) {
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k += 32) {
-      const __mmask32 mask = K - k >= 32 ? ~__mmask32(0) : (__mmask32(1) << (K - k)) - 1;  // zeros past K
-      const __m512bh bv = (__m512bh)_mm512_maskz_loadu_epi16(mask, b + m * K + k);
-      for (int r = 0; r < R; ++r)
-        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_maskz_loadu_epi16(mask, a + r * K + k), bv);
+// takes 32 weights where widening them to float32 takes three per 16 (measured in benchmarks/results).
+template <int R, int C>
+void dot_block_bf16(const c10::BFloat16* a, int64_t K, const c10::BFloat16* b, float* part, int64_t part_m) {
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    const __mmask32 mask = K - k >= 32 ? ~__mmask32(0) : (__mmask32(1) << (K - k)) - 1;  // zeros past K
+    __m512bh bv[C];
+    for (int c = 0; c < C; ++c) bv[c] = (__m512bh)_mm512_maskz_loadu_epi16(mask, b + c * K + k);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(mask, a + r * K + k);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], av, bv[c]);
     }
-    for (int r = 0; r < R; ++r) part[m * part_m + r] = _mm512_reduce_add_ps(acc[r]);
   }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) part[c * part_m + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
 #pragma GCC pop_options
 #endif
@@ -88,7 +91,10 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
         if constexpr (std::is_same_v<w_t, c10::BFloat16> && std::is_same_v<io_t, c10::BFloat16>) {
           if (has_avx512_bf16())
             return for_blocks<4>(nb, [&](auto R, int64_t r) {
-              dot_rows_bf16<decltype(R)::value>(w + (n + r) * K, K, x, M, part.data() + r, kGemvBlock);
+              for_blocks<4>(M, [&](auto C, int64_t m) {
+                dot_block_bf16<decltype(R)::value, decltype(C)::value>(w + (n + r) * K, K, x + m * K,
+                                                                       part.data() + m * kGemvBlock + r, kGemvBlock);
+              });
             });
         }
 #endif

@@ -14,12 +14,16 @@ KernelTable<LinearGemvCpuFn> linear_gemv_kernel;
 
 namespace {
 // The most rows of x (decoding) that take the weight-streaming kernel, by dtype; more rows (prefill) go to ATen's GEMM.
-// Measured on an AVX-512 EPYC (Zen 4), weights cycled from memory, one thread (benchmarks/bench_linear.py has the
+// Measured on an AVX-512 EPYC with AVX-512 BF16, weights cycled from memory (benchmarks/bench_linear.py has the
 // crossover rows). float32: the kernel took 0.6-0.7x the time of ATen's GEMM at every row count tried, 1 to 512, but it
 // is not blocked for the caches along the rows of x, so prefill-sized inputs stay with the GEMM: 32 rows. float16: the
-// same (ATen's float16 GEMM was 4-7x slower still). bfloat16: ATen's GEMM uses AVX-512 BF16 dot products there and
-// was as fast from 2 rows (0.9-1.0x) and faster from 4 (1.0-1.2x; 1.5x at 8): 2 rows.
-int64_t max_gemv_rows(at::ScalarType dtype) { return dtype == at::kBFloat16 ? 2 : 32; }
+// same (ATen's float16 GEMM was 4-7x slower still). bfloat16: ATen's GEMM uses AVX-512 BF16 dot products; with them
+// too (has_avx512_bf16) the kernel took 0.3-0.6x its time up to 4 rows at K = 768 and 0.6-1.0x at K = 3072, and lost
+// from 8 rows at K = 3072: 4 rows. Widening bfloat16 instead, it was as fast from 2 rows and slower from 4: 2 rows.
+int64_t max_gemv_rows(at::ScalarType dtype) {
+  if (dtype == at::kBFloat16) return has_avx512_bf16() ? 4 : 2;
+  return 32;
+}
 
 at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   const LinearParams p = check_linear_args(x, weight, bias);

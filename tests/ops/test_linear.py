@@ -15,7 +15,8 @@ from tests.helpers import CPU_ISA_LEVELS, TRACING_ERROR, WHERE, compiled, run_un
 # Error of an output element relative to sum_k |x_k w_nk| + |b_n| (the bound of a dot product's rounding error): float32
 # accumulation over K <= a few thousand, plus the rounding of the result to the half types.
 REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3, torch.float64: 1e-12}
-GEMV_ROWS = {torch.float32: 32, torch.float16: 32, torch.bfloat16: 2}  # csrc/cpu/linear.cpp: max_gemv_rows
+# csrc/cpu/linear.cpp: max_gemv_rows
+GEMV_ROWS = {torch.float32: 32, torch.float16: 32, torch.bfloat16: 4 if pytransformer._C.cpu_bf16_dot_products() else 2}
 
 
 def make(n, k, device="cpu", dtype=torch.float32, bias=True):
