@@ -4,7 +4,9 @@ Each op family has a module here with `bench(report, device, dtype, ...)` (the c
 
 Times are medians over repeated runs after warm-up (CUDA: events on the current stream). Each result is reported as
 a ratio to the PyTorch op measured in the same run and as a fraction of the device's measured ceiling (the fastest of
-10 runs of a large copy or matmul).
+10 runs of a large copy or matmul). A case that counts both bytes and FLOPs is held to its roofline: the longer of the
+times the copy bandwidth and the matmul ceiling allow it, so a few-rows matmul is memory-bound or compute-bound by
+what it does.
 """
 import datetime
 import math
@@ -71,6 +73,12 @@ def copy_bandwidth(device="cpu", nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / best_time(lambda: dst.copy_(src), device)
 
 
+def read_bandwidth(device="cpu", nbytes: int = 1 << 30) -> float:
+    """The bytes/s that a large reduction (a sum) reads: the read-only stream PyTorch itself achieves."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    return nbytes / best_time(lambda: src.sum(), device)
+
+
 def matmul_ceiling(device="cpu", dtype=torch.float32, n: int = 2048) -> float:
     """The device's compute ceiling in FLOP/s: a large square matmul in `dtype`."""
     a = torch.randn(n, n, dtype=dtype, device=device)
@@ -100,11 +108,12 @@ class Row:
     bytes: float = 0.0
     flops: float = 0.0
     variant: str = ""
+    ceiling_flops_s: float = 0.0  # this case's compute ceiling when not the report's (a matmul in another dtype)
 
-    def throughput(self, seconds: float | None = None) -> tuple[float, str]:
-        """(value, unit) of the bytes or FLOPs per `seconds` (default: our time)."""
+    def throughput(self, seconds: float | None = None, in_bytes: bool = False) -> tuple[float, str]:
+        """(value, unit) of the FLOPs (when counted and not `in_bytes`) or bytes per `seconds` (default: our time)."""
         seconds = self.ours_s if seconds is None else seconds
-        if not self.flops:
+        if in_bytes or not self.flops:
             return self.bytes / seconds / 1e9, "GB/s"
         rate = self.flops / seconds
         return (rate / 1e12, "TFLOP/s") if rate >= 1e12 else (rate / 1e9, "GFLOP/s")
@@ -116,21 +125,33 @@ class Report:
     ceiling_bytes_s: float = 0.0
     ceiling_flops_s: float = 0.0
     rows: list = field(default_factory=list)
+    notes: list = field(default_factory=list)  # lines of the record about the measurement (other yardsticks, ...)
 
     def add(self, row: Row) -> Row:
         self.rows.append(row)
         print(self.format_row(row), flush=True)
         return row
 
+    def bound_times(self, row: Row) -> tuple[float, float]:
+        """(memory, compute): the least time the copy bandwidth allows the row's bytes and the matmul ceiling its FLOPs
+        (0 for what the row does not count, NaN for a ceiling not measured)."""
+        flops_s = row.ceiling_flops_s or self.ceiling_flops_s
+        memory = (row.bytes / self.ceiling_bytes_s if self.ceiling_bytes_s else float("nan")) if row.bytes else 0.0
+        compute = (row.flops / flops_s if flops_s else float("nan")) if row.flops else 0.0
+        return memory, compute
+
     def fraction(self, row: Row) -> float:
-        if row.flops:
-            return row.flops / row.ours_s / self.ceiling_flops_s if self.ceiling_flops_s else float("nan")
-        return row.bytes / row.ours_s / self.ceiling_bytes_s if self.ceiling_bytes_s else float("nan")
+        """The row's bound time over ours: of the bandwidth or of the compute ceiling, of the roofline when both."""
+        memory, compute = self.bound_times(row)
+        if row.bytes and row.flops:
+            return max(memory, compute) / row.ours_s
+        return (compute if row.flops else memory) / row.ours_s
 
     HEADER = "| op | case | ours (ms) | torch (ms) | ours/torch time | throughput | of ceiling |\n|---|---|---|---|---|---|---|"
 
     def format_row(self, r: Row) -> str:
-        value, unit = r.throughput()
+        memory, compute = self.bound_times(r)
+        value, unit = r.throughput(in_bytes=bool(r.bytes) and memory > compute)  # the binding one of a roofline
         return (f"| {r.op} | {r.case} | {r.ours_s * 1e3:.3f} | {r.torch_s * 1e3:.3f} | {r.ours_s / r.torch_s:.2f}x "
                 f"| {value:.1f} {unit} | {self.fraction(r):.0%} |")
 
@@ -141,6 +162,7 @@ class Report:
             lines.append(f"- measured copy bandwidth (read + write): {self.ceiling_bytes_s / 1e9:.1f} GB/s")
         if self.ceiling_flops_s:
             lines.append(f"- measured matmul ceiling: {self.ceiling_flops_s / 1e9:.0f} GFLOP/s")
+        lines += [f"- {note}" for note in self.notes]
         return "\n".join(lines + ["", self.HEADER] + [self.format_row(r) for r in self.rows]) + "\n"
 
     def to_dict(self) -> dict:
@@ -154,7 +176,7 @@ class Report:
                          "torch_throughput": r.throughput(r.torch_s)[0], "fraction_of_ceiling": number(self.fraction(r))})
         return {"device": self.device, "torch": torch.__version__, "date": datetime.date.today().isoformat(),
                 "ceiling_bytes_s": self.ceiling_bytes_s or None, "ceiling_flops_s": self.ceiling_flops_s or None,
-                "rows": rows}
+                "notes": self.notes, "rows": rows}
 
 
 def new_report(device, nbytes: int = 1 << 30) -> Report:

@@ -3,17 +3,19 @@ model, one and 8 rows, in float32, bfloat16 and int8 (weight-only, against F.lin
 rows around the CPU's switch from the weight-streaming kernel to ATen's GEMM.
 
 Decoding reads every weight of the model once per token, far more than the last-level cache holds, so each case
-cycles through copies of its weight that together exceed the cache (COLD_BYTES): both ops read their weight from
-memory, as in a model, rather than from a cache that a single small layer fits in. Throughput counts the weight bytes
-(plus x and out); its fraction of the measured copy bandwidth is the kernel's efficiency."""
+cycles through copies of its weight that together exceed the cache many times (COLD_BYTES): both ops read their weight
+from memory, as in a model, rather than from a cache that a single small layer fits in. Throughput counts the weight
+bytes (plus x and out). "Of ceiling" is the roofline: at one row the product is memory-bound and that is the fraction
+of the measured copy bandwidth; with more rows it does 2 M FLOPs per weight and can be compute-bound, held to the
+matmul ceiling of its dtype (float32 for the int8 rows, which compute in float32). The record also gives the read
+bandwidth of PyTorch's own streaming reduction (a sum of 1 GiB), the other yardstick of a read-only stream."""
 import itertools
 
 import torch
 import torch.nn.functional as F
 
 from .. import ops
-from ..nn.quantized import quantize_per_channel
-from . import Row, interleaved_median_times, script_main
+from . import Row, interleaved_median_times, matmul_ceiling, read_bandwidth, script_main
 
 # (model, layer, out features N, in features K)
 SHAPES = [("gpt2", "qkv", 2304, 768), ("gpt2", "attn out", 768, 768), ("gpt2", "mlp up", 3072, 768),
@@ -23,23 +25,43 @@ SHAPES = [("gpt2", "qkv", 2304, 768), ("gpt2", "attn out", 768, 768), ("gpt2", "
 ROWS = (1, 8)
 DTYPES = ("float32", "bfloat16", "int8")
 # The crossover: rows of x at one layer shape (GPT-2's MLP up) around the CPU's switch to GEMM (csrc/cpu/linear.cpp:
-# above 32 rows in float32, 2 in bfloat16).
+# above 32 rows in float32; in bfloat16 above 4 with AVX-512 BF16, else 2).
 CROSSOVER_SHAPE = ("gpt2", "mlp up", 3072, 768)
-CROSSOVER_ROWS = (2, 3, 4, 16, 32, 33, 64)
-COLD_BYTES = 256 << 20  # float weight bytes each case cycles through (8x a 32 MiB last-level cache; int8: 2x)
+CROSSOVER_ROWS = (2, 3, 4, 5, 8, 16, 32, 33, 64)
+# Weight bytes each case cycles through: 32x a 32 MiB last-level cache (through 256 MiB, an AMD EPYC's L3 still served
+# part of the reads: float32 M1 N3072 K768 read 82 GB/s against 70 at 1 GiB, measured).
+COLD_BYTES = 1 << 30
+_pools = {}  # (dtype, device) -> one random tensor that the weight copies of every case are views of
 
 
-def bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes=COLD_BYTES):
-    """One row: ours vs F.linear on the same cycle of float weight copies, enough to exceed `cold_bytes` (0: one
-    copy); int8 quantizes each copy."""
+def weight_copies(n, k, dtype, device, cold_bytes):
+    """[n, k] weights of `dtype` (int8: random int8 values) that together span at least `cold_bytes`, at least two
+    (one when cold_bytes is 0): views of one pool per dtype and device, filled once for all cases."""
+    per_copy = n * k
+    count = max(2, -(-cold_bytes // (per_copy * torch.empty((), dtype=dtype).element_size()))) if cold_bytes else 1
+    pool = _pools.get((dtype, device))
+    if pool is None or pool.numel() < count * per_copy:
+        _pools.pop((dtype, device), None)  # free the old pool before filling a larger one
+        if dtype == torch.int8:
+            pool = torch.randint(-127, 128, (count * per_copy,), dtype=dtype, device=device)
+        else:
+            pool = torch.randn(count * per_copy, dtype=dtype, device=device).mul_(0.02)
+        _pools[(dtype, device)] = pool
+    return [pool[i * per_copy:(i + 1) * per_copy].view(n, k) for i in range(count)]
+
+
+def bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes=COLD_BYTES, ceiling_flops_s=0.0):
+    """One row: ours vs F.linear, each cycling through weight copies that span `cold_bytes` (0: one copy); int8 rows
+    time ops.int8_linear on int8 copies against F.linear on float32 copies. `ceiling_flops_s`: the row's compute
+    ceiling when not the report's."""
     float_dtype = torch.float32 if dtype == "int8" else getattr(torch, dtype)
-    count = -(-cold_bytes // (n * k * torch.finfo(float_dtype).bits // 8)) or 1  # int8: a quarter of cold_bytes
-    weights = [torch.randn(n, k, device=device, dtype=float_dtype) * 0.02 for _ in range(count)]
+    weights = weight_copies(n, k, float_dtype, device, cold_bytes)
     bias = torch.zeros(n, device=device, dtype=float_dtype)
     x = torch.randn(m, k, device=device, dtype=float_dtype)
     if dtype == "int8":
-        quantized = [quantize_per_channel(w) for w in weights]
-        ours = itertools.cycle([lambda q=q, s=s: ops.int8_linear(x, q, s, bias) for q, s in quantized])
+        scale = torch.rand(n, device=device) * 1e-3
+        ours = itertools.cycle([lambda q=q: ops.int8_linear(x, q, scale, bias)
+                                for q in weight_copies(n, k, torch.int8, device, cold_bytes)])
         weight_bytes = n * k
     else:
         ours = itertools.cycle([lambda w=w: ops.linear(x, w, bias) for w in weights])
@@ -51,7 +73,8 @@ def bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes=CO
     with torch.no_grad():
         t_ours, t_theirs = interleaved_median_times([lambda: next(ours)(), lambda: next(theirs)()], device, runs)
     report.add(Row("linear", f"{model} {layer} M{m} N{n} K{k} {dtype}", t_ours, t_theirs,
-                   bytes=weight_bytes + x.element_size() * (x.numel() + m * n), variant=dtype))
+                   bytes=weight_bytes + x.element_size() * (x.numel() + m * n), flops=2 * m * n * k, variant=dtype,
+                   ceiling_flops_s=ceiling_flops_s))
 
 
 def bench(report, device, shapes=SHAPES, rows=ROWS, dtypes=DTYPES, crossover_rows=CROSSOVER_ROWS, runs=15,
@@ -60,12 +83,18 @@ def bench(report, device, shapes=SHAPES, rows=ROWS, dtypes=DTYPES, crossover_row
     cycle through `cold_bytes` (default COLD_BYTES on the CPU, one copy on a GPU, whose cache is small)."""
     if cold_bytes is None:
         cold_bytes = COLD_BYTES if torch.device(device).type == "cpu" else 0
-    for (model, layer, n, k), dtype, m in itertools.product(shapes, dtypes, rows):
-        bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes)
-    model, layer, n, k = CROSSOVER_SHAPE
-    for dtype, m in itertools.product(("float32", "bfloat16"), crossover_rows):
-        bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes)
+    if cold_bytes:
+        read = read_bandwidth(device)
+        report.notes.append(f"read bandwidth of a PyTorch reduction (a sum of 1 GiB): {read / 1e9:.1f} GB/s")
+    bf16_flops_s = matmul_ceiling(device, torch.bfloat16)  # the compute ceiling of the bfloat16 rows
+    report.notes.append(f"matmul ceiling in bfloat16 (the bfloat16 rows' compute ceiling): {bf16_flops_s / 1e9:.0f} "
+                        "GFLOP/s")
+    ceilings = {"bfloat16": bf16_flops_s}
+    cases = [(shape, dtype, m) for shape, dtype, m in itertools.product(shapes, dtypes, rows)]
+    cases += [(CROSSOVER_SHAPE, dtype, m) for dtype, m in itertools.product(("float32", "bfloat16"), crossover_rows)]
+    for (model, layer, n, k), dtype, m in cases:
+        bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes, ceilings.get(dtype, 0.0))
 
 
 def main(argv=None):
-    script_main(__doc__, "linear benchmark", bench, argv, runs=15, dtype=False)
+    script_main(__doc__, "linear benchmark", bench, argv, runs=15, dtype=False, flops=True)
