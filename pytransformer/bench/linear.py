@@ -86,6 +86,11 @@ def bench(report, device, shapes=SHAPES, rows=ROWS, dtypes=DTYPES, crossover_row
     if cold_bytes:
         read = read_bandwidth(device)
         report.notes.append(f"read bandwidth of a PyTorch reduction (a sum of 1 GiB): {read / 1e9:.1f} GB/s")
+    x, w, b = (torch.randn(*shape, device=device) for shape in ((1, 16), (4, 16), (4,)))
+    with torch.no_grad():
+        fixed = interleaved_median_times([lambda: ops.linear(x, w, b), lambda: F.linear(x, w, b)], device, 200)
+    report.notes.append(f"fixed cost of a call (float32, M1 N4 K16): ours {fixed[0] * 1e6:.1f} us, F.linear "
+                        f"{fixed[1] * 1e6:.1f} us")
     bf16_flops_s = matmul_ceiling(device, torch.bfloat16)  # the compute ceiling of the bfloat16 rows
     report.notes.append(f"matmul ceiling in bfloat16 (the bfloat16 rows' compute ceiling): {bf16_flops_s / 1e9:.0f} "
                         "GFLOP/s")
