@@ -20,7 +20,7 @@
 namespace pytransformer::cpu {
 inline namespace CPU_CAPABILITY {
 
-constexpr int64_t kGemvBlock = 4;  // output features per work item (the weight rows dot_rows takes at once)
+constexpr int64_t kGemvBlock = 4;  // the most output features per work item (the weight rows dot_rows takes at once)
 constexpr int64_t kPrefetchBytes = int64_t(64) << 10;  // the most weight bytes of a block prefetched
 
 // Asks for rows [n, n + count) of w [N, K] (those that exist) to be brought into L1, a line at a time, when they are at
@@ -46,19 +46,24 @@ __attribute__((always_inline)) inline void prefetch_rows(const w_t* w, int64_t K
 // them to 16 float32 sums; subnormal inputs and results count as zero, as the instruction defines. One instruction
 // takes 32 weights where widening them to float32 takes three per 16 (measured in benchmarks/results).
 template <int R, int C>
+__attribute__((always_inline)) inline void dot_step_bf16(__m512 (&acc)[R][C], const c10::BFloat16* a, int64_t K,
+                                                         const c10::BFloat16* b, int64_t k, __mmask32 mask) {
+  __m512bh bv[C];
+  for (int c = 0; c < C; ++c) bv[c] = (__m512bh)_mm512_maskz_loadu_epi16(mask, b + c * K + k);
+  for (int r = 0; r < R; ++r) {
+    const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(mask, a + r * K + k);
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], av, bv[c]);
+  }
+}
+
+template <int R, int C>
 void dot_block_bf16(const c10::BFloat16* a, int64_t K, const c10::BFloat16* b, float* part, int64_t part_m) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 32) {
-    const __mmask32 mask = K - k >= 32 ? ~__mmask32(0) : (__mmask32(1) << (K - k)) - 1;  // zeros past K
-    __m512bh bv[C];
-    for (int c = 0; c < C; ++c) bv[c] = (__m512bh)_mm512_maskz_loadu_epi16(mask, b + c * K + k);
-    for (int r = 0; r < R; ++r) {
-      const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(mask, a + r * K + k);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], av, bv[c]);
-    }
-  }
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) dot_step_bf16<R, C>(acc, a, K, b, k, ~__mmask32(0));
+  if (k < K) dot_step_bf16<R, C>(acc, a, K, b, k, (__mmask32(1) << (K - k)) - 1);  // zeros past K
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) part[c * part_m + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
@@ -78,14 +83,18 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
     x_wide.assign(x, x + M * K);
     xa = x_wide.data();
   }
-  const int64_t items = (N + kGemvBlock - 1) / kGemvBlock;
+  // Rows per work item: 4, or 2 for rows of narrow weights of 3 KiB or more (2 threads, N 768, 1 row of x: bfloat16 K
+  // 3072 127 -> 112 us, K 2048 77 -> 70; int8 K 3072 70 -> 60; but int8 K 2048, 2 KiB rows, 39 -> 41; float32 rows
+  // were slower in twos, and rows of K = 768 the same either way).
+  const int64_t block = sizeof(w_t) <= 2 && K * static_cast<int64_t>(sizeof(w_t)) >= 3072 ? 2 : kGemvBlock;
+  const int64_t items = (N + block - 1) / block;
   // ~32 KiB of weight per task at least: fewer tasks than that cost more in scheduling than they save.
-  const int64_t item_bytes = kGemvBlock * std::max<int64_t>(1, K) * static_cast<int64_t>(sizeof(w_t));
+  const int64_t item_bytes = block * std::max<int64_t>(1, K) * static_cast<int64_t>(sizeof(w_t));
   at::parallel_for(0, items, std::max<int64_t>(1, (int64_t(1) << 15) / item_bytes), [&](int64_t i0, int64_t i1) {
     std::vector<acc_t> part(M * kGemvBlock);  // [M, 4]
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t n = i * kGemvBlock, nb = std::min(kGemvBlock, N - n);
-      prefetch_rows(w, K, N, n + kGemvBlock, kGemvBlock);  // the next block, while this one is computed
+      const int64_t n = i * block, nb = std::min(block, N - n);
+      prefetch_rows(w, K, N, n + block, block);  // the next block, while this one is computed
       const auto dot = [&] {
 #if defined(CPU_CAPABILITY_AVX512)
         if constexpr (std::is_same_v<w_t, c10::BFloat16> && std::is_same_v<io_t, c10::BFloat16>) {

@@ -28,7 +28,7 @@ def check(x, weight, scale, bias):
 
 # CPU: <= 16 rows the row-by-row kernel, more dequantize + GEMM; CUDA: <= 64 rows the GEMV, more the tiled GEMM
 @pytest.mark.parametrize("rows", [1, 2, 5, 16, 17, 64, 65])
-@pytest.mark.parametrize("k,n", [(64, 48), (37, 5), (1, 3), (300, 129)])
+@pytest.mark.parametrize("k,n", [(64, 48), (37, 5), (1, 3), (300, 129), (3100, 7)])  # 3100: rows streamed in twos
 @pytest.mark.parametrize("bias", [True, False])
 def test_matches_reference(device, rows, k, n, bias):
     weight, scale, b = make(n, k, device, bias=bias)

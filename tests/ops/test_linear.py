@@ -46,7 +46,7 @@ def test_matches_reference(device, rows, k, n, bias):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("rows", ["one", "last kernel", "first gemm"])
-@pytest.mark.parametrize("k,n", [(72, 40), (301, 67)])
+@pytest.mark.parametrize("k,n", [(72, 40), (301, 67), (1600, 7)])  # 1600: half rows of 3 KiB+, streamed in twos
 def test_dtypes(device, dtype, rows, k, n):
     if dtype == torch.float64 and device == "cuda":
         pytest.skip("float64 is CPU-only")
