@@ -109,6 +109,7 @@ class Row:
     flops: float = 0.0
     variant: str = ""
     ceiling_flops_s: float = 0.0  # this case's compute ceiling when not the report's (a matmul in another dtype)
+    ceiling_bytes_s: float = 0.0  # this case's bandwidth ceiling when not the report's (an anchor timed with it)
 
     def throughput(self, seconds: float | None = None, in_bytes: bool = False) -> tuple[float, str]:
         """(value, unit) of the FLOPs (when counted and not `in_bytes`) or bytes per `seconds` (default: our time)."""
@@ -135,8 +136,8 @@ class Report:
     def bound_times(self, row: Row) -> tuple[float, float]:
         """(memory, compute): the least time the copy bandwidth allows the row's bytes and the matmul ceiling its FLOPs
         (0 for what the row does not count, NaN for a ceiling not measured)."""
-        flops_s = row.ceiling_flops_s or self.ceiling_flops_s
-        memory = (row.bytes / self.ceiling_bytes_s if self.ceiling_bytes_s else float("nan")) if row.bytes else 0.0
+        flops_s, bytes_s = row.ceiling_flops_s or self.ceiling_flops_s, row.ceiling_bytes_s or self.ceiling_bytes_s
+        memory = (row.bytes / bytes_s if bytes_s else float("nan")) if row.bytes else 0.0
         compute = (row.flops / flops_s if flops_s else float("nan")) if row.flops else 0.0
         return memory, compute
 

@@ -5,10 +5,12 @@ rows around the CPU's switch from the weight-streaming kernel to ATen's GEMM.
 Decoding reads every weight of the model once per token, far more than the last-level cache holds, so each case
 cycles through copies of its weight that together exceed the cache many times (COLD_BYTES): both ops read their weight
 from memory, as in a model, rather than from a cache that a single small layer fits in. Throughput counts the weight
-bytes (plus x and out). "Of ceiling" is the roofline: at one row the product is memory-bound and that is the fraction
-of the measured copy bandwidth; with more rows it does 2 M FLOPs per weight and can be compute-bound, held to the
-matmul ceiling of its dtype (float32 for the int8 rows, which compute in float32). The record also gives the read
-bandwidth of PyTorch's own streaming reduction (a sum of 1 GiB), the other yardstick of a read-only stream."""
+bytes (plus x and out). "Of ceiling" is the roofline: at one row the product is memory-bound, held to the bandwidth of
+PyTorch's own read stream over the same weight bytes (a sum of their float32 view), timed in turns with the two ops so
+that the memory bandwidth a shared host gives at that moment is in both; with more rows it does 2 M FLOPs per weight
+and can be compute-bound, held to the matmul ceiling of its dtype (float32 for the int8 rows, which compute in
+float32). The record's notes also hold the one-row cases against the copy bandwidth measured once at the start (read
++ write), the yardstick of earlier records, per dtype."""
 import itertools
 
 import torch
@@ -60,21 +62,26 @@ def bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes=CO
     x = torch.randn(m, k, device=device, dtype=float_dtype)
     if dtype == "int8":
         scale = torch.rand(n, device=device) * 1e-3
-        ours = itertools.cycle([lambda q=q: ops.int8_linear(x, q, scale, bias)
-                                for q in weight_copies(n, k, torch.int8, device, cold_bytes)])
-        weight_bytes = n * k
+        ours_weights = weight_copies(n, k, torch.int8, device, cold_bytes)
+        ours = itertools.cycle([lambda q=q: ops.int8_linear(x, q, scale, bias) for q in ours_weights])
     else:
+        ours_weights = weights
         ours = itertools.cycle([lambda w=w: ops.linear(x, w, bias) for w in weights])
-        weight_bytes = weights[0].numel() * weights[0].element_size()
+    weight_bytes = ours_weights[0].numel() * ours_weights[0].element_size()
     # F.linear starts half way round the cycle: the two ops take turns, and the copy that one has just read is still
     # cached when it is small; half the cycle away it has been evicted (for a single copy, there is nothing to offset).
     half = len(weights) // 2
     theirs = itertools.cycle([lambda w=w: F.linear(x, w, bias) for w in weights[half:] + weights[:half]])
+    # The read anchor: a sum over the bytes that ours reads (its copies' float32 view), a quarter of the cycle away.
+    views = [w.view(-1)[: w.numel() - w.numel() % (4 // w.element_size())].view(torch.float32) for w in ours_weights]
+    quarter = len(views) // 4
+    read = itertools.cycle([lambda v=v: v.sum() for v in views[quarter:] + views[:quarter]])
     with torch.no_grad():
-        t_ours, t_theirs = interleaved_median_times([lambda: next(ours)(), lambda: next(theirs)()], device, runs)
+        t_ours, t_theirs, t_read = interleaved_median_times(
+            [lambda: next(ours)(), lambda: next(theirs)(), lambda: next(read)()], device, runs)
     report.add(Row("linear", f"{model} {layer} M{m} N{n} K{k} {dtype}", t_ours, t_theirs,
                    bytes=weight_bytes + x.element_size() * (x.numel() + m * n), flops=2 * m * n * k, variant=dtype,
-                   ceiling_flops_s=ceiling_flops_s))
+                   ceiling_flops_s=ceiling_flops_s, ceiling_bytes_s=views[0].numel() * 4 / t_read))
 
 
 def bench(report, device, shapes=SHAPES, rows=ROWS, dtypes=DTYPES, crossover_rows=CROSSOVER_ROWS, runs=15,
@@ -99,6 +106,12 @@ def bench(report, device, shapes=SHAPES, rows=ROWS, dtypes=DTYPES, crossover_row
     cases += [(CROSSOVER_SHAPE, dtype, m) for dtype, m in itertools.product(("float32", "bfloat16"), crossover_rows)]
     for (model, layer, n, k), dtype, m in cases:
         bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes, ceilings.get(dtype, 0.0))
+    for dtype in dtypes:  # the one-row cases against the copy bandwidth measured at the start
+        fractions = [r.bytes / r.ours_s / report.ceiling_bytes_s for r in report.rows
+                     if r.op == "linear" and r.variant == dtype and " M1 " in r.case]
+        if fractions and report.ceiling_bytes_s:
+            report.notes.append(f"{dtype}, one row: {min(fractions):.0%}-{max(fractions):.0%} of the copy bandwidth "
+                                "measured at the start")
 
 
 def main(argv=None):
