@@ -1,12 +1,13 @@
 #pragma once
 // gemv_rows: the few-rows (decoding) product of the linear layers, out [M, N] = (x [M, K] @ w [N, K]^T) * scale [N] +
-// bias [N], shared by linear (float32, bfloat16, float16 x and weights) and int8_linear (int8 weights with scales). It is
-// weight streaming: M is small, so the time is that of reading w once from memory. Work items are blocks of 4 output
-// features split over all threads (at::parallel_for: each thread streams a contiguous range of weight rows, 4 rows at
-// once, the next block prefetched); a block's rows are dotted with all M rows of x by dot_rows (blocks of 4 weight
-// rows by up to kDotCols rows of x), widening narrow weights as they are loaded, so each weight row comes from memory
-// once and from cache for the later blocks of x rows. Sums are per vector lane over K, then across lanes (the order of a blocked
-// GEMM). Compiled into each including kernel file's ISA level (namespace CPU_CAPABILITY, see isa.h).
+// bias [N], shared by linear (float32, bfloat16, float16 x and weights) and int8_linear (int8 weights with scales).
+// It is weight streaming: M is small, so the time is that of reading w once from memory. Work items are blocks of 4
+// (or 2) output features split over all threads (at::parallel_for: each thread streams a contiguous range of weight
+// rows, a block at once, the next block prefetched); a block's rows are dotted with all M rows of x by dot_rows (blocks
+// of up to 4 weight rows by up to kDotCols rows of x), widening narrow weights as they are loaded, or by AVX-512 BF16
+// dot products on bfloat16, so each weight row comes from memory once and from cache for the later blocks of x rows.
+// Sums are per vector lane over K, then across lanes (the order of a blocked GEMM). Compiled into each including kernel
+// file's ISA level (namespace CPU_CAPABILITY, see isa.h).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -44,7 +45,8 @@ __attribute__((always_inline)) inline void prefetch_rows(const w_t* w, int64_t K
 // part[c * part_m + r] = dot(a row r, b row c) over K for R bfloat16 rows a + r * K and C bfloat16 rows b + c * K by
 // AVX-512 BF16 dot products (called only where has_avx512_bf16()): each vdpbf16ps multiplies 32 pairs exactly and adds
 // them to 16 float32 sums; subnormal inputs and results count as zero, as the instruction defines. One instruction
-// takes 32 weights where widening them to float32 takes three per 16 (measured in benchmarks/results).
+// takes 32 weights where widening them to float32 takes three per 16 (GPT-2's LM head, 1 row, 2 threads, cold: best of
+// 4 runs 1.23 -> 0.99 ms).
 template <int R, int C>
 __attribute__((always_inline)) inline void dot_step_bf16(__m512 (&acc)[R][C], const c10::BFloat16* a, int64_t K,
                                                          const c10::BFloat16* b, int64_t k, __mmask32 mask) {
