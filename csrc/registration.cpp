@@ -41,8 +41,14 @@ TORCH_LIBRARY(pytransformer, m) {
 }
 
 namespace {
+// The typed handle of the op `name` whose schema has the C++ signature Sig (each autograd kernel below has its op's).
+template <class Sig>
+c10::TypedOperatorHandle<Sig> find_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
+}
+
 // A cache stores values, not autograd history: appending new keys that require grad neither records a graph nor
-// makes the cache require grad (decode_attention's autograd, which refuses a backward, is in pytransformer/ops).
+// makes the cache require grad (decode_attention's autograd, which refuses a backward, is NoBackward below).
 // As torch's in-place ops do, the write refuses a cache that is a leaf requiring grad (or a view of one) and bumps
 // the caches' version counters, so that a backward through a graph that saved a cache before the write raises
 // instead of using the overwritten values.
@@ -51,10 +57,7 @@ void kv_cache_append_autograd(const at::Tensor& k_cache, const at::Tensor& v_cac
                               std::optional<int64_t> max_position) {
   torch::autograd::check_inplace(k_cache, k_cache.requires_grad());
   torch::autograd::check_inplace(v_cache, v_cache.requires_grad());
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("pytransformer::kv_cache_append", "")
-                             .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                         const at::Tensor&, std::optional<int64_t>)>();
+  static const auto op = find_op<decltype(kv_cache_append_autograd)>("pytransformer::kv_cache_append");
   {
     at::AutoDispatchBelowADInplaceOrView guard;
     op.call(k_cache, v_cache, k_new, v_new, positions, max_position);
@@ -69,9 +72,8 @@ void kv_cache_append_autograd(const at::Tensor& k_cache, const at::Tensor& v_cac
 struct LinearFunction : public torch::autograd::Function<LinearFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias) {
-    using Linear = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&);
-    static const auto op =
-        c10::Dispatcher::singleton().findSchemaOrThrow("pytransformer::linear", "").typed<Linear>();
+    static const auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>(
+        "pytransformer::linear");
     ctx->save_for_backward({x, weight});
     ctx->saved_data["has_bias"] = bias.has_value();
     at::AutoDispatchBelowADInplaceOrView guard;
@@ -93,6 +95,7 @@ struct LinearFunction : public torch::autograd::Function<LinearFunction> {
 at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   return LinearFunction::apply(x, weight, bias);
 }
+
 // The inference ops int8_linear and decode_attention run on inputs that require grad, and a backward through them
 // raises `message`. A C++ autograd function for the same reason as linear's: each is called per layer per token.
 struct NoBackward : public torch::autograd::Function<NoBackward> {
@@ -112,10 +115,7 @@ struct NoBackward : public torch::autograd::Function<NoBackward> {
 
 at::Tensor int8_linear_autograd(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
                                 const std::optional<at::Tensor>& bias) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("pytransformer::int8_linear", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&)>();
+  static const auto op = find_op<decltype(int8_linear_autograd)>("pytransformer::int8_linear");
   return NoBackward::apply("int8_linear is an inference op and has no backward: run quantized models under "
                            "torch.no_grad() or torch.inference_mode()", op, x, weight, scale, bias);
 }
@@ -123,11 +123,7 @@ at::Tensor int8_linear_autograd(const at::Tensor& x, const at::Tensor& weight, c
 at::Tensor decode_attention_autograd(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                      const at::Tensor& cache_lengths, double scale, std::optional<int64_t> window,
                                      std::optional<int64_t> max_length) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("pytransformer::decode_attention", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                               const at::Tensor&, double, std::optional<int64_t>,
-                                               std::optional<int64_t>)>();
+  static const auto op = find_op<decltype(decode_attention_autograd)>("pytransformer::decode_attention");
   return NoBackward::apply("decode_attention is an inference op and has no backward: call it under torch.no_grad() "
                            "or torch.inference_mode(), and use pytransformer.ops.attention where gradients are needed",
                            op, q, k_cache, v_cache, cache_lengths, scale, window, max_length);

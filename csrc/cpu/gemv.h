@@ -77,11 +77,17 @@ void dot_block_bf16(const c10::BFloat16* a, int64_t K, const c10::BFloat16* b, f
 template <typename acc_t, typename w_t, typename io_t>
 void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, const acc_t* scale, const io_t* bias,
                io_t* out) {
-  std::vector<acc_t> x_wide;  // x in acc_t when it is narrower: M * K elements, the size of one weight row or a few
-  const acc_t* xa;
+  // bfloat16 weights and x on a processor with AVX-512 BF16 dot products: those, on x as it is.
+  bool bf16_dots = false;
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<w_t, c10::BFloat16> && std::is_same_v<io_t, c10::BFloat16>)
+    bf16_dots = has_avx512_bf16();
+#endif
+  std::vector<acc_t> x_wide;  // otherwise x in acc_t when it is narrower: M * K elements, one weight row or a few
+  const acc_t* xa = nullptr;
   if constexpr (std::is_same_v<io_t, acc_t>) {
     xa = x;
-  } else {
+  } else if (!bf16_dots) {
     x_wide.assign(x, x + M * K);
     xa = x_wide.data();
   }
@@ -100,7 +106,7 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
       const auto dot = [&] {
 #if defined(CPU_CAPABILITY_AVX512)
         if constexpr (std::is_same_v<w_t, c10::BFloat16> && std::is_same_v<io_t, c10::BFloat16>) {
-          if (has_avx512_bf16())
+          if (bf16_dots)
             return for_blocks<4>(nb, [&](auto R, int64_t r) {
               for_blocks<4>(M, [&](auto C, int64_t m) {
                 dot_block_bf16<decltype(R)::value, decltype(C)::value>(w + (n + r) * K, K, x + m * K,

@@ -81,7 +81,7 @@ def bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes=CO
             [lambda: next(ours)(), lambda: next(theirs)(), lambda: next(read)()], device, runs)
     report.add(Row("linear", f"{model} {layer} M{m} N{n} K{k} {dtype}", t_ours, t_theirs,
                    bytes=weight_bytes + x.element_size() * (x.numel() + m * n), flops=2 * m * n * k, variant=dtype,
-                   ceiling_flops_s=ceiling_flops_s, ceiling_bytes_s=views[0].numel() * 4 / t_read))
+                   ceiling_flops_s=ceiling_flops_s, ceiling_bytes_s=weight_bytes / t_read))
 
 
 def bench(report, device, shapes=SHAPES, rows=ROWS, dtypes=DTYPES, crossover_rows=CROSSOVER_ROWS, runs=15,
@@ -102,7 +102,7 @@ def bench(report, device, shapes=SHAPES, rows=ROWS, dtypes=DTYPES, crossover_row
     report.notes.append(f"matmul ceiling in bfloat16 (the bfloat16 rows' compute ceiling): {bf16_flops_s / 1e9:.0f} "
                         "GFLOP/s")
     ceilings = {"bfloat16": bf16_flops_s}
-    cases = [(shape, dtype, m) for shape, dtype, m in itertools.product(shapes, dtypes, rows)]
+    cases = list(itertools.product(shapes, dtypes, rows))
     cases += [(CROSSOVER_SHAPE, dtype, m) for dtype, m in itertools.product(("float32", "bfloat16"), crossover_rows)]
     for (model, layer, n, k), dtype, m in cases:
         bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes, ceilings.get(dtype, 0.0))
