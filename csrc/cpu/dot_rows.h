@@ -8,6 +8,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <type_traits>
@@ -51,10 +52,11 @@ inline at::vec::Vectorized<acc_t> load_widened(const T* p, int64_t count) {
 }
 
 // out[r * out_r + c * out_c] = sum_i a_r[i] * b_c[i] over n elements for the R rows a_r = a + r * a_step (of a_t,
-// widened to acc_t) and the C rows b_c = b + c * b_step.
+// widened to acc_t) and the C rows b_c = b + c * b_step. prefetch > 0: as each 64-byte line of a row is read, the line
+// `prefetch` bytes past it is asked for (the same offset in the rows of the next block, for a streaming caller).
 template <int R, int C, typename acc_t, typename a_t>
 void dot_block(const a_t* a, int64_t a_step, const acc_t* b, int64_t b_step, int64_t n, acc_t* out, int64_t out_r,
-               int64_t out_c) {
+               int64_t out_c, int64_t prefetch = 0) {
   using Vec = at::vec::Vectorized<acc_t>;
   constexpr int64_t kV = Vec::size();
   Vec acc[R][C];
@@ -69,6 +71,13 @@ void dot_block(const a_t* a, int64_t a_step, const acc_t* b, int64_t b_step, int
     }
   };
   int64_t i = 0;
+  if (prefetch > 0) {  // a line of each row at a time: one prefetch per line, the line's vectors (64 bytes / kV each)
+    constexpr int64_t kLine = std::max<int64_t>(kV, 64 / static_cast<int64_t>(sizeof(a_t)));
+    for (; i + kLine <= n; i += kLine) {
+      for (int r = 0; r < R; ++r) __builtin_prefetch(reinterpret_cast<const char*>(a + r * a_step + i) + prefetch, 0, 3);
+      for (int64_t j = 0; j < kLine; j += kV) step(i + j, kV);
+    }
+  }
   for (; i + kV <= n; i += kV) step(i, kV);
   if (i < n) step(i, n - i);
   for (int r = 0; r < R; ++r)
@@ -88,14 +97,14 @@ void for_blocks(int64_t count, F&& f) {
 }
 
 // out[r * out_r + c * out_c] = dot(a + r * a_step, b + c * b_step) over n elements for any rows x cols, in blocks of
-// up to 4 x kDotCols.
+// up to 4 x kDotCols (prefetch: see dot_block).
 template <typename acc_t, typename a_t>
 void dot_rows(const a_t* a, int64_t a_step, int64_t rows, const acc_t* b, int64_t b_step, int64_t cols, int64_t n,
-              acc_t* out, int64_t out_r, int64_t out_c) {
+              acc_t* out, int64_t out_r, int64_t out_c, int64_t prefetch = 0) {
   for_blocks<4>(rows, [&](auto R, int64_t r) {
     for_blocks<kDotCols>(cols, [&](auto C, int64_t c) {
       dot_block<decltype(R)::value, decltype(C)::value>(a + r * a_step, a_step, b + c * b_step, b_step, n,
-                                                        out + r * out_r + c * out_c, out_r, out_c);
+                                                        out + r * out_r + c * out_c, out_r, out_c, prefetch);
     });
   });
 }

@@ -3,7 +3,7 @@
 // bias [N], shared by linear (float32, bfloat16, float16 x and weights) and int8_linear (int8 weights with scales).
 // It is weight streaming: M is small, so the time is that of reading w once from memory. Work items are blocks of 4
 // (or 2) output features split over all threads (at::parallel_for: each thread streams a contiguous range of weight
-// rows, a block at once, the next block prefetched); a block's rows are dotted with all M rows of x by dot_rows (blocks
+// rows, a block at once, the next block prefetched: all at once for 1 or 2 rows of x, line by line from 3); a block's rows are dotted with all M rows of x by dot_rows (blocks
 // of up to 4 weight rows by up to kDotCols rows of x), widening narrow weights as they are loaded, or by AVX-512 BF16
 // dot products on bfloat16, so each weight row comes from memory once and from cache for the later blocks of x rows.
 // Sums are per vector lane over K, then across lanes (the order of a blocked GEMM). Compiled into each including kernel
@@ -49,23 +49,26 @@ __attribute__((always_inline)) inline void prefetch_rows(const w_t* w, int64_t K
 // 4 runs 1.23 -> 0.99 ms).
 template <int R, int C>
 __attribute__((always_inline)) inline void dot_step_bf16(__m512 (&acc)[R][C], const c10::BFloat16* a, int64_t K,
-                                                         const c10::BFloat16* b, int64_t k, __mmask32 mask) {
+                                                         const c10::BFloat16* b, int64_t k, __mmask32 mask,
+                                                         int64_t prefetch) {
   __m512bh bv[C];
   for (int c = 0; c < C; ++c) bv[c] = (__m512bh)_mm512_maskz_loadu_epi16(mask, b + c * K + k);
   for (int r = 0; r < R; ++r) {
+    if (prefetch > 0) __builtin_prefetch(reinterpret_cast<const char*>(a + r * K + k) + prefetch, 0, 3);
     const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(mask, a + r * K + k);
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], av, bv[c]);
   }
 }
 
 template <int R, int C>
-void dot_block_bf16(const c10::BFloat16* a, int64_t K, const c10::BFloat16* b, float* part, int64_t part_m) {
+void dot_block_bf16(const c10::BFloat16* a, int64_t K, const c10::BFloat16* b, float* part, int64_t part_m,
+                    int64_t prefetch) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   int64_t k = 0;
-  for (; k + 32 <= K; k += 32) dot_step_bf16<R, C>(acc, a, K, b, k, ~__mmask32(0));
-  if (k < K) dot_step_bf16<R, C>(acc, a, K, b, k, (__mmask32(1) << (K - k)) - 1);  // zeros past K
+  for (; k + 32 <= K; k += 32) dot_step_bf16<R, C>(acc, a, K, b, k, ~__mmask32(0), prefetch);
+  if (k < K) dot_step_bf16<R, C>(acc, a, K, b, k, (__mmask32(1) << (K - k)) - 1, 0);  // zeros past K
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) part[c * part_m + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
@@ -91,18 +94,28 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
     x_wide.assign(x, x + M * K);
     xa = x_wide.data();
   }
-  // Rows per work item: 4, or 2 for rows of narrow weights of 3 KiB or more (2 threads, N 768, 1 row of x: bfloat16 K
-  // 3072 127 -> 112 us, K 2048 77 -> 70; int8 K 3072 70 -> 60; but int8 K 2048, 2 KiB rows, 39 -> 41; float32 rows
-  // were slower in twos, and rows of K = 768 the same either way).
-  const int64_t block = sizeof(w_t) <= 2 && K * static_cast<int64_t>(sizeof(w_t)) >= 3072 ? 2 : kGemvBlock;
+  // Two ways to bring the next block into L1 while this one is computed (2 threads, cold weights, A/B in one process):
+  // - Few rows of x, little computing per weight: the whole next block at the start of this one (prefetch_rows), which
+  //   keeps the most reads in flight (1 row: bfloat16 N 3072 K 768 103 us against 154 spread out; 2 rows, float32 227
+  //   against 249). Rows of narrow weights of 3 KiB or more then go in blocks of 2 (1 row, N 768: bfloat16 K 3072 129
+  //   -> 110 us, int8 75 -> 63; float32 rows and rows of K = 768 gained nothing).
+  // - From 3 rows of x: a line of the next block as each line of this one is read (dot_rows' prefetch). A burst of a
+  //   block's prefetches stalls the core until most of them are in flight, so the dot products of many rows of x then
+  //   wait for memory instead of overlapping it (float32 N 2304 K 768, 8 rows: 263 -> 189 us; N 768 K 3072, 4 rows:
+  //   bfloat16 181 -> 128 us, int8 104 -> 68; 3 rows, float32 N 3072 K 768 255 -> 232).
+  const bool spread = M >= 3;
+  const int64_t block = !spread && sizeof(w_t) <= 2 && K * static_cast<int64_t>(sizeof(w_t)) >= 3072 ? 2 : kGemvBlock;
   const int64_t items = (N + block - 1) / block;
+  const int64_t block_bytes = block * K * static_cast<int64_t>(sizeof(w_t));
   // ~32 KiB of weight per task at least: fewer tasks than that cost more in scheduling than they save.
-  const int64_t item_bytes = block * std::max<int64_t>(1, K) * static_cast<int64_t>(sizeof(w_t));
-  at::parallel_for(0, items, std::max<int64_t>(1, (int64_t(1) << 15) / item_bytes), [&](int64_t i0, int64_t i1) {
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, block_bytes));
+  at::parallel_for(0, items, grain, [&](int64_t i0, int64_t i1) {
     std::vector<acc_t> part(M * kGemvBlock);  // [M, 4]
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t n = i * block, nb = std::min(block, N - n);
-      prefetch_rows(w, K, N, n + block, block);  // the next block, while this one is computed
+      if (!spread) prefetch_rows(w, K, N, n + block, block);
+      // the next block when it is a whole one of at most kPrefetchBytes
+      const int64_t ahead = spread && block_bytes <= kPrefetchBytes && n + 2 * block <= N ? block_bytes : 0;
       const auto dot = [&] {
 #if defined(CPU_CAPABILITY_AVX512)
         if constexpr (std::is_same_v<w_t, c10::BFloat16> && std::is_same_v<io_t, c10::BFloat16>) {
@@ -110,12 +123,13 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
             return for_blocks<4>(nb, [&](auto R, int64_t r) {
               for_blocks<4>(M, [&](auto C, int64_t m) {
                 dot_block_bf16<decltype(R)::value, decltype(C)::value>(w + (n + r) * K, K, x + m * K,
-                                                                       part.data() + m * kGemvBlock + r, kGemvBlock);
+                                                                       part.data() + m * kGemvBlock + r, kGemvBlock,
+                                                                       ahead);
               });
             });
         }
 #endif
-        dot_rows<acc_t>(w + n * K, K, nb, xa, K, M, K, part.data(), 1, kGemvBlock);
+        dot_rows<acc_t>(w + n * K, K, nb, xa, K, M, K, part.data(), 1, kGemvBlock, ahead);
       };
       dot();
       for (int64_t m = 0; m < M; ++m)

@@ -38,9 +38,10 @@ def test_matches_reference(device, rows, k, n, bias):
 @pytest.mark.parametrize("isa", CPU_ISA_LEVELS)
 def test_each_cpu_isa_level_agrees(isa):
     """The few-rows kernel is compiled per ISA level, with narrower blocks of x rows below AVX-512: 7 rows of x and
-    7 weight rows reach every block shape; K 1100 spans two widened chunks and a vector tail."""
+    13 weight rows (blocks of 4, the next one prefetched a line at a time) reach every block shape; K 1100 spans
+    whole 64-byte lines, a vector and a tail."""
     run_under_isa(isa, (
-        "w=torch.randint(-127,128,(7,1100),dtype=torch.int8); s=torch.rand(7)*0.01; b=torch.randn(7);"
+        "w=torch.randint(-127,128,(13,1100),dtype=torch.int8); s=torch.rand(13)*0.01; b=torch.randn(13);"
         "x=torch.randn(7,1100); torch.testing.assert_close(pt.ops.int8_linear(x,w,s,b).double(),"
         " ref.int8_linear(x.double(),w,s.double(),b.double()), atol=2e-5, rtol=2e-5)"))
 
