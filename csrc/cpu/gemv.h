@@ -99,10 +99,10 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   //   keeps the most reads in flight (1 row: bfloat16 N 3072 K 768 103 us against 154 spread out; 2 rows, float32 227
   //   against 249). Rows of narrow weights of 3 KiB or more then go in blocks of 2 (1 row, N 768: bfloat16 K 3072 129
   //   -> 110 us, int8 75 -> 63; float32 rows and rows of K = 768 gained nothing).
-  // - From 3 rows of x: a line of the next block as each line of this one is read (dot_rows' prefetch). A burst of a
-  //   block's prefetches stalls the core until most of them are in flight, so the dot products of many rows of x then
-  //   wait for memory instead of overlapping it (float32 N 2304 K 768, 8 rows: 263 -> 189 us; N 768 K 3072, 4 rows:
-  //   bfloat16 181 -> 128 us, int8 104 -> 68; 3 rows, float32 N 3072 K 768 255 -> 232).
+  // - From 3 rows of x: a line of the next block as each line of this one is read (dot_rows' prefetch). With the
+  //   burst, many rows of x took about the memory time (1 row) plus the compute time (weights in cache): the dot
+  //   products waited for memory instead of overlapping it (float32 N 2304 K 768, 8 rows: 263 -> 189 us; N 768
+  //   K 3072, 4 rows: bfloat16 181 -> 128 us, int8 104 -> 68; 3 rows, float32 N 3072 K 768 255 -> 232).
   const bool spread = M >= 3;
   const int64_t block = !spread && sizeof(w_t) <= 2 && K * static_cast<int64_t>(sizeof(w_t)) >= 3072 ? 2 : kGemvBlock;
   const int64_t items = (N + block - 1) / block;
