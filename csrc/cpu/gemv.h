@@ -47,29 +47,33 @@ __attribute__((always_inline)) inline void prefetch_rows(const w_t* w, int64_t K
 // them to 16 float32 sums; subnormal inputs and results count as zero, as the instruction defines. One instruction
 // takes 32 weights where widening them to float32 takes three per 16 (GPT-2's LM head, 1 row, 2 threads, cold: best of
 // 4 runs 1.23 -> 0.99 ms).
-template <int R, int C>
-__attribute__((always_inline)) inline void dot_step_bf16(__m512 (&acc)[R][C], const c10::BFloat16* a, int64_t K,
-                                                         const c10::BFloat16* b, int64_t k, __mmask32 mask,
-                                                         int64_t prefetch) {
-  __m512bh bv[C];
-  for (int c = 0; c < C; ++c) bv[c] = (__m512bh)_mm512_maskz_loadu_epi16(mask, b + c * K + k);
-  for (int r = 0; r < R; ++r) {
-    if (prefetch > 0) __builtin_prefetch(reinterpret_cast<const char*>(a + r * K + k) + prefetch, 0, 3);
-    const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(mask, a + r * K + k);
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], av, bv[c]);
-  }
-}
-
+// The loops over r and c are unrolled by pragma: GCC 12 at -O3 otherwise unrolled them too late to keep acc in
+// registers and stored every sum to the stack at every step (seen in the object code; N 3072 K 768, 8 rows, weights in
+// cache, 2 threads: 135 -> 72 us).
 template <int R, int C>
 void dot_block_bf16(const c10::BFloat16* a, int64_t K, const c10::BFloat16* b, float* part, int64_t part_m,
                     int64_t prefetch) {
   __m512 acc[R][C];
+#pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 32 <= K; k += 32) dot_step_bf16<R, C>(acc, a, K, b, k, ~__mmask32(0), prefetch);
-  if (k < K) dot_step_bf16<R, C>(acc, a, K, b, k, (__mmask32(1) << (K - k)) - 1, 0);  // zeros past K
+  for (int64_t k = 0; k < K; k += 32) {  // a 64-byte line of each row per step (prefetch: see dot_block)
+    const __mmask32 mask = K - k >= 32 ? ~__mmask32(0) : (__mmask32(1) << (K - k)) - 1;  // zeros past K
+    __m512bh bv[C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) bv[c] = (__m512bh)_mm512_maskz_loadu_epi16(mask, b + c * K + k);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      if (prefetch > 0) __builtin_prefetch(reinterpret_cast<const char*>(a + r * K + k) + prefetch, 0, 3);
+      const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(mask, a + r * K + k);
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], av, bv[c]);
+    }
+  }
+#pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
     for (int c = 0; c < C; ++c) part[c * part_m + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
 #pragma GCC pop_options
