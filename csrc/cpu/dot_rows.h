@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <type_traits>
+#include <utility>
 
 namespace pytransformer::cpu {
 inline namespace CPU_CAPABILITY {
@@ -59,30 +60,55 @@ void dot_block(const a_t* a, int64_t a_step, const acc_t* b, int64_t b_step, int
                int64_t out_c, int64_t prefetch = 0) {
   using Vec = at::vec::Vectorized<acc_t>;
   constexpr int64_t kV = Vec::size();
-  Vec acc[R][C];
+  // Fewer than 8 sums cannot hide an fma's latency (4 cycles, 2 a cycle): those blocks keep two sets of sums, which
+  // take alternate vectors, and add them at the end (weights in cache, 2 threads, 1 row of x, N 768 K 3072: int8
+  // 50 -> 33 us, float16 64 -> 50). The loops over r and c are unrolled by pragma, which GCC 12 at -O3 needs to keep
+  // every sum in a register (see dot_block_bf16 in gemv.h).
+  constexpr bool kTwoSets = R * C < 8;
+  Vec acc[R][C], acc2[R][C];  // acc2: the second set, when kTwoSets
+#pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = Vec(0);
-  const auto step = [&](int64_t i, int64_t count) __attribute__((always_inline)) {  // count < kV: zero-filled tail
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) acc[r][c] = acc2[r][c] = Vec(0);
+  // The vector at i into acc (set 0) or acc2 (set 1); count < kV: a zero-filled tail.
+  const auto step = [&](auto set, int64_t i, int64_t count) __attribute__((always_inline)) {
     Vec bv[C];
+#pragma GCC unroll 4
     for (int c = 0; c < C; ++c) bv[c] = Vec::loadu(b + c * b_step + i, count);
+#pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const Vec av = load_widened<acc_t>(a + r * a_step + i, count);
-      for (int c = 0; c < C; ++c) acc[r][c] = at::vec::fmadd(av, bv[c], acc[r][c]);
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) {
+        if constexpr (decltype(set)::value == 0) acc[r][c] = at::vec::fmadd(av, bv[c], acc[r][c]);
+        else acc2[r][c] = at::vec::fmadd(av, bv[c], acc2[r][c]);
+      }
     }
   };
+  constexpr int64_t kLine = std::max<int64_t>(kV, 64 / static_cast<int64_t>(sizeof(a_t)));  // a 64-byte line of a
+  constexpr int64_t kChunk = std::max<int64_t>(kLine, (kTwoSets ? 2 : 1) * kV);  // whole lines, a vector per set
+  const auto chunk = [&](int64_t i) __attribute__((always_inline)) {  // vector j of a chunk into set j % 2
+    [&]<int64_t... J>(std::integer_sequence<int64_t, J...>) {
+      (step(std::integral_constant<int, kTwoSets ? J % 2 : 0>{}, i + J * kV, kV), ...);
+    }(std::make_integer_sequence<int64_t, kChunk / kV>{});
+  };
   int64_t i = 0;
-  if (prefetch > 0) {  // a line of each row at a time: one prefetch per line, the line's vectors (64 bytes / kV each)
-    constexpr int64_t kLine = std::max<int64_t>(kV, 64 / static_cast<int64_t>(sizeof(a_t)));
-    for (; i + kLine <= n; i += kLine) {
-      for (int r = 0; r < R; ++r) __builtin_prefetch(reinterpret_cast<const char*>(a + r * a_step + i) + prefetch, 0, 3);
-      for (int64_t j = 0; j < kLine; j += kV) step(i + j, kV);
+  if (prefetch > 0)
+    for (; i + kChunk <= n; i += kChunk) {
+      for (int64_t l = 0; l < kChunk; l += kLine)  // one prefetch per line of each row
+        for (int r = 0; r < R; ++r)
+          __builtin_prefetch(reinterpret_cast<const char*>(a + r * a_step + i + l) + prefetch, 0, 3);
+      chunk(i);
     }
-  }
-  for (; i + kV <= n; i += kV) step(i, kV);
-  if (i < n) step(i, n - i);
+  for (; i + kChunk <= n; i += kChunk) chunk(i);
+  for (; i + kV <= n; i += kV) step(std::integral_constant<int, 0>{}, i, kV);
+  if (i < n) step(std::integral_constant<int, 0>{}, i, n - i);
+#pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
     for (int c = 0; c < C; ++c)
-      out[r * out_r + c * out_c] = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), acc[r][c]);
+      out[r * out_r + c * out_c] =
+          at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), kTwoSets ? acc[r][c] + acc2[r][c] : acc[r][c]);
 }
 
 // Calls f(std::integral_constant<int, K>{}, i) for consecutive blocks [i, i + K) that cover [0, count): K = 4 (when

@@ -47,18 +47,21 @@ __attribute__((always_inline)) inline void prefetch_rows(const w_t* w, int64_t K
 // them to 16 float32 sums; subnormal inputs and results count as zero, as the instruction defines. One instruction
 // takes 32 weights where widening them to float32 takes three per 16 (GPT-2's LM head, 1 row, 2 threads, cold: best of
 // 4 runs 1.23 -> 0.99 ms).
-// The loops over r and c are unrolled by pragma: GCC 12 at -O3 otherwise unrolled them too late to keep acc in
-// registers and stored every sum to the stack at every step (seen in the object code; N 3072 K 768, 8 rows, weights in
-// cache, 2 threads: 135 -> 72 us).
+// Fewer than 8 sums keep two sets, which take alternate steps (see dot_block; 1 row, N 768 K 3072, weights in cache,
+// 2 threads: 51 -> 40 us). The loops over r and c are unrolled by pragma: GCC 12 at -O3 otherwise unrolled them too
+// late to keep the sums in registers and stored every one to the stack at every step (seen in the object code; N 3072
+// K 768, 8 rows: 135 -> 72 us).
 template <int R, int C>
 void dot_block_bf16(const c10::BFloat16* a, int64_t K, const c10::BFloat16* b, float* part, int64_t part_m,
                     int64_t prefetch) {
-  __m512 acc[R][C];
+  constexpr bool kTwoSets = R * C < 8;
+  __m512 acc[R][C], acc2[R][C];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 32) {  // a 64-byte line of each row per step (prefetch: see dot_block)
+    for (int c = 0; c < C; ++c) acc[r][c] = acc2[r][c] = _mm512_setzero_ps();
+  // 32 elements from k (a 64-byte line of each row; prefetch: see dot_block) into acc (set 0) or acc2 (set 1)
+  const auto step = [&](auto set, int64_t k) __attribute__((always_inline)) {
     const __mmask32 mask = K - k >= 32 ? ~__mmask32(0) : (__mmask32(1) << (K - k)) - 1;  // zeros past K
     __m512bh bv[C];
 #pragma GCC unroll 4
@@ -68,13 +71,24 @@ void dot_block_bf16(const c10::BFloat16* a, int64_t K, const c10::BFloat16* b, f
       if (prefetch > 0) __builtin_prefetch(reinterpret_cast<const char*>(a + r * K + k) + prefetch, 0, 3);
       const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(mask, a + r * K + k);
 #pragma GCC unroll 4
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], av, bv[c]);
+      for (int c = 0; c < C; ++c) {
+        if constexpr (decltype(set)::value == 0) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], av, bv[c]);
+        else acc2[r][c] = _mm512_dpbf16_ps(acc2[r][c], av, bv[c]);
+      }
     }
-  }
+  };
+  int64_t k = 0;
+  if constexpr (kTwoSets)
+    for (; k + 64 <= K; k += 64) {
+      step(std::integral_constant<int, 0>{}, k);
+      step(std::integral_constant<int, 1>{}, k + 32);
+    }
+  for (; k < K; k += 32) step(std::integral_constant<int, 0>{}, k);
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) part[c * part_m + r] = _mm512_reduce_add_ps(acc[r][c]);
+    for (int c = 0; c < C; ++c)
+      part[c * part_m + r] = _mm512_reduce_add_ps(kTwoSets ? _mm512_add_ps(acc[r][c], acc2[r][c]) : acc[r][c]);
 }
 #pragma GCC pop_options
 #endif
