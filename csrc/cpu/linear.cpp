@@ -18,9 +18,10 @@ namespace {
 // crossover rows). float32: the kernel took 0.6-0.7x the time of ATen's GEMM at every row count tried, 1 to 512, but it
 // is not blocked for the caches along the rows of x, so prefill-sized inputs stay with the GEMM: 32 rows. float16: the
 // same (ATen's float16 GEMM was 4-7x slower still). bfloat16: ATen's GEMM uses AVX-512 BF16 dot products; with them
-// too (has_avx512_bf16) the kernel took 0.55-0.75x its time up to 16 rows at K = 768 (0.92x at 32), and at K = 3072,
-// where 16 rows of x no longer fit L1 beside the weights, 1.08x at 16 rows: 16 rows. Widening bfloat16 instead, it was
-// as fast from 2 rows and slower from 4: 2 rows.
+// too (has_avx512_bf16) the kernel took 0.5-0.9x its time up to 8 rows (N 3072 K 768 and N 768 K 3072, weights from
+// memory), while from 9 rows (weights in cache) it took as long as ATen's or 1.6x longer from one process to the next:
+// 8 rows.
+// Widening bfloat16 instead, it was as fast from 2 rows and slower from 4: 2 rows.
 int64_t max_gemv_rows(at::ScalarType dtype) {
   if (dtype == at::kBFloat16) return getenv("PT_BFMAX") ? atoi(getenv("PT_BFMAX")) : has_avx512_bf16() ? 8 : 2;
   return 32;

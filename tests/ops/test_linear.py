@@ -16,7 +16,7 @@ from tests.helpers import CPU_ISA_LEVELS, TRACING_ERROR, WHERE, compiled, run_un
 # accumulation over K <= a few thousand, plus the rounding of the result to the half types.
 REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3, torch.float64: 1e-12}
 # csrc/cpu/linear.cpp: max_gemv_rows
-GEMV_ROWS = {torch.float32: 32, torch.float16: 32, torch.bfloat16: 16 if pytransformer._C.cpu_bf16_dot_products() else 2}
+GEMV_ROWS = {torch.float32: 32, torch.float16: 32, torch.bfloat16: 8 if pytransformer._C.cpu_bf16_dot_products() else 2}
 
 
 def make(n, k, device="cpu", dtype=torch.float32, bias=True):
@@ -62,10 +62,10 @@ def test_dtypes(device, dtype, rows, k, n):
 def test_each_cpu_isa_level_agrees(isa):
     """The kernel is compiled per ISA level (8 or 16 lanes, 2 or 4 rows of x per block): 13 weight rows (blocks of 4,
     the next block prefetched a line at a time from 3 rows of x) and 7 rows of x (in bfloat16 the most its kernel takes:
-    16 with AVX-512 BF16 dot products, else 2) reach every block shape, K = 1100 full vectors and a tail, in each weight
+    8 with AVX-512 BF16 dot products, else 2) reach every block shape, K = 1100 full vectors and a tail, in each weight
     dtype."""
     run_under_isa(isa, (
-        "bf16_rows = 16 if pt._C.cpu_bf16_dot_products() else 2\n"
+        "bf16_rows = 8 if pt._C.cpu_bf16_dot_products() else 2\n"
         "for dt, m, tol in ((torch.float32, 7, 2e-5), (torch.bfloat16, bf16_rows, 2e-2), (torch.float16, 7, 2e-3)):\n"
         "  w=torch.randn(13,1100).to(dt); b=torch.randn(13).to(dt); x=torch.randn(m,1100).to(dt)\n"
         "  torch.testing.assert_close(pt.ops.linear(x,w,b).double(), ref.linear(x.double(),w.double(),b.double()),"
