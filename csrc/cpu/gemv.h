@@ -3,9 +3,10 @@
 // bias [N], shared by linear (float32, bfloat16, float16 x and weights) and int8_linear (int8 weights with scales).
 // It is weight streaming: M is small, so the time is that of reading w once from memory. Work items are blocks of 4
 // (or 2) output features split over all threads (at::parallel_for: each thread streams a contiguous range of weight
-// rows, a block at once, the next block prefetched: all at once for 1 or 2 rows of x, line by line from 3); a block's rows are dotted with all M rows of x by dot_rows (blocks
-// of up to 4 weight rows by up to kDotCols rows of x), widening narrow weights as they are loaded, or by AVX-512 BF16
-// dot products on bfloat16, so each weight row comes from memory once and from cache for the later blocks of x rows.
+// rows, a block at once, the next block prefetched: all at once for 1 or 2 rows of x, a line at a time from 3); a
+// block's rows are dotted with all M rows of x by dot_rows (blocks of up to 4 weight rows by up to kDotCols rows of
+// x), widening narrow weights as they are loaded, or by AVX-512 BF16 dot products on bfloat16, so each weight row
+// comes from memory once and from cache for the later blocks of x rows.
 // Sums are per vector lane over K, then across lanes (the order of a blocked GEMM). Compiled into each including kernel
 // file's ISA level (namespace CPU_CAPABILITY, see isa.h).
 #include <ATen/Parallel.h>
