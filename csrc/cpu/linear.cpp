@@ -20,10 +20,9 @@ namespace {
 // same (ATen's float16 GEMM was 4-7x slower still). bfloat16: ATen's GEMM uses AVX-512 BF16 dot products; with them
 // too (has_avx512_bf16) the kernel took 0.5-0.9x its time up to 8 rows (N 3072 K 768 and N 768 K 3072, weights from
 // memory), while from 9 rows (weights in cache) it took as long as ATen's or 1.6x longer from one process to the next:
-// 8 rows.
-// Widening bfloat16 instead, it was as fast from 2 rows and slower from 4: 2 rows.
+// 8 rows. Widening bfloat16 instead, it was as fast from 2 rows and slower from 4: 2 rows.
 int64_t max_gemv_rows(at::ScalarType dtype) {
-  if (dtype == at::kBFloat16) return getenv("PT_BFMAX") ? atoi(getenv("PT_BFMAX")) : has_avx512_bf16() ? 8 : 2;
+  if (dtype == at::kBFloat16) return has_avx512_bf16() ? 8 : 2;
   return 32;
 }
 
