@@ -38,6 +38,12 @@ DEFAULT_CUDA_ARCH_LIST = "7.5;8.0;8.6;8.9;9.0+PTX"
 _AVX2 = ["avx", "avx2", "fma", "f16c"]
 _AVX512 = _AVX2 + ["avx512f", "avx512bw", "avx512vl", "avx512dq"]
 ISA_LEVELS = [("DEFAULT", 0, []), ("AVX2", 1, _AVX2), ("AVX512", 2, _AVX512)]
+# Standard headers a unit with a target includes before its pragma, so that their functions keep the default target.
+# From GCC 13, std::allocator's members are always_inline; declared under the pragma they would get the unit's target
+# while the implicitly defined members that call them keep the default one, which GCC refuses to inline ("inlining
+# failed in call to 'always_inline' ... target specific option mismatch", GCC bug 109753).
+_STD_HEADERS = ["algorithm", "array", "atomic", "cmath", "cstdint", "cstdlib", "cstring", "functional", "limits",
+                "memory", "optional", "sstream", "string", "type_traits", "utility", "vector"]
 
 
 def kernel_sources() -> list[Path]:
@@ -67,6 +73,7 @@ def isa_units(out_dir: Path) -> list[Path]:
     for name, level, features in ISA_LEVELS:
         for src in kernel_sources():
             text = "".join([
+                "".join(f"#include <{h}>\n" for h in _STD_HEADERS) if features else "",
                 f'#pragma GCC target("{",".join(features)}")\n' if features else "",
                 "".join(f"#define __{f.upper()}__ 1\n" for f in features),
                 f"#define CPU_CAPABILITY {name}\n#define CPU_CAPABILITY_{name}\n#define PT_ISA_LEVEL {level}\n",
