@@ -11,18 +11,24 @@ usage: bash benchmarks/gpu_check.sh [--out DIR] [--timeout SECONDS] [STEP ...]
 Builds pytransformer with its CUDA kernels and checks them on this machine's GPU. Run it from a checkout of the
 repository, with a CUDA build of torch, nvcc and pytest installed (compute-sanitizer for the sanitizer steps).
 
-Steps (default: env build test sanitizers bandwidth bench):
+Steps (default: env build check test sanitizers bandwidth bench):
   env         the GPU, driver, nvcc, torch and compute-sanitizer versions
   build       build the extension in place with the CUDA kernels (setup.py build_ext --inplace, FORCE_CUDA=1) and
               check that pytransformer.with_cuda() is True
+  check       every op's kernel cases on the GPU, one process an op (python -m pytransformer check --device cuda
+              --quick --op OP, step check_OP), so that a crash in one op leaves the others checked; an op whose
+              process dies of a signal runs again under cuda-gdb or gdb, whichever is on PATH, for a native
+              backtrace (step check_OP_backtrace). Then the CPU kernels of the same build (step check_cpu)
   test        the CUDA tests: python -m pytest tests -m cuda -q
   sanitizers  memcheck, racecheck, synccheck and initcheck, each a step of its own that can also be named alone:
-              compute-sanitizer --tool TOOL python -m pytest tests/ops -m cuda -q -x, with PyTorch's caching
-              allocator off so that every allocation has its exact size (the CUDA-graph tests, which need the
-              caching allocator, are left out of these runs)
+              compute-sanitizer --tool TOOL over each op's kernel cases as in `check` (steps TOOL_OP), with
+              PyTorch's caching allocator off so that every allocation has its exact size
   bandwidth   the device-to-device copy bandwidth (2 GiB), the ceiling of the memory-bound kernels
   bench       the op benchmarks on CUDA (norms, masked_softmax, attention, decode, append, int8), each recorded as DIR/bench_*.md
   alltests    the whole test suite, CPU and CUDA: python -m pytest tests -q (not in the default list)
+
+The check, test and sanitizer steps set PYTRANSFORMER_CUDA_HALF_ATTENTION=1, so that float16/bfloat16 attention runs
+its own kernels (by default those calls run the float32 kernels: see the README).
 
 Options:
   -o, --out DIR          where logs and records go (default: gpu_check_out/ at the top of the repository, which git
@@ -36,8 +42,7 @@ Environment:
                         has lib64/libcudart.so)
   TORCH_CUDA_ARCH_LIST  architectures to build for (default: the compute capability of GPU 0, e.g. 9.0 on an H100)
   MAX_JOBS              parallel compile jobs (default: the number of cores)
-  PYTEST_ADDOPTS        extra pytest options for the test steps, e.g. "-k attention" or "-n 8" (pytest-xdist);
-                        the sanitizer steps set their own -k, which takes precedence over one given here
+  PYTEST_ADDOPTS        extra pytest options for the test steps, e.g. "-k attention" or "-n 8" (pytest-xdist)
 
 Each step writes DIR/STEP.log. DIR/summary.md lists every step's result with the date, commit, GPU and torch version,
 followed by the key lines of the logs and the benchmark tables; it is printed at the end. A failing step does not stop
@@ -46,8 +51,8 @@ one failed, 2 for bad arguments.
 EOF
 }
 
-ALL_STEPS=(env build test memcheck racecheck synccheck initcheck bandwidth bench alltests)
-DEFAULT_STEPS=(env build test sanitizers bandwidth bench)
+ALL_STEPS=(env build check test memcheck racecheck synccheck initcheck bandwidth bench alltests)
+DEFAULT_STEPS=(env build check test sanitizers bandwidth bench)
 SANITIZER_TOOLS=(memcheck racecheck synccheck initcheck)
 
 bad_usage() {
@@ -145,7 +150,7 @@ if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
   TORCH_CUDA_ARCH_LIST=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
   [ -n "$TORCH_CUDA_ARCH_LIST" ] || TORCH_CUDA_ARCH_LIST="8.0;9.0"
 fi
-export TORCH_CUDA_ARCH_LIST MAX_JOBS=${MAX_JOBS:-$(nproc)} FORCE_CUDA=1
+export TORCH_CUDA_ARCH_LIST MAX_JOBS=${MAX_JOBS:-$(nproc)} FORCE_CUDA=1 PYTRANSFORMER_CUDA_HALF_ATTENTION=1
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
 SUMMARY=$LOG_DIR/summary.md
@@ -218,6 +223,18 @@ have_cuda_build() {
     fi
   fi
   [ "$BUILD_STATE" = ok ]
+}
+
+# The ops of `python -m pytransformer check` (pytransformer/check.py's OPS), one a line.
+check_ops() {
+  "$PYTHON" -c "from pytransformer.check import OPS; print(*OPS, sep='\n')"
+}
+
+# check_op STEP OP [PREFIX...]: the op's quick kernel cases on the GPU as step STEP, run through PREFIX (a sanitizer).
+check_op() {
+  local step=$1 op=$2
+  shift 2
+  run_step "$step" "$@" "$PYTHON" -m pytransformer check --device cuda --quick --op "$op"
 }
 
 # The reason the steps that need the CUDA build cannot run.
@@ -299,15 +316,31 @@ for step in "${STEPS[@]}"; do
         continue
       fi
       case $step in
+        check)
+          for op in $(check_ops); do
+            check_op "check_$op" "$op"
+            rc=$?
+            # Killed by a signal (128 + its number), not by the step timeout: a native backtrace of the crash.
+            if [ "$rc" -gt 128 ] && [ "$rc" -ne 137 ]; then
+              if debugger=$(command -v cuda-gdb || command -v gdb); then
+                check_op "check_${op}_backtrace" "$op" "$debugger" -q -batch -ex run -ex bt --args
+              else
+                skip_step "check_${op}_backtrace" "no cuda-gdb or gdb on PATH"
+              fi
+            fi
+          done
+          run_step check_cpu "$PYTHON" -m pytransformer check --device cpu --quick
+          ;;
         test)
           run_step test "$PYTHON" -m pytest tests -m cuda -q -rfE --junitxml="$LOG_DIR/test.xml"
           ;;
         memcheck | racecheck | synccheck | initcheck)
           extra=()
           [ "$step" = racecheck ] && extra=(--racecheck-report analysis)
-          run_step "$step" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
-            compute-sanitizer --error-exitcode 1 --tool "$step" ${extra[@]+"${extra[@]}"} \
-            "$PYTHON" -m pytest tests/ops -m cuda -q -x -k "not cuda_graph and not under_capture"
+          for op in $(check_ops); do
+            check_op "${step}_$op" "$op" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+              compute-sanitizer --error-exitcode 1 --tool "$step" ${extra[@]+"${extra[@]}"}
+          done
           ;;
         bench)
           for spec in "${BENCHES[@]}"; do
@@ -339,8 +372,21 @@ done
   }
   for step in "${STEPS[@]}"; do
     case $step in
+      check)
+        for log in "$LOG_DIR"/check_*.log; do
+          name=$(basename "$log" .log)
+          case $name in
+            *_backtrace) echo "- $name: $(grep -m1 -E '^#0 ' "$log" | grep . || echo '(no frame; see the log)')" ;;
+            *) key_line "$name" 'cases pass|failures:|Fatal Python error' ;;
+          esac
+        done
+        ;;
       test | alltests) key_line "$step" '(passed|failed|error|no tests ran)' ;;
-      memcheck | racecheck | synccheck | initcheck) key_line "$step" 'ERROR SUMMARY|RACECHECK SUMMARY' ;;
+      memcheck | racecheck | synccheck | initcheck)
+        for log in "$LOG_DIR/$step"_*.log; do
+          [ -f "$log" ] && key_line "$(basename "$log" .log)" 'ERROR SUMMARY|RACECHECK SUMMARY'
+        done
+        ;;
       bandwidth) key_line bandwidth 'GB/s' ;;
     esac
   done

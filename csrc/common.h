@@ -42,18 +42,20 @@ inline void check_feature_vector(const std::optional<at::Tensor>& t, const char*
 
 // `t` must have the sizes `expected` (-1: any), named by `dims` (e.g. "[B, Hkv, T, D]") in the message:
 // "k_new: expected [B, Hkv, T, D] = [2, 4, *, 64], got [2, 4, 3, 32]".
+// The message is formatted only on a mismatch: the decode ops check several tensors a call, every generated token.
 inline void check_sizes(const at::Tensor& t, const char* name, const char* dims, std::vector<int64_t> expected) {
   check_dim(t, name, static_cast<int64_t>(expected.size()), dims);
   bool ok = true;
+  for (size_t i = 0; i < expected.size(); ++i) ok = ok && (expected[i] < 0 || expected[i] == t.size(i));
+  if (ok) return;
   std::ostringstream want;
   want << "[";
   for (size_t i = 0; i < expected.size(); ++i) {
-    ok = ok && (expected[i] < 0 || expected[i] == t.size(i));
     want << (i ? ", " : "");
     if (expected[i] < 0) want << "*"; else want << expected[i];
   }
   want << "]";
-  TORCH_CHECK_VALUE(ok, name, ": expected ", dims, " = ", want.str(), ", got ", t.sizes());
+  TORCH_CHECK_VALUE(false, name, ": expected ", dims, " = ", want.str(), ", got ", t.sizes());
 }
 
 inline void check_index_vector(const at::Tensor& t, const char* name, const at::Tensor& ref, const char* ref_name,

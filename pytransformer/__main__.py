@@ -55,6 +55,11 @@ def _device(text: str) -> str:
     return text
 
 
+def _check_ops() -> list[str]:
+    from .check import OPS
+    return list(OPS)
+
+
 def _default_device() -> str:
     import torch
 
@@ -131,6 +136,8 @@ def parser() -> argparse.ArgumentParser:
                                        "failure. The first command to run on a new GPU.")
     check.add_argument("--device", type=_device, help=device_help)
     check.add_argument("--quick", action="store_true", help="the short shape lists (seconds on a GPU)")
+    check.add_argument("--op", action="append", choices=_check_ops(), metavar="OP",
+                       help="check only this op (repeatable; default: all of " + ", ".join(_check_ops()) + ")")
     return p
 
 
@@ -186,11 +193,13 @@ def main(argv=None) -> int:
     elif args.command == "check":
         from . import check
         device = args.device or _default_device()
-        checks = check.run(device, quick=args.quick)
-        print(f"pytransformer check on {device}{' (quick)' if args.quick else ''}\n\n{check.table(checks)}")
+        checks = check.run(device, quick=args.quick, ops=args.op)
+        what = f" ({', '.join(args.op)})" if args.op else ""
+        print(f"pytransformer check on {device}{' (quick)' if args.quick else ''}{what}\n\n{check.table(checks)}")
         if checks.failures:
             print(f"\n{len(checks.failures)} failures:\n" + "\n".join(checks.failures[:50]))
             return 1
+        print(f"\nall {sum(cases for cases, _, _ in checks.stats.values())} cases pass")
     else:
         from .models import CONFIGS
         from .models.count import report

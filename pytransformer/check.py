@@ -567,20 +567,28 @@ class KernelChecks:
 
 # ---- python -m pytransformer check ----
 
-def run(device: str, quick: bool = False) -> KernelChecks:
-    """Every op's cases (the quick shape lists with `quick`) against torch.ops.pytransformer on `device`, from a
-    fixed seed."""
+# The ops that `run` can check, in its order: op -> its cases, given (checks, pick(short list, full list)).
+OPS = {
+    "norm": lambda c, pick: c.check_norms(pick(NORM_SHAPES_QUICK, NORM_SHAPES)),
+    "masked_softmax": lambda c, pick: c.check_softmax(pick(SOFTMAX_SHAPES_QUICK, SOFTMAX_SHAPES)),
+    "attention": lambda c, pick: (c.check_attention(pick(ATTENTION_SHAPES_QUICK, ATTENTION_SHAPES)),
+                                  c.check_attention_tiles(ATTENTION_TILE_CASES)),
+    "kv_cache_append": lambda c, pick: c.check_kv_cache(pick(APPEND_SHAPES_QUICK, APPEND_SHAPES)),
+    "decode_attention": lambda c, pick: c.check_decode(pick(DECODE_SHAPES_QUICK, DECODE_SHAPES)),
+    "int8_linear": lambda c, pick: c.check_int8_linear(pick(INT8_SHAPES_QUICK, INT8_SHAPES)),
+    "linear": lambda c, pick: c.check_linear(pick(LINEAR_SHAPES_QUICK, LINEAR_SHAPES)),
+}
+
+
+def run(device: str, quick: bool = False, ops=None) -> KernelChecks:
+    """The cases of every op, or of the ops named in `ops` (keys of OPS), against torch.ops.pytransformer on `device`
+    (the quick shape lists with `quick`), from a fixed seed."""
     torch.manual_seed(0)
     checks = KernelChecks(torch.ops.pytransformer, device)
     pick = (lambda short, full: short if quick else full)  # noqa: E731
-    checks.check_norms(pick(NORM_SHAPES_QUICK, NORM_SHAPES))
-    checks.check_softmax(pick(SOFTMAX_SHAPES_QUICK, SOFTMAX_SHAPES))
-    checks.check_attention(pick(ATTENTION_SHAPES_QUICK, ATTENTION_SHAPES))
-    checks.check_attention_tiles(ATTENTION_TILE_CASES)
-    checks.check_kv_cache(pick(APPEND_SHAPES_QUICK, APPEND_SHAPES))
-    checks.check_decode(pick(DECODE_SHAPES_QUICK, DECODE_SHAPES))
-    checks.check_int8_linear(pick(INT8_SHAPES_QUICK, INT8_SHAPES))
-    checks.check_linear(pick(LINEAR_SHAPES_QUICK, LINEAR_SHAPES))
+    for op, cases in OPS.items():
+        if ops is None or op in ops:
+            cases(checks, pick)
     return checks
 
 

@@ -1,9 +1,15 @@
 """Shared test fixtures: devices to run on (CUDA ones are marked `cuda` and skipped without a GPU), and the target of
 the CUDA kernel cases (pytransformer/check.py): the GPU, or the host emulator with --cuda-emulator."""
+import os
+
 import pytest
 import torch
 
 import pytransformer  # noqa: F401  registers the ops
+
+# The CUDA tests test the float16/bfloat16 attention kernels, which calls take only with this set (csrc/cuda/attention.cu;
+# by default they run the float32 kernels, see test_cuda_half_attention_runs_the_float32_kernels_by_default).
+os.environ.setdefault("PYTRANSFORMER_CUDA_HALF_ATTENTION", "1")
 from pytransformer.check import KernelChecks
 
 

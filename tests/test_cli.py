@@ -95,7 +95,7 @@ def test_without_matplotlib_bench_plot_fails_with_the_install_hint(tmp_path, cap
     assert e.value.code == 2 and "pytransformer[plot]" in capsys.readouterr().err
 
 
-def _few_cases(device, quick=False):
+def _few_cases(device, quick=False, ops=None):
     """check.run on a few of the cases (the full CPU run is minutes; the GPU run is what the command is for)."""
     from pytransformer import check
     checks = check.KernelChecks(torch.ops.pytransformer, device)
@@ -114,7 +114,7 @@ def test_check_prints_the_table_and_fails_on_a_wrong_row(capsys, monkeypatch):
     assert re.search(r"\| kv_cache_append \| float32 \| 3 \| 0.000 \| 0 \| pass \|", out)
 
     # One wrong row among many: within the whole-tensor tolerance, caught row by row, exit status 1.
-    def one_wrong_row(device, quick=False):
+    def one_wrong_row(device, quick=False, ops=None):
         checks = check.KernelChecks(torch.ops.pytransformer, device)
         ref = torch.randn(4096, 64, dtype=torch.float64)
         out = ref.to(torch.bfloat16)
@@ -126,3 +126,16 @@ def test_check_prints_the_table_and_fails_on_a_wrong_row(capsys, monkeypatch):
     assert main(["check", "--device", "cpu"]) == 1
     out = capsys.readouterr().out
     assert "| attention | bfloat16 | 1 |" in out and "FAIL" in out and "attention fwd bfloat16 planted" in out
+
+
+def test_check_of_one_op(capsys):
+    """--op runs only the named op's cases (here the real ones, quick list) and ends with the count that passed; an
+    unknown op is a usage error."""
+    assert main(["check", "--device", "cpu", "--quick", "--op", "kv_cache_append"]) == 0
+    out = capsys.readouterr().out
+    rows = re.findall(r"^\| (\w+) \| (float32|float16|bfloat16) \|", out, re.M)
+    assert rows and {op for op, _ in rows} == {"kv_cache_append"}
+    assert re.search(r"\nall \d+ cases pass\n", out)
+    with pytest.raises(SystemExit) as e:
+        main(["check", "--device", "cpu", "--op", "softmax"])
+    assert e.value.code == 2 and "masked_softmax" in capsys.readouterr().err
