@@ -11,10 +11,13 @@ usage: bash benchmarks/gpu_check.sh [--out DIR] [--timeout SECONDS] [STEP ...]
 Builds pytransformer with its CUDA kernels and checks them on this machine's GPU. Run it from a checkout of the
 repository, with a CUDA build of torch, nvcc and pytest installed (compute-sanitizer for the sanitizer steps).
 
-Steps (default: env build check test sanitizers bandwidth bench):
+Steps (default: env build ptx check test sanitizers bandwidth bench):
   env         the GPU, driver, nvcc, torch and compute-sanitizer versions
   build       build the extension in place with the CUDA kernels (setup.py build_ext --inplace, FORCE_CUDA=1) and
               check that pytransformer.with_cuda() is True
+  ptx         the instruction primitives of the tensor-core kernels (ldmatrix, mma.sync, cp.async) against the PTX
+              ISA's fragment tables, on this GPU: python -m pytest tests/ops/test_ptx_layouts.py (builds a small probe
+              extension, tools/ptx_probes.cu)
   check       every op's kernel cases on the GPU, one process an op (python -m pytransformer check --device cuda
               --quick --op OP, step check_OP), so that a crash in one op leaves the others checked; an op whose
               process dies of a signal runs again under cuda-gdb or gdb, whichever is on PATH, for a native
@@ -51,8 +54,8 @@ one failed, 2 for bad arguments.
 EOF
 }
 
-ALL_STEPS=(env build check test memcheck racecheck synccheck initcheck bandwidth bench alltests)
-DEFAULT_STEPS=(env build check test sanitizers bandwidth bench)
+ALL_STEPS=(env build ptx check test memcheck racecheck synccheck initcheck bandwidth bench alltests)
+DEFAULT_STEPS=(env build ptx check test sanitizers bandwidth bench)
 SANITIZER_TOOLS=(memcheck racecheck synccheck initcheck)
 
 bad_usage() {
@@ -331,6 +334,9 @@ for step in "${STEPS[@]}"; do
           done
           run_step check_cpu "$PYTHON" -m pytransformer check --device cpu --quick
           ;;
+        ptx)
+          run_step ptx "$PYTHON" -m pytest tests/ops/test_ptx_layouts.py -q -rfE
+          ;;
         test)
           run_step test "$PYTHON" -m pytest tests -m cuda -q -rfE --junitxml="$LOG_DIR/test.xml"
           ;;
@@ -381,7 +387,7 @@ done
           esac
         done
         ;;
-      test | alltests) key_line "$step" '(passed|failed|error|no tests ran)' ;;
+      ptx | test | alltests) key_line "$step" '(passed|failed|error|no tests ran)' ;;
       memcheck | racecheck | synccheck | initcheck)
         for log in "$LOG_DIR/$step"_*.log; do
           [ -f "$log" ] && key_line "$(basename "$log" .log)" 'ERROR SUMMARY|RACECHECK SUMMARY'

@@ -1,6 +1,7 @@
 """Shared test fixtures: devices to run on (CUDA ones are marked `cuda` and skipped without a GPU), and the target of
 the CUDA kernel cases (pytransformer/check.py): the GPU, or the host emulator with --cuda-emulator."""
 import os
+import types
 
 import pytest
 import torch
@@ -46,6 +47,26 @@ def kernel_target(request):
         from tools.cuda_emulator import build
         return KernelTarget(build.load(), "cpu", emulated=True, full=full)
     pytest.skip("needs a GPU and a CUDA build, or --cuda-emulator")
+
+
+@pytest.fixture(scope="session")
+def ptx(kernel_target):
+    """The probe ops of tools/ptx_probes.cu (torch.ops.pytransformer_probes) as functions of CPU tensors, run on the
+    kernel target: on a GPU built now (torch.utils.cpp_extension, with the extension's nvcc flags), through the
+    emulator its build's."""
+    if not kernel_target.emulated:
+        from torch.utils.cpp_extension import load
+
+        from tools import build_config
+        load(name="pytransformer_ptx_probes", sources=[str(build_config.ROOT / "tools" / "ptx_probes.cu")],
+             extra_include_paths=[str(build_config.CSRC)], extra_cuda_cflags=build_config.nvcc_flags(),
+             is_python_module=False)
+
+    def on_target(op):
+        return lambda *args: op(*(a.to(kernel_target.device) if torch.is_tensor(a) else a for a in args)).cpu()
+    ops = torch.ops.pytransformer_probes
+    return types.SimpleNamespace(**{name: on_target(getattr(ops, name))
+                                    for name in ("probe_ldmatrix", "probe_mma", "probe_cp_async")})
 
 
 @pytest.fixture(scope="session")

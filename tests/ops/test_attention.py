@@ -460,6 +460,32 @@ def test_cuda_kernels_across_tiles(kernel_target):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("head_dim", [64, 80])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_attention_probabilities_through_identity_values(kernel_target, dtype, head_dim):
+    """With v the identity (Dv = Lk), attention's output is its probability matrix P, so the CUDA kernels' P is
+    compared with float64's row by row; a failure says how it differs: row sums, how sharp the rows are, whether the
+    argmax agrees, and which scale (if any) the rows match. (The half-precision kernels gave wrong results on an
+    H100 where the emulator passes: this shows what they computed.)"""
+    ops, device = kernel_target.ops, kernel_target.device
+    lq, lk, scale = 40, 64, head_dim ** -0.5
+    q, k = torch.randn(1, 1, lq, head_dim, dtype=dtype), torch.randn(1, 1, lk, head_dim, dtype=dtype)
+    v = torch.eye(lk, dtype=dtype)[None, None]
+    p = ops.attention(q.to(device), k.to(device), v.to(device), None, False, None, None, scale)[0][0, 0].double().cpu()
+    scores = (q.double() @ k.double().transpose(-1, -2))[0, 0]
+    ref = torch.softmax(scores * scale, dim=-1)
+    err = (p - ref).abs().max().item()
+    if err <= 2 * tolerance(dtype)[0] + kc.TOL[dtype]:
+        return
+    fits = {f: (p - torch.softmax(scores * scale * f, dim=-1)).abs().max().item() for f in (0, 0.5, 2, 8, 64, 1e4)}
+    assert False, (f"P differs by {err:.3g}: row sums {p.sum(-1).min():.3g}..{p.sum(-1).max():.3g}, largest entry "
+                   f"per row {p.max(-1).values.mean():.3g} (float64 {ref.max(-1).values.mean():.3g}), argmax agrees "
+                   f"in {(p.argmax(-1) == ref.argmax(-1)).double().mean():.0%} of rows, P^T error "
+                   f"{(p[:, :lq] - ref[:, :lq].T).abs().max():.3g}, error against other scales (x factor): "
+                   + ", ".join(f"x{f:g} {e:.3g}" for f, e in fits.items()))
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_half_attention_runs_the_float32_kernels_by_default(kernel_target, monkeypatch, dtype):
     """Without PYTRANSFORMER_CUDA_HALF_ATTENTION=1, float16/bfloat16 attention and its backward run the float32

@@ -1,9 +1,10 @@
 """The layout oracle of the tensor-core primitives: the fragment tables of the PTX ISA ("Matrix fragments for
 mma.m16n8k16 with floating point type", "ldmatrix"), written out here from the ISA's own formulas, against the
-primitives that the host emulator runs in place of the inline PTX of csrc/cuda/mma.cuh (tools/cuda_emulator/ptx.h),
-exhaustively: every (lane, register, half) of A, B, C/D of mma.sync m16n8k16 .row.col f16 and bf16, and ldmatrix
-.x1/.x2/.x4 with and without .trans with the rows given in a shuffled order. Emulator only (on a GPU the instructions
-themselves run, and the kernel cases check them)."""
+primitives of csrc/cuda/mma.cuh through the probe ops of tools/ptx_probes.cu (the `ptx` fixture), exhaustively: every
+(lane, register, half) of A, B, C/D of mma.sync m16n8k16 .row.col f16 and bf16, ldmatrix .x1/.x2/.x4 with and without
+.trans with the rows given in a shuffled order, and cp.async's zero fill. On a GPU the instructions themselves run:
+the check that the tables (and so the emulator, and the kernels' fragment loaders) match the hardware. Through the
+emulator the host bodies of tools/cuda_emulator/ptx.h run: the check that they match the tables."""
 import pytest
 import torch
 
@@ -57,7 +58,7 @@ def test_table_coverage():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_mma_m16n8k16_layouts(emu, dtype):
+def test_mma_m16n8k16_layouts(ptx, dtype):
     # Small integers: every product and sum is exact in float32, so D must equal A B + C bit for bit. Random values
     # tell every element apart; a one-hot A per element then pins each (lane, register, half) of A on its own.
     gen = torch.Generator().manual_seed(0)
@@ -66,7 +67,7 @@ def test_mma_m16n8k16_layouts(emu, dtype):
         b = torch.randint(-8, 9, (16, 8), generator=gen).double()
         c = torch.randint(-64, 65, (16, 8), generator=gen).double()
         c_regs = torch.tensor([[c[cd_row_col(lane, i)] for i in range(4)] for lane in range(32)], dtype=torch.float32)
-        d_regs = emu.probe_mma(pack(a, a_row_col, 8, dtype), pack(b, b_row_col, 4, dtype), c_regs,
+        d_regs = ptx.probe_mma(pack(a, a_row_col, 8, dtype), pack(b, b_row_col, 4, dtype), c_regs,
                                dtype == torch.bfloat16)
         d = a @ b + c
         expected = torch.tensor([[d[cd_row_col(lane, i)] for i in range(4)] for lane in range(32)], dtype=torch.float32)
@@ -78,7 +79,7 @@ def test_mma_m16n8k16_layouts(emu, dtype):
         for k in range(16):
             a = torch.zeros(16, 16, dtype=torch.float64)
             a[row, k] = 1
-            d = emu.probe_mma(pack(a, a_row_col, 8, dtype), b_regs, zeros, dtype == torch.bfloat16)
+            d = ptx.probe_mma(pack(a, a_row_col, 8, dtype), b_regs, zeros, dtype == torch.bfloat16)
             expected = torch.zeros(16, 8, dtype=torch.float64)
             expected[row] = b[k]
             exp_regs = torch.tensor([[expected[cd_row_col(lane, i)] for i in range(4)] for lane in range(32)],
@@ -88,13 +89,13 @@ def test_mma_m16n8k16_layouts(emu, dtype):
 
 @pytest.mark.parametrize("trans", [False, True])
 @pytest.mark.parametrize("num", [1, 2, 4])
-def test_ldmatrix_layouts(emu, num, trans):
+def test_ldmatrix_layouts(ptx, num, trans):
     # Shared memory of 64 rows of 8 distinct 16-bit values; lanes 8i..8i+7 give the rows of matrix i (in a shuffled
     # order, so that which lane gives which row matters); lanes past 8 * num give rows that must be ignored.
     gen = torch.Generator().manual_seed(num + 8 * trans)
     smem = torch.arange(64 * 8, dtype=torch.int64).reshape(64, 8) * 7 + 1
     rows = torch.randperm(64, generator=gen)[:32]
-    regs = emu.probe_ldmatrix(smem.to(torch.int16), rows, num, trans)
+    regs = ptx.probe_ldmatrix(smem.to(torch.int16), rows, num, trans)
     for lane in range(32):
         group, tig = lane >> 2, lane % 4
         for i in range(num):
@@ -103,3 +104,14 @@ def test_ldmatrix_layouts(emu, num, trans):
                 matrix = matrix.T
             lo, hi = int(matrix[group, 2 * tig]), int(matrix[group, 2 * tig + 1])
             assert int(regs[lane, i]) == lo | hi << 16, f"lane {lane} matrix {i}"
+
+
+def test_cp_async_copies_valid_chunks_and_zero_fills_the_rest(ptx):
+    """cp.async.cg 16 bytes with src-size 16 copies the chunk; with src-size 0 it writes 16 zero bytes (over shared
+    memory that held 0xff bytes), and the data is there after commit, wait and a barrier."""
+    gen = torch.Generator().manual_seed(0)
+    src = torch.randint(1, 256, (96, 16), dtype=torch.uint8, generator=gen)  # no zero bytes: a fill shows
+    valid = torch.rand(96, generator=gen) < 0.5
+    out = ptx.probe_cp_async(src, valid)
+    assert torch.equal(out[valid], src[valid])
+    assert torch.equal(out[~valid], torch.zeros_like(src[~valid]))

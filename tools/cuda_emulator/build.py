@@ -1,5 +1,6 @@
 """Builds the CUDA kernels (csrc/cuda: norms, masked_softmax, attention, kv_cache_append, decode_attention,
-int8_linear) for the CPU, through a host emulator, and returns their op namespace, torch.ops.pytransformer_emu.
+int8_linear) for the CPU, through a host emulator, and returns their op namespace, torch.ops.pytransformer_emu (with
+the primitives' probe ops of tools/ptx_probes.cu, rewritten the same way, as torch.ops.pytransformer_probes).
 
 csrc/cuda/*.cu and *.cuh are rewritten (launches `k<<<g, b, s, st>>>(args)` -> `emu::launcher(k, g, b, s, st)(args)`,
 no device guard or stream, __shared__ arrays as static arrays registered with the sanitizers, `t.data_ptr()` as
@@ -37,6 +38,7 @@ def rewrite(text: str) -> str:
     text = RECIPROCAL.sub(r"emu::fast::rcp(\1)", text)
     text = DATA_PTR.sub(lambda m: f"emu::extent({m.group(1)}, {m.group(0)})", text)
     text = text.replace("TORCH_LIBRARY_IMPL(pytransformer, CUDA, m)", "TORCH_LIBRARY_IMPL(pytransformer_emu, CPU, m)")
+    text = re.sub(r"TORCH_LIBRARY_IMPL\((pytransformer_\w+), CUDA, m\)", r"TORCH_LIBRARY_IMPL(\1, CPU, m)", text)
     return re.sub(r"#include <c10/cuda/CUDA(Guard|Stream)\.h>\n", "", text)
 
 
@@ -66,7 +68,8 @@ def load():
     for header in (ROOT / "csrc").glob("*.h"):
         write_if_changed(src / "csrc" / header.name, rewrite(header.read_text()))
     write_if_changed(src / "probes.cpp", rewrite((HERE / "probes.cpp").read_text()))
-    sources = [HERE / "stubs.cpp", HERE / "sanitizer.cpp", src / "probes.cpp"]
+    write_if_changed(src / "ptx_probes_cu.cpp", '#include "prelude.h"\n' + rewrite((HERE.parent / "ptx_probes.cu").read_text()))
+    sources = [HERE / "stubs.cpp", HERE / "sanitizer.cpp", src / "probes.cpp", src / "ptx_probes_cu.cpp"]
     for f in sorted((ROOT / "csrc" / "cuda").iterdir()):
         if f.suffix == ".cuh":
             write_if_changed(src / "csrc" / "cuda" / f.name, rewrite(f.read_text()))
