@@ -31,7 +31,8 @@ Steps (default: env build ptx check test sanitizers bandwidth bench):
   alltests    the whole test suite, CPU and CUDA: python -m pytest tests -q (not in the default list)
 
 The check, test and sanitizer steps set PYTRANSFORMER_CUDA_HALF_ATTENTION=1, so that float16/bfloat16 attention runs
-its own kernels (by default those calls run the float32 kernels: see the README).
+its own kernels (by default those calls run the float32 kernels: see the README), and every step runs with
+PYTHONFAULTHANDLER=1, so that a crashed process prints its Python frames.
 
 Options:
   -o, --out DIR          where logs and records go (default: gpu_check_out/ at the top of the repository, which git
@@ -154,7 +155,7 @@ if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
   [ -n "$TORCH_CUDA_ARCH_LIST" ] || TORCH_CUDA_ARCH_LIST="8.0;9.0"
 fi
 export TORCH_CUDA_ARCH_LIST MAX_JOBS=${MAX_JOBS:-$(nproc)} FORCE_CUDA=1 PYTRANSFORMER_CUDA_HALF_ATTENTION=1
-export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 
 SUMMARY=$LOG_DIR/summary.md
 FAILED=0
