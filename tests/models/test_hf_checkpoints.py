@@ -160,7 +160,9 @@ def test_bfloat16_and_int8(saved):
         assert bf16(ids).dtype == torch.bfloat16 and _relative_error(bf16(ids), expected) < 0.05
         int8 = DecoderLM.from_pretrained(path, quantize=True)
         assert isinstance(int8.lm_head, QuantizedLinear) and int8.lm_head.weight.dtype == torch.int8
-        assert _relative_error(int8(ids), expected) < 0.05
+        # int8 weights (per output channel) of this small random model: relative error 0.035 median, 0.086 the worst
+        # of 300 random inputs (a wrong scale or layout gives ~1)
+        assert _relative_error(int8(ids), expected) < 0.12
     assert int8.generate(ids, 5).shape == (2, 17)
 
 
