@@ -136,8 +136,9 @@ def parser() -> argparse.ArgumentParser:
                                        "failure. The first command to run on a new GPU.")
     check.add_argument("--device", type=_device, help=device_help)
     check.add_argument("--quick", action="store_true", help="the short shape lists (seconds on a GPU)")
-    check.add_argument("--op", action="append", choices=_check_ops(), metavar="OP",
-                       help="check only this op (repeatable; default: all of " + ", ".join(_check_ops()) + ")")
+    ops = _check_ops()
+    check.add_argument("--op", action="append", choices=ops, metavar="OP",
+                       help=f"check only this op (repeatable; default: all of {', '.join(ops)})")
     return p
 
 

@@ -73,8 +73,8 @@ def isa_units(out_dir: Path) -> list[Path]:
     for name, level, features in ISA_LEVELS:
         for src in kernel_sources():
             text = "".join([
-                "".join(f"#include <{h}>\n" for h in _STD_HEADERS) if features else "",
-                f'#pragma GCC target("{",".join(features)}")\n' if features else "",
+                "".join(f"#include <{h}>\n" for h in _STD_HEADERS) + f'#pragma GCC target("{",".join(features)}")\n'
+                if features else "",
                 "".join(f"#define __{f.upper()}__ 1\n" for f in features),
                 f"#define CPU_CAPABILITY {name}\n#define CPU_CAPABILITY_{name}\n#define PT_ISA_LEVEL {level}\n",
                 f'#include "{src}"\n',

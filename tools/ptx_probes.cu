@@ -62,8 +62,10 @@ __global__ void probe_cp_async_kernel(const uint4* src, const bool* valid, int64
 
 // smem: [n, 8] int16 (bit patterns), rows: [32] int64 -> [32, num] int64 registers.
 at::Tensor probe_ldmatrix(const at::Tensor& smem, const at::Tensor& rows, int64_t num, bool trans) {
-  TORCH_CHECK_VALUE(smem.dim() == 2 && smem.size(1) == 8 && smem.scalar_type() == at::kShort, "smem: expected int16 [n, 8]");
-  TORCH_CHECK_VALUE(rows.sizes() == at::IntArrayRef{32} && rows.scalar_type() == at::kLong, "rows: expected int64 [32]");
+  TORCH_CHECK_VALUE(smem.dim() == 2 && smem.size(1) == 8 && smem.scalar_type() == at::kShort,
+                    "smem: expected int16 [n, 8]");
+  TORCH_CHECK_VALUE(rows.sizes() == at::IntArrayRef{32} && rows.scalar_type() == at::kLong,
+                    "rows: expected int64 [32]");
   TORCH_CHECK_VALUE(num == 1 || num == 2 || num == 4, "num: expected 1, 2 or 4, got ", num);
   c10::cuda::CUDAGuard guard(smem.device());
   const at::Tensor s = smem.contiguous(), r = rows.contiguous();
@@ -74,12 +76,10 @@ at::Tensor probe_ldmatrix(const at::Tensor& smem, const at::Tensor& rows, int64_
   const int64_t* rp = r.const_data_ptr<int64_t>();
   int64_t* out = regs.mutable_data_ptr<int64_t>();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (num == 1 && !trans) probe_ldmatrix_kernel<false, 1><<<1, 32, bytes, stream>>>(sp, n, rp, out);
-  if (num == 1 && trans) probe_ldmatrix_kernel<true, 1><<<1, 32, bytes, stream>>>(sp, n, rp, out);
-  if (num == 2 && !trans) probe_ldmatrix_kernel<false, 2><<<1, 32, bytes, stream>>>(sp, n, rp, out);
-  if (num == 2 && trans) probe_ldmatrix_kernel<true, 2><<<1, 32, bytes, stream>>>(sp, n, rp, out);
-  if (num == 4 && !trans) probe_ldmatrix_kernel<false, 4><<<1, 32, bytes, stream>>>(sp, n, rp, out);
-  if (num == 4 && trans) probe_ldmatrix_kernel<true, 4><<<1, 32, bytes, stream>>>(sp, n, rp, out);
+  const auto run = [&](auto kernel) { kernel<<<1, 32, bytes, stream>>>(sp, n, rp, out); };
+  if (num == 1) trans ? run(probe_ldmatrix_kernel<true, 1>) : run(probe_ldmatrix_kernel<false, 1>);
+  if (num == 2) trans ? run(probe_ldmatrix_kernel<true, 2>) : run(probe_ldmatrix_kernel<false, 2>);
+  if (num == 4) trans ? run(probe_ldmatrix_kernel<true, 4>) : run(probe_ldmatrix_kernel<false, 4>);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return regs;
 }
@@ -88,7 +88,8 @@ at::Tensor probe_ldmatrix(const at::Tensor& smem, const at::Tensor& rows, int64_
 at::Tensor probe_mma(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, bool bf16) {
   TORCH_CHECK_VALUE(a.sizes() == at::IntArrayRef({32, 4}) && a.scalar_type() == at::kLong, "a: expected int64 [32, 4]");
   TORCH_CHECK_VALUE(b.sizes() == at::IntArrayRef({32, 2}) && b.scalar_type() == at::kLong, "b: expected int64 [32, 2]");
-  TORCH_CHECK_VALUE(c.sizes() == at::IntArrayRef({32, 4}) && c.scalar_type() == at::kFloat, "c: expected float [32, 4]");
+  TORCH_CHECK_VALUE(c.sizes() == at::IntArrayRef({32, 4}) && c.scalar_type() == at::kFloat,
+                    "c: expected float [32, 4]");
   c10::cuda::CUDAGuard guard(a.device());
   const at::Tensor a_ = a.contiguous(), b_ = b.contiguous();
   at::Tensor d = c.contiguous().clone();
@@ -107,7 +108,8 @@ at::Tensor probe_mma(const at::Tensor& a, const at::Tensor& b, const at::Tensor&
 
 // src: [n, 16] uint8 chunks, valid: [n] bool -> [n, 16] uint8: src's chunk where valid, else zeros (cp.async).
 at::Tensor probe_cp_async(const at::Tensor& src, const at::Tensor& valid) {
-  TORCH_CHECK_VALUE(src.dim() == 2 && src.size(1) == 16 && src.scalar_type() == at::kByte, "src: expected uint8 [n, 16]");
+  TORCH_CHECK_VALUE(src.dim() == 2 && src.size(1) == 16 && src.scalar_type() == at::kByte,
+                    "src: expected uint8 [n, 16]");
   TORCH_CHECK_VALUE(valid.sizes() == src.sizes().slice(0, 1) && valid.scalar_type() == at::kBool,
                     "valid: expected bool [n]");
   c10::cuda::CUDAGuard guard(src.device());

@@ -24,6 +24,12 @@ constexpr int kDotCols = 4;
 constexpr int kDotCols = 2;
 #endif
 
+// Whether a block of R x C sums keeps two sets of them, which take alternate vectors and are added at the end: fewer
+// than 8 sums cannot hide an fma's latency (4 cycles, 2 a cycle). Weights in cache, 2 threads, 1 row of x, N 768
+// K 3072: int8 50 -> 33 us, float16 64 -> 50, bfloat16 (dot_block_bf16 in gemv.h) 51 -> 40.
+template <int R, int C>
+constexpr bool kTwoSumSets = R * C < 8;
+
 // The count <= Vectorized<acc_t>::size() elements at p widened to acc_t, zeros past count. Full vectors of bfloat16 or
 // float16 widen with at::vec's conversions and of int8 with the ISA's sign extension; tails go through a buffer.
 template <typename acc_t, typename T>
@@ -60,11 +66,9 @@ void dot_block(const a_t* a, int64_t a_step, const acc_t* b, int64_t b_step, int
                int64_t out_c, int64_t prefetch = 0) {
   using Vec = at::vec::Vectorized<acc_t>;
   constexpr int64_t kV = Vec::size();
-  // Fewer than 8 sums cannot hide an fma's latency (4 cycles, 2 a cycle): those blocks keep two sets of sums, which
-  // take alternate vectors, and add them at the end (weights in cache, 2 threads, 1 row of x, N 768 K 3072: int8
-  // 50 -> 33 us, float16 64 -> 50). The loops over r and c are unrolled by pragma, which GCC 12 at -O3 needs to keep
-  // every sum in a register (see dot_block_bf16 in gemv.h).
-  constexpr bool kTwoSets = R * C < 8;
+  // Two sets of sums for small blocks (kTwoSumSets). The loops over r and c are unrolled by pragma, which GCC 12 at -O3
+  // needs to keep every sum in a register (see dot_block_bf16 in gemv.h).
+  constexpr bool kTwoSets = kTwoSumSets<R, C>;
   Vec acc[R][C], acc2[R][C];  // acc2: the second set, when kTwoSets
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)

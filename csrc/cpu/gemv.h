@@ -48,14 +48,14 @@ __attribute__((always_inline)) inline void prefetch_rows(const w_t* w, int64_t K
 // them to 16 float32 sums; subnormal inputs and results count as zero, as the instruction defines. One instruction
 // takes 32 weights where widening them to float32 takes three per 16 (GPT-2's LM head, 1 row, 2 threads, cold: best of
 // 4 runs 1.23 -> 0.99 ms).
-// Fewer than 8 sums keep two sets, which take alternate steps (see dot_block; 1 row, N 768 K 3072, weights in cache,
-// 2 threads: 51 -> 40 us). The loops over r and c are unrolled by pragma: GCC 12 at -O3 otherwise unrolled them too
+// Small blocks keep two sets of sums, which take alternate steps (kTwoSumSets in dot_rows.h). The loops over r and c
+// are unrolled by pragma: GCC 12 at -O3 otherwise unrolled them too
 // late to keep the sums in registers and stored every one to the stack at every step (seen in the object code; N 3072
 // K 768, 8 rows: 135 -> 72 us).
 template <int R, int C>
 void dot_block_bf16(const c10::BFloat16* a, int64_t K, const c10::BFloat16* b, float* part, int64_t part_m,
                     int64_t prefetch) {
-  constexpr bool kTwoSets = R * C < 8;
+  constexpr bool kTwoSets = kTwoSumSets<R, C>;
   __m512 acc[R][C], acc2[R][C];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)

@@ -37,8 +37,9 @@ def rewrite(text: str) -> str:
     text = FAST_MATH.sub(r"emu::fast::\1(", text)
     text = RECIPROCAL.sub(r"emu::fast::rcp(\1)", text)
     text = DATA_PTR.sub(lambda m: f"emu::extent({m.group(1)}, {m.group(0)})", text)
-    text = text.replace("TORCH_LIBRARY_IMPL(pytransformer, CUDA, m)", "TORCH_LIBRARY_IMPL(pytransformer_emu, CPU, m)")
-    text = re.sub(r"TORCH_LIBRARY_IMPL\((pytransformer_\w+), CUDA, m\)", r"TORCH_LIBRARY_IMPL(\1, CPU, m)", text)
+    # CUDA registrations become CPU ones: pytransformer's under pytransformer_emu, the probes' under their own name
+    text = re.sub(r"TORCH_LIBRARY_IMPL\(pytransformer(\w*), CUDA, m\)",
+                  lambda m: f"TORCH_LIBRARY_IMPL(pytransformer{m.group(1) or '_emu'}, CPU, m)", text)
     return re.sub(r"#include <c10/cuda/CUDA(Guard|Stream)\.h>\n", "", text)
 
 
@@ -68,7 +69,8 @@ def load():
     for header in (ROOT / "csrc").glob("*.h"):
         write_if_changed(src / "csrc" / header.name, rewrite(header.read_text()))
     write_if_changed(src / "probes.cpp", rewrite((HERE / "probes.cpp").read_text()))
-    write_if_changed(src / "ptx_probes_cu.cpp", '#include "prelude.h"\n' + rewrite((HERE.parent / "ptx_probes.cu").read_text()))
+    write_if_changed(src / "ptx_probes_cu.cpp",
+                     '#include "prelude.h"\n' + rewrite((HERE.parent / "ptx_probes.cu").read_text()))
     sources = [HERE / "stubs.cpp", HERE / "sanitizer.cpp", src / "probes.cpp", src / "ptx_probes_cu.cpp"]
     for f in sorted((ROOT / "csrc" / "cuda").iterdir()):
         if f.suffix == ".cuh":
