@@ -2,7 +2,8 @@
 kernel (tools/cuda_emulator/probes.cpp): racecheck (plain shared-memory stores and loads with a barrier removed,
 __syncwarp taken for a block barrier, the cp.async pipeline), initcheck, memcheck and synccheck. Each report is a
 RuntimeError raised by the launch, naming the detector, the place and the kernel; the same kernels without the bug
-pass."""
+pass. Two bugs that no detector reports are made to give loud wrong values, as they would on a GPU: an output element
+that no thread writes (fresh memory is poisoned) and a local read before it is written (a garbage pattern)."""
 import pytest
 import torch
 
@@ -42,6 +43,31 @@ def test_planted_bug_is_reported(emu, name):
         with pytest.raises(RuntimeError, match=report) as e:
             emu.probe_bug(bug, True, torch.randn(64))
         assert BUG_KERNEL in str(e.value)
+
+
+# bug (probes.cpp: enum Bug) -> whether the output of the planted kernel shows it
+GARBAGE = {
+    # Every CPU allocation is filled with 0xFF bytes while the emulator is loaded (stubs.cpp): on a GPU a new tensor
+    # holds an earlier one's values, not the zeros of fresh pages; an element no thread wrote reads NaN.
+    "unwritten_output": (9, lambda out, x: torch.isnan(out[63]) and torch.equal(out[:63], x[:63])),
+    # The kernels compile with -ftrivial-auto-var-init=pattern (build.py): a local read before it is written holds
+    # 0xFE bytes (about -1.7e38 as a float32), as a GPU register holds whatever it held, not the zeros of a fresh stack.
+    "uninitialized_local": (10, lambda out, x: bool((out.abs() > 1e37).all())),
+}
+
+
+@pytest.mark.parametrize("name", GARBAGE)
+def test_planted_garbage_shows(emu, name):
+    bug, shows = GARBAGE[name]
+    x = torch.randn(64)
+    assert torch.equal(emu.probe_bug(bug, False, x), x)
+    out = emu.probe_bug(bug, True, x)
+    assert shows(out, x), out
+
+
+def test_fresh_memory_is_poisoned(emu):
+    assert torch.isnan(torch.empty(1000)).all() and torch.isnan(torch.empty(10, dtype=torch.bfloat16)).all()
+    assert (torch.empty(10, dtype=torch.int64) == -1).all()
 
 
 def test_correct_pipeline_passes(emu):

@@ -2,14 +2,16 @@
 int8_linear) for the CPU, through a host emulator, and returns their op namespace, torch.ops.pytransformer_emu (with
 the primitives' probe ops of tools/ptx_probes.cu, rewritten the same way, as torch.ops.pytransformer_probes).
 
-csrc/cuda/*.cu and *.cuh are rewritten (launches `k<<<g, b, s, st>>>(args)` -> `emu::launcher(k, g, b, s, st)(args)`,
-no device guard or stream, __shared__ arrays as static arrays registered with the sanitizers, `t.data_ptr()` as
+csrc/cuda/*.cu and *.cuh are rewritten (launches `k<<<g, b, s, st>>>(args)` -> `emu::launcher(k, g, b, s, st)(args)`, no
+device guard or stream, __shared__ arrays as static arrays registered with the sanitizers, `t.data_ptr()` as
 `emu::extent(t, t.data_ptr())`, the fast-math functions as those of fast_math.h, ops registered for the CPU under
-torch.ops.pytransformer_emu with the schemas of csrc/registration.cpp) into build/cuda_emulator and compiled with g++
-and -fsanitize=thread (no TSan runtime: sanitizer.cpp takes the instrumentation's calls) against prelude.h (fibers for
-threads), sanitizer.cpp and stubs.cpp. The glue, the launch logic and the kernels run unchanged; PT_CUDA_EMULATOR swaps only the bodies of the
-instruction primitives of csrc/cuda/mma.cuh (inline PTX) for those of ptx.h here. The CUDA kernel cases of tests/ops run against
-this namespace with `python -m pytest tests/ops -m cuda --cuda-emulator` (make cuda-emulate); see README.md here.
+torch.ops.pytransformer_emu with the schemas of csrc/registration.cpp) into build/cuda_emulator and compiled with g++,
+-fsanitize=thread (no TSan runtime: sanitizer.cpp takes the instrumentation's calls) and -ftrivial-auto-var-init=pattern
+(a local read before it is written holds garbage, as a GPU register does) against prelude.h (fibers for threads),
+sanitizer.cpp and stubs.cpp (which also poisons every fresh CPU allocation: see README.md). The glue, the launch logic
+and the kernels run unchanged; PT_CUDA_EMULATOR swaps only the bodies of the instruction primitives of csrc/cuda/mma.cuh
+(inline PTX) for those of ptx.h here. The CUDA kernel cases of tests/ops run against this namespace with `python -m
+pytest tests/ops -m cuda --cuda-emulator` (make cuda-emulate); see README.md here.
 """
 import re
 from pathlib import Path
@@ -84,5 +86,6 @@ def load():
     load_extension(name="pytransformer_cuda_emulator", sources=[str(s) for s in sources], build_directory=str(OUT / "obj"),
          extra_include_paths=[str(HERE), str(src / "csrc"), "/usr/local/cuda/include"],
          extra_cflags=["-O1", "-std=c++20", "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", "-DPT_CUDA_EMULATOR", "-w",
-                      "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0"], is_python_module=False)
+                      "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0",
+                      "-ftrivial-auto-var-init=pattern"], is_python_module=False)
     return torch.ops.pytransformer_emu

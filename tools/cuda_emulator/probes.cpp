@@ -6,7 +6,6 @@
 
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
-#include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
 #include "cuda/mma.cuh"
@@ -33,10 +32,11 @@ void emu_race_kernel(int64_t variant, const uint4* src) {
   if (variant != 3 && warp == 1) ldmatrix<false>(r, s + lane);
 }
 
-// One bug per detector, in 64 threads (two warps) over x: [64] -> out: [64]; `planted` false: the correct kernel.
+// One bug per detector, and two that only give wrong values (made loud: see stubs.cpp and build.py), in 64 threads
+// (two warps) over x: [64] -> out: [64] (fresh memory); `planted` false: the correct kernel.
 enum Bug : int64_t {
   kBarrier, kDynamicBarrier, kWarpBarrier, kPadding, kReadPastRow, kWritePastRow, kDivergent, kExit,
-  kPastSharedArray
+  kPastSharedArray, kUnwritten, kUninitialized
 };
 void emu_bug_kernel(int64_t bug, bool planted, const float* x, float* out) {
   __shared__ float s[65];
@@ -88,6 +88,15 @@ void emu_bug_kernel(int64_t bug, bool planted, const float* x, float* out) {
       __syncthreads();
       out[t] = s[planted && t == 63 ? 65 : t];
       break;
+    case kUnwritten:  // planted, thread 63 writes nothing: its element keeps what fresh memory holds
+      if (!planted || t != 63) out[t] = x[t];
+      break;
+    case kUninitialized: {  // planted, a local array is read before anything is written to it
+      float acc[2];
+      if (!planted) acc[0] = acc[1] = 0.f;
+      out[t] = acc[t % 2] + x[t];
+      break;
+    }
   }
 }
 
@@ -121,11 +130,11 @@ void probe_race(int64_t variant) {
 }
 
 at::Tensor probe_bug(int64_t bug, bool planted, const at::Tensor& x) {
-  TORCH_CHECK_VALUE(bug >= kBarrier && bug <= kPastSharedArray, "bug: expected 0..", int64_t(kPastSharedArray),
+  TORCH_CHECK_VALUE(bug >= kBarrier && bug <= kUninitialized, "bug: expected 0..", int64_t(kUninitialized),
                     ", got ", bug);
   TORCH_CHECK_VALUE(x.sizes() == at::IntArrayRef{64} && x.scalar_type() == at::kFloat && x.is_contiguous(),
                     "x: expected contiguous float32 [64]");
-  at::Tensor out = at::zeros_like(x);
+  at::Tensor out = at::empty_like(x);
   emu::launch(emu_bug_kernel, dim3(1), dim3(64), 64 * sizeof(float), cudaStream_t{}, bug, planted,
               x.const_data_ptr<float>(), out.mutable_data_ptr<float>());
   return out;

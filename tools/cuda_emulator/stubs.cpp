@@ -1,9 +1,11 @@
 // The CUDA runtime calls of the launch code, answered by the emulator, and a knob for the device it pretends to be.
 #include "prelude.h"
 
+#include <c10/core/CPUAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -85,3 +87,31 @@ TORCH_LIBRARY_FRAGMENT(pytransformer_emu, m) {
   // The stream synchronisations since the last call.
   m.def("synchronizations() -> int", [] { return std::exchange(emu::synchronizations, int64_t(0)); });
 }
+
+// ---- fresh memory: recycled on a GPU, poisoned here ----
+// On a GPU, the caching allocator hands a new tensor memory that held an earlier tensor: old values. Fresh pages on the
+// CPU are zeros, so a kernel that left part of its output unwritten, or read an output before writing it, could still
+// pass here. While the emulator is loaded, every CPU allocation is therefore filled with 0xFF bytes (NaN in float32,
+// float16 and bfloat16, -1 in integer types) before it is handed out.
+namespace emu {
+class PoisoningAllocator final : public c10::Allocator {
+ public:
+  explicit PoisoningAllocator(c10::Allocator* base) : base_(base) {}
+  c10::DataPtr allocate(size_t bytes) override {
+    c10::DataPtr data = base_->allocate(bytes);
+    if (bytes > 0) std::memset(data.get(), 0xFF, bytes);
+    return data;
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+  bool is_simple_data_ptr(const c10::DataPtr& data) const override { return base_->is_simple_data_ptr(data); }
+  void copy_data(void* dst, const void* src, std::size_t bytes) const override { base_->copy_data(dst, src, bytes); }
+
+ private:
+  c10::Allocator* base_;
+};
+const bool poisoning_installed = [] {
+  static PoisoningAllocator poisoning(c10::GetCPUAllocator());
+  c10::SetCPUAllocator(&poisoning, /*priority=*/1);  // above the default allocator's 0
+  return true;
+}();
+}  // namespace emu
