@@ -46,11 +46,18 @@ def _type_unchecked(x, weight=None, scale=None, bias=None):  # reads an attribut
     return fuzz.OPS.int8_linear(x, weight.contiguous(), scale, bias)
 
 
+def _last_k_element_dropped(x, weight, bias=None):  # an off-by-one at the end of the dot products
+    if x.shape[-1] > 1:
+        x, weight = x[..., :-1], weight[..., :-1]
+    return fuzz.OPS.linear(x, weight, bias)
+
+
 @pytest.mark.parametrize("op, bug, field, least", [
     ("attention", {"attention": _last_query_row_off}, "lq", 5),
     ("masked_softmax", {"masked_softmax": _causal_ignored_past_64_keys}, "lk", 65),
     ("layer_norm", {"layer_norm": _mean_shift_by_first_element}, None, None),
     ("int8_linear", {"int8_linear": _type_unchecked}, "rows", 1),
+    ("linear", {"linear": _last_k_element_dropped}, "d", 2),
 ])
 def test_planted_bugs_are_found_and_shrunk(op, bug, field, least):
     """Each planted bug is found; every report is a repro that fails when run, shrunk towards the smallest size that
