@@ -115,11 +115,14 @@ void dot_block(const a_t* a, int64_t a_step, const acc_t* b, int64_t b_step, int
           at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), kTwoSets ? acc[r][c] + acc2[r][c] : acc[r][c]);
 }
 
-// Calls f(std::integral_constant<int, K>{}, i) for consecutive blocks [i, i + K) that cover [0, count): K = 4 (when
-// kMax is 4) while a block of 4 fits, then 2, then 1. Kernels written for a fixed number of rows use it to take any.
+// Calls f(std::integral_constant<int, K>{}, i) for consecutive blocks [i, i + K) that cover [0, count): K = kMax (8, 4,
+// 2 or 1) while a block of kMax fits, then the next smaller ones. Kernels written for a fixed number of rows use it to
+// take any.
 template <int kMax, class F>
 void for_blocks(int64_t count, F&& f) {
   int64_t i = 0;
+  if constexpr (kMax >= 8)
+    for (; i + 8 <= count; i += 8) f(std::integral_constant<int, 8>{}, i);
   if constexpr (kMax >= 4)
     for (; i + 4 <= count; i += 4) f(std::integral_constant<int, 4>{}, i);
   for (; i + 2 <= count; i += 2) f(std::integral_constant<int, 2>{}, i);
