@@ -5,8 +5,8 @@
 // (or 2) output features split over all threads (at::parallel_for: each thread streams a contiguous range of weight
 // rows, a block at once, the next block prefetched: all at once for 1 or 2 rows of x, a line at a time from 3); a
 // block's rows are dotted with all M rows of x by dot_rows (blocks of up to 4 weight rows by up to kDotCols rows of
-// x), widening narrow weights as they are loaded, or by AVX-512 BF16 dot products on bfloat16, so each weight row
-// comes from memory once and from cache for the later blocks of x rows.
+// x), widening narrow weights as they are loaded, or by AVX-512 BF16 dot products on bfloat16 (8 rows of x at once,
+// 2 weight rows at a time), so each weight row comes from memory once and from cache for the later blocks of x rows.
 // Sums are per vector lane over K, then across lanes (the order of a blocked GEMM). Compiled into each including kernel
 // file's ISA level (namespace CPU_CAPABILITY, see isa.h).
 #include <ATen/Parallel.h>
