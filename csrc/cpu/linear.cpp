@@ -13,23 +13,27 @@ namespace pytransformer::cpu {
 KernelTable<LinearGemvCpuFn> linear_gemv_kernel;
 
 namespace {
-// The most rows of x (decoding) that take the weight-streaming kernel, by dtype; more rows (prefill) go to ATen's GEMM.
-// Measured on an AVX-512 EPYC with AVX-512 BF16, weights cycled from memory (benchmarks/bench_linear.py has the
-// crossover rows). float32: the kernel took 0.6-0.7x the time of ATen's GEMM at every row count tried, 1 to 512, but it
-// is not blocked for the caches along the rows of x, so prefill-sized inputs stay with the GEMM: 32 rows. float16: the
-// same (ATen's float16 GEMM was 4-7x slower still). bfloat16: ATen's GEMM uses AVX-512 BF16 dot products; with them
-// too (has_avx512_bf16) the kernel took 0.5-0.9x its time up to 8 rows (N 3072 K 768 and N 768 K 3072, weights from
-// memory), while from 9 rows (weights in cache) it took as long as ATen's or 1.6x longer from one process to the next:
-// 8 rows. Widening bfloat16 instead, it was as fast from 2 rows and slower from 4: 2 rows.
-int64_t max_gemv_rows(at::ScalarType dtype) {
-  if (dtype == at::kBFloat16) return has_avx512_bf16() ? 8 : 2;
-  return 32;
+// Whether `rows` rows of x of `in_features` take the weight-streaming kernel (decoding), by dtype; more rows (prefill)
+// go to ATen's GEMM. Measured on an AVX-512 EPYC with AVX-512 BF16, weights cycled from memory
+// (benchmarks/bench_linear.py has the crossover rows). float32: the kernel took 0.6-0.7x the time of ATen's GEMM at
+// every row count tried, 1 to 512, but it is not blocked for the caches along the rows of x, so prefill-sized inputs
+// stay with the GEMM: up to 32 rows. float16: the same (ATen's float16 GEMM was 4-7x slower still). bfloat16 with
+// AVX-512 BF16 dot products (has_avx512_bf16): up to 8 rows always (one pass over 2 weight rows at a time), then up to
+// 32 while x is at most 64 KiB in rows of at most 4 KiB (K <= 2048). 2 threads, in turns with F.linear: 12-16 rows at
+// K 2048 0.71-0.89x its time, 16-21 rows at K 1536 0.80-0.83x, 24-32 rows at K 1024 0.76-0.87x, 32 rows at K 768
+// 0.91-0.93x; 10 rows at K 3072 (60 KiB, rows of 6 KiB) 1.05-1.08x. Widening bfloat16 instead, it was as fast from 2
+// rows and slower from 4: 2 rows.
+bool use_gemv(at::ScalarType dtype, int64_t rows, int64_t in_features) {
+  if (dtype != at::kBFloat16) return rows <= 32;
+  if (!has_avx512_bf16()) return rows <= 2;
+  return rows <= 8 || (rows <= 32 && in_features <= 2048 && rows * in_features * 2 <= (int64_t(64) << 10));
 }
 
 at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   const LinearParams p = check_linear_args(x, weight, bias);
   // float64 (gradcheck) and many rows: ATen, which also takes non-contiguous x and weight as they are.
-  if (x.scalar_type() == at::kDouble || p.rows > max_gemv_rows(x.scalar_type())) return at::linear(x, weight, bias);
+  if (x.scalar_type() == at::kDouble || !use_gemv(x.scalar_type(), p.rows, p.in_features))
+    return at::linear(x, weight, bias);
   // The kernel takes contiguous arrays in x's dtype (a non-contiguous weight is copied).
   const at::Tensor x2 = x.reshape({p.rows, p.in_features}).contiguous();  // [M, K]
   const at::Tensor w = weight.contiguous();                              // [N, K]

@@ -1,5 +1,5 @@
 """ops.linear against a float64 reference, each output element within the dot-product error bound of its dtype (both
-CPU paths: the weight-streaming kernel up to GEMV_ROWS rows, ATen's GEMM above), dtypes, layouts, edge shapes, every
+CPU paths: the weight-streaming kernel up to gemv_rows rows, ATen's GEMM above), dtypes, layouts, edge shapes, every
 CPU ISA level, opcheck, gradcheck, torch.compile, bad input, and the CUDA glue's cases."""
 import pytest
 import torch
@@ -15,8 +15,17 @@ from tests.helpers import CPU_ISA_LEVELS, TRACING_ERROR, WHERE, compiled, run_un
 # Error of an output element relative to sum_k |x_k w_nk| + |b_n| (the bound of a dot product's rounding error): float32
 # accumulation over K <= a few thousand, plus the rounding of the result to the half types.
 REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3, torch.float64: 1e-12}
-# csrc/cpu/linear.cpp: max_gemv_rows
-GEMV_ROWS = {torch.float32: 32, torch.float16: 32, torch.bfloat16: 8 if pytransformer._C.cpu_bf16_dot_products() else 2}
+
+
+def gemv_rows(dtype, k):
+    """The most rows of x of k features that take the CPU kernel (csrc/cpu/linear.cpp: use_gemv); float64 none."""
+    if dtype == torch.float64:
+        return 0
+    if dtype != torch.bfloat16:
+        return 32
+    if not pytransformer._C.cpu_bf16_dot_products():
+        return 2
+    return 8 if k > 2048 else min(32, (64 << 10) // (2 * k))  # x of at most 64 KiB in rows of at most 4 KiB
 
 
 def make(n, k, device="cpu", dtype=torch.float32, bias=True):
@@ -50,10 +59,23 @@ def test_matches_reference(device, rows, k, n, bias):
 def test_dtypes(device, dtype, rows, k, n):
     if dtype == torch.float64 and device == "cuda":
         pytest.skip("float64 is CPU-only")
-    rows = {"one": 1, "last kernel": GEMV_ROWS.get(dtype, 1), "first gemm": GEMV_ROWS.get(dtype, 1) + 1}[rows]
+    rows = {"one": 1, "last kernel": max(1, gemv_rows(dtype, k)), "first gemm": gemv_rows(dtype, k) + 1}[rows]
     weight, b = make(n, k, device, dtype)
     check(torch.randn(2, rows, k, device=device).to(dtype), weight, b)
     check(torch.randn(rows, k, device=device).to(dtype), weight, None)
+
+
+@pytest.mark.parametrize("dtype,k", [(torch.float32, 16), (torch.float16, 16), (torch.bfloat16, 3072),
+                                     (torch.bfloat16, 2048), (torch.bfloat16, 1024), (torch.bfloat16, 16),
+                                     (torch.float64, 16)])
+def test_cpu_path_by_rows(dtype, k):
+    """The kernel takes up to gemv_rows(dtype, k) rows and ATen's GEMM (aten::linear in the profile) the rest."""
+    weight = torch.randn(7, k).to(dtype)
+    last = gemv_rows(dtype, k)
+    for rows in {1, last, last + 1} - {0}:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            ops.linear(torch.randn(rows, k).to(dtype), weight)
+        assert ("aten::linear" in {e.name for e in prof.events()}) == (rows > last), (rows, last)
 
 
 # avx512 capped explicitly runs the AVX-512 code without AVX-512 BF16 dot products (csrc/cpu/isa.h: has_avx512_bf16),
@@ -61,11 +83,11 @@ def test_dtypes(device, dtype, rows, k, n):
 @pytest.mark.parametrize("isa", CPU_ISA_LEVELS + (["avx512"] if pytransformer._C.cpu_isa() == "avx512" else []))
 def test_each_cpu_isa_level_agrees(isa):
     """The kernel is compiled per ISA level (8 or 16 lanes, 2 or 4 rows of x per block): 13 weight rows (blocks of 4,
-    the next block prefetched a line at a time from 3 rows of x) and 7 rows of x (in bfloat16 the most its kernel takes:
-    8 with AVX-512 BF16 dot products, else 2) reach every block shape, K = 1100 full vectors and a tail, in each weight
-    dtype."""
+    the next block prefetched a line at a time from 3 rows of x) and 7 rows of x (in bfloat16 13 with AVX-512 BF16 dot
+    products, blocks of 8, 4 and 1 rows, else 2, the most its kernel takes) reach every block shape, K = 1100 full
+    vectors and a tail, in each weight dtype."""
     run_under_isa(isa, (
-        "bf16_rows = 8 if pt._C.cpu_bf16_dot_products() else 2\n"
+        "bf16_rows = 13 if pt._C.cpu_bf16_dot_products() else 2\n"
         "for dt, m, tol in ((torch.float32, 7, 2e-5), (torch.bfloat16, bf16_rows, 2e-2), (torch.float16, 7, 2e-3)):\n"
         "  w=torch.randn(13,1100).to(dt); b=torch.randn(13).to(dt); x=torch.randn(m,1100).to(dt)\n"
         "  torch.testing.assert_close(pt.ops.linear(x,w,b).double(), ref.linear(x.double(),w.double(),b.double()),"
