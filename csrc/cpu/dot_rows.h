@@ -59,9 +59,11 @@ inline at::vec::Vectorized<acc_t> load_widened(const T* p, int64_t count) {
 }
 
 // out[r * out_r + c * out_c] = sum_i a_r[i] * b_c[i] over n elements for the R rows a_r = a + r * a_step (of a_t,
-// widened to acc_t) and the C rows b_c = b + c * b_step. prefetch > 0: as each 64-byte line of a row is read, the line
-// `prefetch` bytes past it is asked for (the same offset in the rows of the next block, for a streaming caller).
-template <int R, int C, typename acc_t, typename a_t>
+// widened to acc_t) and the C rows b_c = b + c * b_step. prefetch != 0: as each 64-byte line of a row is read, the line
+// `prefetch` bytes from it is asked for (the same offset in the rows of the next block, for a streaming caller).
+// kLanes: each sum stays a vector, Vectorized<acc_t>::size() partial sums at out + (r * out_r + c * out_c) * size(),
+// added to (a caller that takes the elements in chunks sums the lanes at the end).
+template <int R, int C, bool kLanes = false, typename acc_t, typename a_t>
 void dot_block(const a_t* a, int64_t a_step, const acc_t* b, int64_t b_step, int64_t n, acc_t* out, int64_t out_r,
                int64_t out_c, int64_t prefetch = 0) {
   using Vec = at::vec::Vectorized<acc_t>;
@@ -74,6 +76,11 @@ void dot_block(const a_t* a, int64_t a_step, const acc_t* b, int64_t b_step, int
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) acc[r][c] = acc2[r][c] = Vec(0);
+  if constexpr (kLanes)
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) acc[r][c] = Vec::loadu(out + (r * out_r + c * out_c) * kV);
   // The vector at i into acc (set 0) or acc2 (set 1); count < kV: a zero-filled tail.
   const auto step = [&](auto set, int64_t i, int64_t count) __attribute__((always_inline)) {
     Vec bv[C];
@@ -97,7 +104,7 @@ void dot_block(const a_t* a, int64_t a_step, const acc_t* b, int64_t b_step, int
     }(std::make_integer_sequence<int64_t, kChunk / kV>{});
   };
   int64_t i = 0;
-  if (prefetch > 0)
+  if (prefetch != 0)
     for (; i + kChunk <= n; i += kChunk) {
       for (int64_t l = 0; l < kChunk; l += kLine)  // one prefetch per line of each row
         for (int r = 0; r < R; ++r)
@@ -110,9 +117,11 @@ void dot_block(const a_t* a, int64_t a_step, const acc_t* b, int64_t b_step, int
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c)
-      out[r * out_r + c * out_c] =
-          at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), kTwoSets ? acc[r][c] + acc2[r][c] : acc[r][c]);
+    for (int c = 0; c < C; ++c) {
+      const Vec sum = kTwoSets ? acc[r][c] + acc2[r][c] : acc[r][c];
+      if constexpr (kLanes) sum.store(out + (r * out_r + c * out_c) * kV);
+      else out[r * out_r + c * out_c] = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), sum);
+    }
 }
 
 // Calls f(std::integral_constant<int, K>{}, i) for consecutive blocks [i, i + K) that cover [0, count): K = kMax (8, 4,
@@ -130,14 +139,16 @@ void for_blocks(int64_t count, F&& f) {
 }
 
 // out[r * out_r + c * out_c] = dot(a + r * a_step, b + c * b_step) over n elements for any rows x cols, in blocks of
-// up to 4 x kDotCols (prefetch: see dot_block).
-template <typename acc_t, typename a_t>
+// up to 4 x kDotCols (prefetch and kLanes: see dot_block).
+template <bool kLanes = false, typename acc_t, typename a_t>
 void dot_rows(const a_t* a, int64_t a_step, int64_t rows, const acc_t* b, int64_t b_step, int64_t cols, int64_t n,
               acc_t* out, int64_t out_r, int64_t out_c, int64_t prefetch = 0) {
+  const int64_t sum_size = kLanes ? at::vec::Vectorized<acc_t>::size() : 1;
   for_blocks<4>(rows, [&](auto R, int64_t r) {
     for_blocks<kDotCols>(cols, [&](auto C, int64_t c) {
-      dot_block<decltype(R)::value, decltype(C)::value>(a + r * a_step, a_step, b + c * b_step, b_step, n,
-                                                        out + r * out_r + c * out_c, out_r, out_c, prefetch);
+      dot_block<decltype(R)::value, decltype(C)::value, kLanes>(a + r * a_step, a_step, b + c * b_step, b_step, n,
+                                                                out + (r * out_r + c * out_c) * sum_size, out_r,
+                                                                out_c, prefetch);
     });
   });
 }

@@ -7,8 +7,9 @@
 // block's rows are dotted with all M rows of x by dot_rows (blocks of up to 4 weight rows by up to kDotCols rows of
 // x), widening narrow weights as they are loaded, or by AVX-512 BF16 dot products on bfloat16 (8 rows of x at once,
 // 2 weight rows at a time), so each weight row comes from memory once and from cache for the later blocks of x rows.
-// Sums are per vector lane over K, then across lanes (the order of a blocked GEMM). Compiled into each including kernel
-// file's ISA level (namespace CPU_CAPABILITY, see isa.h).
+// With AVX-512, an x too large to stay in L1 goes by in chunks of K, each over two blocks at a time. Sums are per
+// vector lane over K (or over the chunks), then across lanes (the order of a blocked GEMM). Compiled into each
+// including kernel file's ISA level (namespace CPU_CAPABILITY, see isa.h).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -24,6 +25,9 @@ inline namespace CPU_CAPABILITY {
 
 constexpr int64_t kGemvBlock = 4;  // the most output features per work item (the weight rows dot_rows takes at once)
 constexpr int64_t kPrefetchBytes = int64_t(64) << 10;  // the most weight bytes of a block prefetched
+constexpr int64_t kChunkXBytes = int64_t(32) << 10;    // x above this goes by in chunks of K (gemv_rows)
+constexpr int64_t kChunk = 512;                         // elements of K a chunk
+constexpr int64_t kChunkBlocks = 2;                     // blocks a chunk of x is used for before the next
 
 // Asks for rows [n, n + count) of w [N, K] (those that exist) to be brought into L1, a line at a time, when they are at
 // most kPrefetchBytes: short rows are short streams that the hardware prefetcher barely starts following before they
@@ -43,7 +47,8 @@ __attribute__((always_inline)) inline void prefetch_rows(const w_t* w, int64_t K
 #if defined(CPU_CAPABILITY_AVX512)
 #pragma GCC push_options
 #pragma GCC target("avx512bf16")
-// part[c * part_m + r] = dot(a row r, b row c) over K for R bfloat16 rows a + r * K and C bfloat16 rows b + c * K by
+// part[c * part_m + r] = dot(a row r, b row c) over n elements for R bfloat16 rows a + r * K and C bfloat16 rows
+// b + c * K (kLanes: 16 partial sums at part + (c * part_m + r) * 16, added to, as in dot_block; prefetch: as there) by
 // AVX-512 BF16 dot products (called only where has_avx512_bf16()): each vdpbf16ps multiplies 32 pairs exactly and adds
 // them to 16 float32 sums; subnormal inputs and results count as zero, as the instruction defines. One instruction
 // takes 32 weights where widening them to float32 takes three per 16 (GPT-2's LM head, 1 row, 2 threads, cold: best of
@@ -52,24 +57,29 @@ __attribute__((always_inline)) inline void prefetch_rows(const w_t* w, int64_t K
 // are unrolled by pragma: GCC 12 at -O3 otherwise unrolled them too late to keep the sums in registers and stored every
 // one to the stack at every step (seen in the object code; N 3072 K 768, 8 rows: 135 -> 72 us). R x C up to 2 x 8 or
 // 4 x 4: the sums, C rows of x and a weight vector in at most 25 of the 32 registers.
-template <int R, int C>
-void dot_block_bf16(const c10::BFloat16* a, int64_t K, const c10::BFloat16* b, float* part, int64_t part_m,
-                    int64_t prefetch) {
+template <int R, int C, bool kLanes>
+void dot_block_bf16(const c10::BFloat16* a, int64_t K, const c10::BFloat16* b, int64_t n, float* part,
+                    int64_t part_m, int64_t prefetch) {
   constexpr bool kTwoSets = kTwoSumSets<R, C>;
   __m512 acc[R][C], acc2[R][C];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) acc[r][c] = acc2[r][c] = _mm512_setzero_ps();
+  if constexpr (kLanes)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_loadu_ps(part + (c * part_m + r) * 16);
   // 32 elements from k (a 64-byte line of each row; prefetch: see dot_block) into acc (set 0) or acc2 (set 1)
   const auto step = [&](auto set, int64_t k) __attribute__((always_inline)) {
-    const __mmask32 mask = K - k >= 32 ? ~__mmask32(0) : (__mmask32(1) << (K - k)) - 1;  // zeros past K
+    const __mmask32 mask = n - k >= 32 ? ~__mmask32(0) : (__mmask32(1) << (n - k)) - 1;  // zeros past n
     __m512bh bv[C];
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) bv[c] = (__m512bh)_mm512_maskz_loadu_epi16(mask, b + c * K + k);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      if (prefetch > 0) __builtin_prefetch(reinterpret_cast<const char*>(a + r * K + k) + prefetch, 0, 3);
+      if (prefetch != 0) __builtin_prefetch(reinterpret_cast<const char*>(a + r * K + k) + prefetch, 0, 3);
       const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(mask, a + r * K + k);
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) {
@@ -80,16 +90,19 @@ void dot_block_bf16(const c10::BFloat16* a, int64_t K, const c10::BFloat16* b, f
   };
   int64_t k = 0;
   if constexpr (kTwoSets)
-    for (; k + 64 <= K; k += 64) {
+    for (; k + 64 <= n; k += 64) {
       step(std::integral_constant<int, 0>{}, k);
       step(std::integral_constant<int, 1>{}, k + 32);
     }
-  for (; k < K; k += 32) step(std::integral_constant<int, 0>{}, k);
+  for (; k < n; k += 32) step(std::integral_constant<int, 0>{}, k);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c)
-      part[c * part_m + r] = _mm512_reduce_add_ps(kTwoSets ? _mm512_add_ps(acc[r][c], acc2[r][c]) : acc[r][c]);
+    for (int c = 0; c < C; ++c) {
+      const __m512 sum = kTwoSets ? _mm512_add_ps(acc[r][c], acc2[r][c]) : acc[r][c];
+      if constexpr (kLanes) _mm512_storeu_ps(part + (c * part_m + r) * 16, sum);
+      else part[c * part_m + r] = _mm512_reduce_add_ps(sum);
+    }
 }
 #pragma GCC pop_options
 #endif
@@ -128,38 +141,86 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   const int64_t block_bytes = block * K * static_cast<int64_t>(sizeof(w_t));
   // ~32 KiB of weight per task at least: fewer tasks than that cost more in scheduling than they save.
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, block_bytes));
+  // x of more than kChunkXBytes is taken in chunks of kChunk elements of K, each over kChunkBlocks blocks whose sums
+  // are kept as vectors (lanes) in between, so that a chunk of x is reused from L1 while the weights stream past (the
+  // next group's chunk prefetched). 2 threads, cold weights, A/B in one process, fraction of a read of the same bytes:
+  // bfloat16 (AVX-512 BF16), 8 rows, K 3072 74% -> 82%, K 4096 70 -> 78, K 11008 34 -> 73 (N 4096); 3 and 4 rows at K
+  // 11008 61 -> 85 and 58 -> 73; float32, 8 rows, K 2048-4096 70-73 -> 71-79, K 11008 73 -> 77. Chunks of 512 and
+  // groups of 2 blocks did best of 256-1024 and 1-4. Where it lost, it is not used: float32 up to 4 rows (one pass over
+  // a block; K 3072-11008 83-89% -> 77-84), int8 (compute-bound, K 11008 8 rows 56 -> 47), x of 32 KiB or less
+  // (bfloat16 8 rows K 2048 1.06x the time, float32 K 768 1.1x), more than 8 rows (K 768, 16 and 32 rows: float32
+  // 1.3x, bfloat16 1.4x). Measured on AVX-512 only, so only there.
+  bool chunked = false;
+#if defined(CPU_CAPABILITY_AVX512)
+  const int64_t x_bytes = M * K * (bf16_dots ? 2 : static_cast<int64_t>(sizeof(acc_t)));
+  chunked = x_bytes > kChunkXBytes && M <= 8 && (bf16_dots ? M >= 3 : std::is_same_v<w_t, float> && M > 4);
+#endif
+  constexpr int64_t kVec = at::vec::Vectorized<acc_t>::size();
   at::parallel_for(0, items, grain, [&](int64_t i0, int64_t i1) {
-    std::vector<acc_t> part(M * kGemvBlock);  // [M, 4]
+    // The sums [M, 4] of a block, or with x in chunks those of a group of blocks, each as kVec partial sums.
+    std::vector<acc_t> part(chunked ? kChunkBlocks * M * kGemvBlock * kVec : M * kGemvBlock);
+    // The dot products of block rows [n, n + nb) with all M rows of x over elements [c0, c0 + cn) into sums.
+    const auto dot = [&](auto lanes, int64_t n, int64_t nb, int64_t c0, int64_t cn, int64_t ahead, acc_t* sums) {
+      constexpr bool kLanes = decltype(lanes)::value;
+#if defined(CPU_CAPABILITY_AVX512)
+      if constexpr (std::is_same_v<w_t, c10::BFloat16> && std::is_same_v<io_t, c10::BFloat16>) {
+        // 8 rows of x at a time in one pass over 2 weight rows at a time, each weight line used by all 8 rows as it
+        // arrives (with more rows the next 8 reread the block's weights from cache); the rest in blocks of 4 x 4
+        // weight rows (2 threads, cold weights, 8 rows, A/B in one process, median of 21: N 3072 K 768 and N 50257
+        // K 768 0.90-0.93x the time of two passes over 4 x 4 blocks, N 768 K 3072 0.94-0.97x)
+        if (bf16_dots)
+          return for_blocks<8>(M, [&](auto C, int64_t m) {
+            constexpr int kRows = decltype(C)::value == 8 ? 2 : 4;  // weight rows a block of C rows of x takes
+            for_blocks<kRows>(nb, [&](auto R, int64_t r) {
+              dot_block_bf16<decltype(R)::value, decltype(C)::value, kLanes>(
+                  w + (n + r) * K + c0, K, x + m * K + c0, cn, sums + (m * kGemvBlock + r) * (kLanes ? kVec : 1),
+                  kGemvBlock, ahead);
+            });
+          });
+      }
+#endif
+      dot_rows<kLanes>(w + n * K + c0, K, nb, xa + c0, K, M, cn, sums, 1, kGemvBlock, ahead);
+    };
+    // out for block rows [n, n + nb) from their sums
+    const auto store = [&](auto lanes, int64_t n, int64_t nb, const acc_t* sums) {
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t r = 0; r < nb; ++r) {
+          acc_t dot_mr;
+          if constexpr (decltype(lanes)::value) {
+            using Vec = at::vec::Vectorized<acc_t>;
+            dot_mr = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), Vec::loadu(sums + (m * kGemvBlock + r) * kVec));
+          } else {
+            dot_mr = sums[m * kGemvBlock + r];
+          }
+          out[m * N + n + r] = static_cast<io_t>(dot_mr * (scale ? scale[n + r] : acc_t(1)) +
+                                                 (bias ? static_cast<acc_t>(bias[n + r]) : acc_t(0)));
+        }
+    };
+    if (chunked) {
+      for (int64_t g0 = i0; g0 < i1; g0 += kChunkBlocks) {
+        const int64_t g1 = std::min(i1, g0 + kChunkBlocks);
+        std::fill(part.begin(), part.end(), acc_t(0));
+        for (int64_t c0 = 0; c0 < K; c0 += kChunk)
+          for (int64_t i = g0; i < g1; ++i) {
+            const int64_t n = i * block;
+            // the same chunk of the block as far on in the next group, when that is a whole one
+            const int64_t ahead = (i + (g1 - g0) + 1) * block <= N ? (g1 - g0) * block_bytes : 0;
+            dot(std::true_type{}, n, std::min(block, N - n), c0, std::min(kChunk, K - c0), ahead,
+                part.data() + (i - g0) * M * kGemvBlock * kVec);
+          }
+        for (int64_t i = g0; i < g1; ++i)
+          store(std::true_type{}, i * block, std::min(block, N - i * block),
+                part.data() + (i - g0) * M * kGemvBlock * kVec);
+      }
+      return;
+    }
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t n = i * block, nb = std::min(block, N - n);
       if (!spread) prefetch_rows(w, K, N, n + block, block);
       // the next block when it is a whole one of at most kPrefetchBytes
       const int64_t ahead = spread && block_bytes <= kPrefetchBytes && n + 2 * block <= N ? block_bytes : 0;
-      const auto dot = [&] {
-#if defined(CPU_CAPABILITY_AVX512)
-        if constexpr (std::is_same_v<w_t, c10::BFloat16> && std::is_same_v<io_t, c10::BFloat16>) {
-          // 8 rows of x at a time in one pass over 2 weight rows at a time, each weight line used by all 8 rows as it
-          // arrives (with more rows the next 8 reread the block's weights from cache); the rest in blocks of 4 x 4
-          // weight rows (2 threads, cold weights, 8 rows, A/B in one process, median of 21: N 3072 K 768 and N 50257
-          // K 768 0.90-0.93x the time of two passes over 4 x 4 blocks, N 768 K 3072 0.94-0.97x)
-          if (bf16_dots)
-            return for_blocks<8>(M, [&](auto C, int64_t m) {
-              constexpr int kRows = decltype(C)::value == 8 ? 2 : 4;  // weight rows a block of C rows of x takes
-              for_blocks<kRows>(nb, [&](auto R, int64_t r) {
-                dot_block_bf16<decltype(R)::value, decltype(C)::value>(w + (n + r) * K, K, x + m * K,
-                                                                       part.data() + m * kGemvBlock + r, kGemvBlock,
-                                                                       ahead);
-              });
-            });
-        }
-#endif
-        dot_rows<acc_t>(w + n * K, K, nb, xa, K, M, K, part.data(), 1, kGemvBlock, ahead);
-      };
-      dot();
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t r = 0; r < nb; ++r)
-          out[m * N + n + r] = static_cast<io_t>(part[m * kGemvBlock + r] * (scale ? scale[n + r] : acc_t(1)) +
-                                                 (bias ? static_cast<acc_t>(bias[n + r]) : acc_t(0)));
+      dot(std::false_type{}, n, nb, 0, K, ahead, part.data());
+      store(std::false_type{}, n, nb, part.data());
     }
   });
 }

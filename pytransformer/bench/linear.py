@@ -1,6 +1,7 @@
-"""ops.linear (and ops.int8_linear) against F.linear at the decoding shapes of GPT-2 small and a Llama-style ~124M
-model, one and 8 rows, in float32, bfloat16 and int8 (weight-only, against F.linear on the float32 weight), and the
-rows around the CPU's switch from the weight-streaming kernel to ATen's GEMM.
+"""ops.linear (and ops.int8_linear) against F.linear at the decoding shapes of GPT-2 small, a Llama-style ~124M model
+and the widest layer input of a 7B Llama (its MLP down projection, K = 11008), one and 8 rows, in float32, bfloat16
+and int8 (weight-only, against F.linear on the float32 weight), and the rows around the CPU's switch from the
+weight-streaming kernel to ATen's GEMM.
 
 Decoding reads every weight of the model once per token, far more than the last-level cache holds, so each case
 cycles through copies of its weight that together exceed the cache many times (COLD_BYTES): both ops read their weight
@@ -23,7 +24,7 @@ from . import Row, interleaved_median_times, matmul_ceiling, read_bandwidth, scr
 SHAPES = [("gpt2", "qkv", 2304, 768), ("gpt2", "attn out", 768, 768), ("gpt2", "mlp up", 3072, 768),
           ("gpt2", "mlp down", 768, 3072), ("gpt2", "lm head", 50257, 768),
           ("llama124m", "qkv gqa", 1152, 768), ("llama124m", "gate+up", 4096, 768),
-          ("llama124m", "down", 768, 2048), ("llama124m", "lm head", 32000, 768)]
+          ("llama124m", "down", 768, 2048), ("llama124m", "lm head", 32000, 768), ("llama7b", "down", 4096, 11008)]
 ROWS = (1, 8)
 DTYPES = ("float32", "bfloat16", "int8")
 # The crossover: rows of x at one layer shape (GPT-2's MLP up) around the CPU's switch to GEMM (csrc/cpu/linear.cpp:
