@@ -6,8 +6,8 @@ part of the rows:
 
 - fma peak: independent 512-bit FMAs with every operand in registers (the compute ceiling; ATen's float32 GEMM reaches
   a fraction of it, printed beside it);
-- read: a sum over a float32 weight of 3072 x 768 (GPT-2's MLP up, 9 MiB), cycled through copies spanning 1 GiB so
-  that it comes from memory;
+- read: a sum over a float32 weight of 3072 x 768 (GPT-2's MLP up, 9 MiB), cycled through copies spanning 1 GiB
+  (--pool-mib) so that it comes from memory;
 - the same read with 8 FMAs per weight vector, the work of an 8-row linear layer, with the 8 vectors of x that they
   take (a) held in registers, (b) loaded from 8 rows of K = 768 (24 KiB, as an 8-row float32 GEMV must), (c) loaded
   from 8 rows of 256 (8 KiB: the same loads, a smaller footprint).
@@ -94,9 +94,10 @@ float stream(const float* w, long r0, long r1) {
 }
 }  // namespace
 
-// [FMA instructions/s over all threads, then the median seconds of stream<0..3> over `iters` turns each]
-std::vector<double> probe(int64_t threads, int64_t iters) {
-  const long copies = std::max<long>(2, (1L << 30) / (kWeights * 4));
+// [FMA instructions/s over all threads, then the median seconds of stream<0..3> over `iters` turns each, the weight
+// copies spanning pool_bytes]
+std::vector<double> probe(int64_t threads, int64_t iters, int64_t pool_bytes) {
+  const long copies = std::max<long>(2, pool_bytes / (kWeights * 4));
   std::vector<float> pool(copies * kWeights, 0.5f);
   std::fill(x_rows, x_rows + 8 * kK, 0.25f);
   std::vector<double> rates(threads);
@@ -140,6 +141,8 @@ CASES = ["read (a sum)", "read + 8 FMAs per vector, x in registers", "read + 8 F
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--iters", type=int, default=40, help="turns per stream case (default 40)")
+    p.add_argument("--pool-mib", type=int, default=1024,
+                   help="MiB of weight copies cycled through, far more than the last-level cache (default 1024)")
     p.add_argument("--record", help="write the results as markdown to this file")
     args = p.parse_args(argv)
     if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
@@ -149,7 +152,7 @@ def main(argv=None):
     ext = load_inline("pytransformer_cpu_stream_probe", cpp_sources=SOURCE, functions=["probe"],
                       extra_cflags=["-O3", "-std=c++20", "-march=native"])
     threads = torch.get_num_threads()
-    fma_s, *times = ext.probe(threads, args.iters)
+    fma_s, *times = ext.probe(threads, args.iters, args.pool_mib << 20)
     gemm = matmul_ceiling("cpu")
     peak = fma_s * 32  # FLOP/s: 16 float32 lanes, multiply and add
     weight_bytes = 3072 * 768 * 4

@@ -15,7 +15,7 @@ def test_probe_records_every_case(tmp_path):
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     record = tmp_path / "probe.md"
-    probe.main(["--iters", "2", "--record", str(record)])
+    probe.main(["--iters", "2", "--pool-mib", "256", "--record", str(record)])
     text = record.read_text()
     peak = re.search(r"FMA peak \(512-bit, all threads\): ([0-9.]+) G instructions/s = ([0-9]+) GFLOP/s", text)
     assert peak and float(peak.group(1)) > 0 and int(peak.group(2)) == pytest.approx(32 * float(peak.group(1)), rel=0.01)
