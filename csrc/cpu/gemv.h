@@ -3,10 +3,11 @@
 // bias [N], shared by linear (float32, bfloat16, float16 x and weights) and int8_linear (int8 weights with scales).
 // It is weight streaming: M is small, so the time is that of reading w once from memory. Work items are blocks of 4
 // (or 2) output features split over all threads (at::parallel_for: each thread streams a contiguous range of weight
-// rows, a block at once, the next block prefetched: all at once for 1 or 2 rows of x, a line at a time from 3); a
-// block's rows are dotted with all M rows of x by dot_rows (blocks of up to 4 weight rows by up to kDotCols rows of
-// x), widening narrow weights as they are loaded, or by AVX-512 BF16 dot products on bfloat16 (8 rows of x at once,
-// 2 weight rows at a time), so each weight row comes from memory once and from cache for the later blocks of x rows.
+// rows, a block at once, the next block prefetched: all at once for 1 or 2 rows of x while it fits in L1 beside this
+// one and x, else a line at a time); a block's rows are dotted with all M rows of x by dot_rows (blocks of up to 4
+// weight rows by up to kDotCols rows of x), widening narrow weights as they are loaded, or by AVX-512 BF16 dot
+// products on bfloat16 (8 rows of x at once, 2 weight rows at a time), so each weight row comes from memory once and
+// from cache for the later blocks of x rows.
 // With AVX-512, an x too large to stay in L1 goes by in chunks of K, each over two blocks at a time. Sums are per
 // vector lane over K (or over the chunks), then across lanes (the order of a blocked GEMM). Compiled into each
 // including kernel file's ISA level (namespace CPU_CAPABILITY, see isa.h).
@@ -28,6 +29,7 @@ constexpr int64_t kPrefetchBytes = int64_t(64) << 10;  // the most weight bytes 
 constexpr int64_t kChunkXBytes = int64_t(32) << 10;    // x above this goes by in chunks of K (gemv_rows)
 constexpr int64_t kChunk = 512;                         // elements of K a chunk
 constexpr int64_t kChunkBlocks = 2;                     // blocks a chunk of x is used for before the next
+constexpr int64_t kL1Bytes = int64_t(48) << 10;        // a core's L1 data cache (Zen 4: 32 KiB, Zen 5 and Intel: 48)
 
 // Asks for rows [n, n + count) of w [N, K] (those that exist) to be brought into L1, a line at a time, when they are at
 // most kPrefetchBytes: short rows are short streams that the hardware prefetcher barely starts following before they
@@ -131,16 +133,26 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
     xa = x_wide.data();
   }
   // Two ways to bring the next block into L1 while this one is computed (2 threads, cold weights, A/B in one process):
-  // - Few rows of x, little computing per weight: the whole next block at the start of this one (prefetch_rows), which
-  //   keeps the most reads in flight (1 row: bfloat16 N 3072 K 768 103 us against 154 spread out; 2 rows, float32 227
-  //   against 249). Rows of narrow weights of 3 KiB or more then go in blocks of 2 (1 row, N 768: bfloat16 K 3072 129
-  //   -> 110 us, int8 75 -> 63; float32 rows and rows of K = 768 gained nothing).
-  // - From 3 rows of x: a line of the next block as each line of this one is read (dot_rows' prefetch). With the
-  //   burst, many rows of x took about the memory time (1 row) plus the compute time (weights in cache): the dot
-  //   products waited for memory instead of overlapping it (float32 N 2304 K 768, 8 rows: 263 -> 189 us; N 768
-  //   K 3072, 4 rows: bfloat16 181 -> 128 us, int8 104 -> 68; 3 rows, float32 N 3072 K 768 255 -> 232).
-  const bool spread = M >= 3;
-  const int64_t block = !spread && sizeof(w_t) <= 2 && K * static_cast<int64_t>(sizeof(w_t)) >= 3072 ? 2 : kGemvBlock;
+  // - A burst: the whole next block at the start of this one (prefetch_rows), which keeps the most reads in flight
+  //   (1 row: bfloat16 N 3072 K 768 103 us against 154 spread out; 2 rows, float32 227 against 249). Rows of narrow
+  //   weights of 3 KiB or more then go in blocks of 2 (1 row, N 768: bfloat16 K 3072 129 -> 110 us, int8 75 -> 63;
+  //   float32 rows and rows of K = 768 gained nothing). For 1 or 2 rows of x while this block, the next and x fit in
+  //   L1 (int8, with four times the work per byte of float32, in half of it).
+  // - Spread: a line of the next block as each line of this one is read (dot_rows' prefetch), in blocks of 4; with no
+  //   software prefetch for blocks over kPrefetchBytes. From 3 rows of x, the burst made the dot products wait for
+  //   memory instead of overlapping it (float32 N 2304 K 768, 8 rows: 263 -> 189 us; N 768 K 3072, 4 rows: bfloat16
+  //   181 -> 128 us, int8 104 -> 68; 3 rows, float32 N 3072 K 768 255 -> 232); with 1 or 2 rows and long rows, the
+  //   burst evicted the block being read, or (int8) waited as long (fraction of a read of the same bytes, burst ->
+  //   spread: 1 row, float32 K 2048-3072 74-95% -> 79-107; bfloat16 N 4096 K 11008 85 -> 97-99; int8 K 4096 73-79
+  //   -> 81-85, K 11008 73 -> 83-86; 2 rows, int8 K 2048-11008 60-70 -> 81-86, float32 K 3072-4096 63-89 -> 75-96;
+  //   while int8 K 2048-3072 at 1 row, 24 KiB, kept 94-100% with the burst against 79-88 spread, and bfloat16 K 4096,
+  //   40 KiB, 88-91 against 85-86).
+  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(w_t));
+  const int64_t burst_block = sizeof(w_t) <= 2 && row_bytes >= 3072 ? 2 : kGemvBlock;
+  const int64_t x_bytes = M * K * (bf16_dots ? 2 : static_cast<int64_t>(sizeof(acc_t)));
+  const int64_t burst_bytes = 2 * burst_block * row_bytes + x_bytes;
+  const bool spread = M >= 3 || burst_bytes > (sizeof(w_t) == 1 ? kL1Bytes / 2 : kL1Bytes);
+  const int64_t block = spread ? kGemvBlock : burst_block;
   const int64_t items = (N + block - 1) / block;
   const int64_t block_bytes = block * K * static_cast<int64_t>(sizeof(w_t));
   // ~32 KiB of weight per task at least: fewer tasks than that cost more in scheduling than they save.
@@ -156,7 +168,6 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   // 1.3x, bfloat16 1.4x). Measured on AVX-512 only, so only there.
   bool chunked = false;
 #if defined(CPU_CAPABILITY_AVX512)
-  const int64_t x_bytes = M * K * (bf16_dots ? 2 : static_cast<int64_t>(sizeof(acc_t)));
   chunked = x_bytes > kChunkXBytes && M <= 8 && (bf16_dots ? M >= 3 : std::is_same_v<w_t, float> && M > 4);
 #endif
   constexpr int64_t kVec = at::vec::Vectorized<acc_t>::size();

@@ -26,9 +26,11 @@ def check(x, weight, scale, bias):
     torch.testing.assert_close(got.double(), want, atol=atol * magnitude, rtol=rtol)
 
 
-# CPU: <= 16 rows the row-by-row kernel, more dequantize + GEMM; CUDA: <= 64 rows the GEMV, more the tiled GEMM
+# CPU: <= 16 rows the row-by-row kernel, more dequantize + GEMM; CUDA: <= 64 rows the GEMV, more the tiled GEMM. K 3072:
+# 1 row streams blocks of 2 weight rows, the next prefetched at once; K 3100: 1 and 2 rows stream blocks of 4, the next
+# prefetched a line at a time (csrc/cpu/gemv.h)
 @pytest.mark.parametrize("rows", [1, 2, 5, 16, 17, 64, 65])
-@pytest.mark.parametrize("k,n", [(64, 48), (37, 5), (1, 3), (300, 129), (3100, 7)])  # 3100: rows streamed in twos
+@pytest.mark.parametrize("k,n", [(64, 48), (37, 5), (1, 3), (300, 129), (3072, 7), (3100, 7)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_matches_reference(device, rows, k, n, bias):
     weight, scale, b = make(n, k, device, bias=bias)

@@ -106,6 +106,16 @@ def test_x_in_chunks(dtype, rows, k):
     check(torch.randn(rows, k).to(dtype), weight, b)
 
 
+@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("dtype,k", [(torch.float32, 1500), (torch.float16, 5000), (torch.bfloat16, 5000)])
+def test_long_rows_spread(dtype, k, rows):
+    """1 or 2 rows of x whose next block of weights would not fit in L1 beside the current one and x (csrc/cpu/gemv.h:
+    48 KiB) go in blocks of 4 with the next prefetched a line at a time instead of at once; 41 weight rows end in a
+    block of 1. Positive x and weights: each output is its own error bound, so a row left out is 100% off."""
+    weight, b = make(41, k, dtype=dtype)
+    check(torch.rand(rows, k).to(dtype), weight.abs(), b)
+
+
 def test_layouts_and_edge_shapes(device):
     weight, b = make(24, 40, device)
     check(torch.randn(40, 6, device=device).t(), weight, b)  # transposed x
