@@ -19,14 +19,15 @@ namespace {
 // every row count tried, 1 to 512, but it is not blocked for the caches along the rows of x, so prefill-sized inputs
 // stay with the GEMM: up to 32 rows. float16: the same (ATen's float16 GEMM was 4-7x slower still). bfloat16 with
 // AVX-512 BF16 dot products (has_avx512_bf16): up to 8 rows always (one pass over 2 weight rows at a time), then up to
-// 32 while x is at most 64 KiB in rows of at most 4 KiB (K <= 2048). 2 threads, in turns with F.linear: 12-16 rows at
-// K 2048 0.71-0.89x its time, 16-21 rows at K 1536 0.80-0.83x, 24-32 rows at K 1024 0.76-0.87x, 32 rows at K 768
-// 0.91-0.93x; 10 rows at K 3072 (60 KiB, rows of 6 KiB) 1.05-1.08x. Widening bfloat16 instead, it was as fast from 2
-// rows and slower from 4: 2 rows.
+// 28 while x is at most 64 KiB in rows of at most 4 KiB (K <= 2048). 2 threads, in turns with F.linear: 12-16 rows at
+// K 2048 0.71-0.89x its time, 16-21 rows at K 1536 0.80-0.83x, 24-28 rows at K 768-1024 0.76-0.91x; 10 rows at K 3072
+// (60 KiB, rows of 6 KiB) 1.05-1.08x. 32 rows depend on the memory bandwidth (the kernel streams the weights, the
+// GEMM computes): at K 768-1024 0.83-0.96x at 77 GB/s, 1.02-1.18x at 45 GB/s. Widening bfloat16 instead, it was as fast
+// from 2 rows and slower from 4: 2 rows.
 bool use_gemv(at::ScalarType dtype, int64_t rows, int64_t in_features) {
   if (dtype != at::kBFloat16) return rows <= 32;
   if (!has_avx512_bf16()) return rows <= 2;
-  return rows <= 8 || (rows <= 32 && in_features <= 2048 && rows * in_features * 2 <= (int64_t(64) << 10));
+  return rows <= 8 || (rows <= 28 && in_features <= 2048 && rows * in_features * 2 <= (int64_t(64) << 10));
 }
 
 at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {

@@ -28,9 +28,9 @@ SHAPES = [("gpt2", "qkv", 2304, 768), ("gpt2", "attn out", 768, 768), ("gpt2", "
 ROWS = (1, 8)
 DTYPES = ("float32", "bfloat16", "int8")
 # The crossover: rows of x at one layer shape (GPT-2's MLP up) around the CPU's switch to GEMM (csrc/cpu/linear.cpp:
-# above 32 rows in float32; in bfloat16 with AVX-512 BF16 above 32 at this K, else above 2).
+# above 32 rows in float32; in bfloat16 with AVX-512 BF16 above 28 at this K, else above 2).
 CROSSOVER_SHAPE = ("gpt2", "mlp up", 3072, 768)
-CROSSOVER_ROWS = (2, 3, 4, 5, 8, 16, 32, 33, 64)
+CROSSOVER_ROWS = (2, 3, 4, 5, 8, 16, 28, 29, 32, 33, 64)
 # Weight bytes each case cycles through: 32x a 32 MiB last-level cache (through 256 MiB, an AMD EPYC's L3 still served
 # part of the reads: float32 M1 N3072 K768 read 82 GB/s against 70 at 1 GiB, measured).
 COLD_BYTES = 1 << 30

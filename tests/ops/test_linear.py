@@ -25,7 +25,7 @@ def gemv_rows(dtype, k):
         return 32
     if not pytransformer._C.cpu_bf16_dot_products():
         return 2
-    return 8 if k > 2048 else min(32, (64 << 10) // (2 * k))  # x of at most 64 KiB in rows of at most 4 KiB
+    return 8 if k > 2048 else min(28, (64 << 10) // (2 * k))  # x of at most 64 KiB in rows of at most 4 KiB
 
 
 def make(n, k, device="cpu", dtype=torch.float32, bias=True):
