@@ -94,7 +94,7 @@ __attribute__((noinline)) void dot_block(const a_t* a, int64_t a_step, const acc
     for (int c = 0; c < C; ++c) {
       bv[c] = Vec::loadu(b + c * b_step + i, count);
 #if defined(CPU_CAPABILITY_AVX512)
-      if constexpr (std::is_same_v<acc_t, float>) {  // kept in a register: see below
+      if constexpr (std::is_same_v<acc_t, float>) {  // kept in a register: see above
         __m512 v = bv[c];
         asm("" : "+v"(v));
         bv[c] = v;

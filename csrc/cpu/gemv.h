@@ -5,9 +5,9 @@
 // (or 2) output features split over all threads (at::parallel_for: each thread streams a contiguous range of weight
 // rows, a block at once, the next block prefetched: all at once for 1 or 2 rows of x while it fits in L1 beside this
 // one and x, else a line at a time); a block's rows are dotted with all M rows of x by dot_rows (blocks of up to 4
-// weight rows by up to kDotCols rows of x), widening narrow weights as they are loaded, or by AVX-512 BF16 dot
-// products on bfloat16 (8 rows of x at once, 2 weight rows at a time), so each weight row comes from memory once and
-// from cache for the later blocks of x rows.
+// weight rows by up to kDotCols rows of x; with AVX-512, 8 rows of x at once over 2 weight rows), widening narrow
+// weights as they are loaded, or by AVX-512 BF16 dot products on bfloat16 (8 rows of x at once, 2 weight rows at a
+// time), so each weight row comes from memory once and from cache for the later blocks of x rows.
 // With AVX-512, an x too large to stay in L1 goes by in chunks of K, each over two blocks at a time. Sums are per
 // vector lane over K (or over the chunks), then across lanes (the order of a blocked GEMM). Compiled into each
 // including kernel file's ISA level (namespace CPU_CAPABILITY, see isa.h).
@@ -193,8 +193,6 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
             });
           });
       }
-#endif
-#if defined(CPU_CAPABILITY_AVX512)
       // With AVX-512, 8 rows of x at a time in one pass over 2 weight rows (16 sums and the 8 x vectors in registers),
       // each weight vector loaded and widened once for all 8, where 4 x 4 blocks take two passes; while x (or its
       // chunk) stays in L1: an x read from L2, 8 vectors for 2 weight vectors, is slower (int8, 8 rows, K 3072-11008
