@@ -113,6 +113,16 @@ void dot_block_bf16(const c10::BFloat16* a, int64_t K, const c10::BFloat16* b, i
 #pragma GCC pop_options
 #endif
 
+// Calls f(R, C, r, m) for blocks of C rows of x from m (8 while 8 are left, then 4, 2, 1) by R weight rows from r (2
+// for 8 rows of x, else up to 4) that cover M rows of x and nb weight rows: the blocks of the AVX-512 dot products.
+template <class F>
+void for_x_blocks(int64_t M, int64_t nb, F&& f) {
+  for_blocks<8>(M, [&](auto C, int64_t m) {
+    constexpr int kRows = decltype(C)::value == 8 ? 2 : 4;  // weight rows a block of C rows of x takes
+    for_blocks<kRows>(nb, [&](auto R, int64_t r) { f(R, C, r, m); });
+  });
+}
+
 // out [M, N] = (x [M, K] @ w [N, K]^T) * scale + bias, every array contiguous; scale and bias may be nullptr (1 and 0).
 // x, bias and out are io_t (float32, or bfloat16/float16 that is widened to acc_t and rounded back once at the end).
 template <typename acc_t, typename w_t, typename io_t>
@@ -178,40 +188,30 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
     const auto dot = [&](auto lanes, int64_t n, int64_t nb, int64_t c0, int64_t cn, int64_t ahead, acc_t* sums) {
       constexpr bool kLanes = decltype(lanes)::value;
 #if defined(CPU_CAPABILITY_AVX512)
+      constexpr int64_t kSum = kLanes ? kVec : 1;  // a sum's size in acc_t
       if constexpr (std::is_same_v<w_t, c10::BFloat16> && std::is_same_v<io_t, c10::BFloat16>) {
         // 8 rows of x at a time in one pass over 2 weight rows at a time, each weight line used by all 8 rows as it
         // arrives (with more rows the next 8 reread the block's weights from cache); the rest in blocks of 4 x 4
         // weight rows (2 threads, cold weights, 8 rows, A/B in one process, median of 21: N 3072 K 768 and N 50257
         // K 768 0.90-0.93x the time of two passes over 4 x 4 blocks, N 768 K 3072 0.94-0.97x)
         if (bf16_dots)
-          return for_blocks<8>(M, [&](auto C, int64_t m) {
-            constexpr int kRows = decltype(C)::value == 8 ? 2 : 4;  // weight rows a block of C rows of x takes
-            for_blocks<kRows>(nb, [&](auto R, int64_t r) {
-              dot_block_bf16<decltype(R)::value, decltype(C)::value, kLanes>(
-                  w + (n + r) * K + c0, K, x + m * K + c0, cn, sums + (m * kGemvBlock + r) * (kLanes ? kVec : 1),
-                  kGemvBlock, ahead);
-            });
+          return for_x_blocks(M, nb, [&](auto R, auto C, int64_t r, int64_t m) {
+            dot_block_bf16<decltype(R)::value, decltype(C)::value, kLanes>(
+                w + (n + r) * K + c0, K, x + m * K + c0, cn, sums + (m * kGemvBlock + r) * kSum, kGemvBlock, ahead);
           });
       }
-      // With AVX-512, 8 rows of x at a time in one pass over 2 weight rows (16 sums and the 8 x vectors in registers),
-      // each weight vector loaded and widened once for all 8, where 4 x 4 blocks take two passes; while x (or its
-      // chunk) stays in L1: an x read from L2, 8 vectors for 2 weight vectors, is slower (int8, 8 rows, K 3072-11008
-      // 46-56% -> 33-38% of the read stream). 2 threads, cold weights, A/B in one process, fraction of the read
-      // stream: float32 8 rows N 2304-3072 K 768 81-82% -> 83-87%, N 768 K 3072 82 -> 84; float16 K 768 64-65 ->
-      // 75-77; int8 K 768 41-44 -> 48-50; weights in cache, 1 thread: float32 K 768 8% less time.
-      if (M >= 8 && (chunked || x_bytes <= kChunkXBytes)) {
-        constexpr int64_t kSum = kLanes ? kVec : 1;
-        const int64_t m8 = M / 8 * 8;
-        for (int64_t m = 0; m < m8; m += 8)
-          for_blocks<2>(nb, [&](auto R, int64_t r) {
-            dot_block<decltype(R)::value, 8, kLanes>(w + (n + r) * K + c0, K, xa + m * K + c0, K, cn,
-                                                     sums + (m * kGemvBlock + r) * kSum, 1, kGemvBlock, ahead);
-          });
-        if (m8 < M)
-          dot_rows<kLanes>(w + n * K + c0, K, nb, xa + m8 * K + c0, K, M - m8, cn, sums + m8 * kGemvBlock * kSum, 1,
-                           kGemvBlock, ahead);
-        return;
-      }
+      // The same blocks in the other dtypes (16 sums and the 8 x vectors in registers, each weight vector loaded and
+      // widened once for all 8, where 4 x 4 blocks take two passes), while x (or its chunk) stays in L1: an x read
+      // from L2, 8 vectors for 2 weight vectors, is slower (int8, 8 rows, K 3072-11008 46-56% -> 33-38% of the read
+      // stream). 2 threads, cold weights, A/B in one process, fraction of the read stream: float32 8 rows N 2304-3072
+      // K 768 81-82% -> 83-87%, N 768 K 3072 82 -> 84; float16 K 768 64-65 -> 75-77; int8 K 768 41-44 -> 48-50;
+      // weights in cache, 1 thread: float32 K 768 8% less time.
+      if (M >= 8 && (chunked || x_bytes <= kChunkXBytes))
+        return for_x_blocks(M, nb, [&](auto R, auto C, int64_t r, int64_t m) {
+          dot_block<decltype(R)::value, decltype(C)::value, kLanes>(w + (n + r) * K + c0, K, xa + m * K + c0, K, cn,
+                                                                    sums + (m * kGemvBlock + r) * kSum, 1,
+                                                                    kGemvBlock, ahead);
+        });
 #endif
       dot_rows<kLanes>(w + n * K + c0, K, nb, xa + c0, K, M, cn, sums, 1, kGemvBlock, ahead);
     };
