@@ -1,13 +1,13 @@
 #pragma once
 // gemv_rows: the few-rows (decoding) product of the linear layers, out [M, N] = (x [M, K] @ w [N, K]^T) * scale [N] +
 // bias [N], shared by linear (float32, bfloat16, float16 x and weights) and int8_linear (int8 weights with scales).
-// It is weight streaming: M is small, so the time is that of reading w once from memory. Work items are blocks of 4
-// (or 2) output features split over all threads (at::parallel_for: each thread streams a contiguous range of weight
-// rows, a block at once, the next block prefetched: all at once for 1 or 2 rows of x while it fits in L1 beside this
-// one and x, else a line at a time); a block's rows are dotted with all M rows of x by dot_rows (blocks of up to 4
-// weight rows by up to kDotCols rows of x; with AVX-512, 8 rows of x at once over 2 weight rows), widening narrow
-// weights as they are loaded, or by AVX-512 BF16 dot products on bfloat16 (8 rows of x at once, 2 weight rows at a
-// time), so each weight row comes from memory once and from cache for the later blocks of x rows.
+// It is weight streaming: M is small, so the time is that of reading w once from memory. The output features are split
+// over all threads (at::parallel_for, each thread a contiguous range of weight rows). While x fits in L1, a thread
+// reads its range as two sequential streams, its first half and its second half, a row of each at a time; otherwise in
+// blocks of 4 rows. The weight rows are dotted with all M rows of x by dot_rows (blocks of up to 4 weight rows by up
+// to kDotCols rows of x; with AVX-512, 8 rows of x at once over 2 weight rows), widening narrow weights as they are
+// loaded, or by AVX-512 BF16 dot products on bfloat16 (8 rows of x at once over 2 weight rows), so each weight row
+// comes from memory once and from cache for the later blocks of x rows; the lines ahead of each stream are prefetched.
 // With AVX-512, an x too large to stay in L1 goes by in chunks of K, each over two blocks at a time. Sums are per
 // vector lane over K (or over the chunks), then across lanes (the order of a blocked GEMM). Compiled into each
 // including kernel file's ISA level (namespace CPU_CAPABILITY, see isa.h).
@@ -26,42 +26,27 @@ inline namespace CPU_CAPABILITY {
 
 constexpr int64_t kGemvBlock = 4;  // the most output features per work item (the weight rows dot_rows takes at once)
 constexpr int64_t kPrefetchBytes = int64_t(64) << 10;  // the most weight bytes of a block prefetched
+constexpr int64_t kStreamAhead = 4096;                  // bytes prefetched ahead of each of two streams
 constexpr int64_t kChunkXBytes = int64_t(32) << 10;    // x above this goes by in chunks of K (gemv_rows)
 constexpr int64_t kChunk = 512;                         // elements of K a chunk
 constexpr int64_t kChunkBlocks = 2;                     // blocks a chunk of x is used for before the next
-constexpr int64_t kL1Bytes = int64_t(48) << 10;        // a core's L1 data cache (Zen 4: 32 KiB, Zen 5 and Intel: 48)
-
-// Asks for rows [n, n + count) of w [N, K] (those that exist) to be brought into L1, a line at a time, when they are at
-// most kPrefetchBytes: short rows are short streams that the hardware prefetcher barely starts following before they
-// end (measured, one thread, GPT-2's K = 768: int8 12 -> 32 GB/s, bfloat16 19 -> 30, float32 27 -> 35), and blocks of
-// rows of K = 3072 gained too (2 threads: float32 199 -> 163 us, bfloat16 128 -> 106 us at N = 768), while much larger
-// blocks would evict each other from L1 and are long streams that the hardware follows by itself.
-// Always inlined: GCC counts a prefetch as free of side effects, so it deletes a call to a function that only
-// prefetches (GCC 12 did, in linear's kernel files), while a prefetch inside a loop that stores is kept.
-template <typename w_t>
-__attribute__((always_inline)) inline void prefetch_rows(const w_t* w, int64_t K, int64_t N, int64_t n, int64_t count) {
-  if (n >= N || count * K * static_cast<int64_t>(sizeof(w_t)) > kPrefetchBytes) return;
-  const char* p = reinterpret_cast<const char*>(w + n * K);
-  const char* end = reinterpret_cast<const char*>(w + std::min(N, n + count) * K);
-  for (; p < end; p += 64) __builtin_prefetch(p, 0, 3);
-}
 
 #if defined(CPU_CAPABILITY_AVX512)
 #pragma GCC push_options
 #pragma GCC target("avx512bf16")
-// part[c * part_m + r] = dot(a row r, b row c) over n elements for R bfloat16 rows a + r * K and C bfloat16 rows
-// b + c * K (kLanes: 16 partial sums at part + (c * part_m + r) * 16, added to, as in dot_block; prefetch: as there) by
-// AVX-512 BF16 dot products (called only where has_avx512_bf16()): each vdpbf16ps multiplies 32 pairs exactly and adds
-// them to 16 float32 sums; subnormal inputs and results count as zero, as the instruction defines. One instruction
-// takes 32 weights where widening them to float32 takes three per 16 (GPT-2's LM head, 1 row, 2 threads, cold: best of
-// 4 runs 1.23 -> 0.99 ms).
+// part[c * part_m + r] = dot(a row r, b row c) over n elements for R bfloat16 rows a + r * a_step and C bfloat16 rows
+// b + c * b_step (kLanes: 16 partial sums at part + (c * part_m + r) * 16, added to, as in dot_block; prefetch: as
+// there) by AVX-512 BF16 dot products (called only where has_avx512_bf16()): each vdpbf16ps multiplies 32 pairs
+// exactly and adds them to 16 float32 sums; subnormal inputs and results count as zero, as the instruction defines.
+// One instruction takes 32 weights where widening them to float32 takes three per 16 (GPT-2's LM head, 1 row, 2
+// threads, cold: best of 4 runs 1.23 -> 0.99 ms).
 // Small blocks keep two sets of sums, which take alternate steps (kTwoSumSets in dot_rows.h). The loops over r and c
 // are unrolled by pragma: GCC 12 at -O3 otherwise unrolled them too late to keep the sums in registers and stored every
 // one to the stack at every step (seen in the object code; N 3072 K 768, 8 rows: 135 -> 72 us). R x C up to 2 x 8 or
 // 4 x 4: the sums, C rows of x and a weight vector in at most 25 of the 32 registers.
 template <int R, int C, bool kLanes>
-void dot_block_bf16(const c10::BFloat16* a, int64_t K, const c10::BFloat16* b, int64_t n, float* part,
-                    int64_t part_m, int64_t prefetch) {
+void dot_block_bf16(const c10::BFloat16* a, int64_t a_step, const c10::BFloat16* b, int64_t b_step, int64_t n,
+                    float* part, int64_t part_m, int64_t prefetch) {
   constexpr bool kTwoSets = kTwoSumSets<R, C>;
   __m512 acc[R][C], acc2[R][C];
 #pragma GCC unroll 8
@@ -80,11 +65,11 @@ void dot_block_bf16(const c10::BFloat16* a, int64_t K, const c10::BFloat16* b, i
   const auto step = [&](auto set, int64_t k, __mmask32 mask) __attribute__((always_inline)) {
     __m512bh bv[C];
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) bv[c] = (__m512bh)_mm512_maskz_loadu_epi16(mask, b + c * K + k);
+    for (int c = 0; c < C; ++c) bv[c] = (__m512bh)_mm512_maskz_loadu_epi16(mask, b + c * b_step + k);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      if (prefetch != 0) __builtin_prefetch(reinterpret_cast<const char*>(a + r * K + k) + prefetch, 0, 3);
-      const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(mask, a + r * K + k);
+      if (prefetch != 0) prefetch_line(a + r * a_step + k, prefetch);
+      const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(mask, a + r * a_step + k);
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) {
         if constexpr (decltype(set)::value == 0) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], av, bv[c]);
@@ -142,29 +127,19 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
     x_wide.assign(x, x + M * K);
     xa = x_wide.data();
   }
-  // Two ways to bring the next block into L1 while this one is computed (2 threads, cold weights, A/B in one process):
-  // - A burst: the whole next block at the start of this one (prefetch_rows), which keeps the most reads in flight
-  //   (1 row: bfloat16 N 3072 K 768 103 us against 154 spread out; 2 rows, float32 227 against 249). Rows of narrow
-  //   weights of 3 KiB or more then go in blocks of 2 (1 row, N 768: bfloat16 K 3072 129 -> 110 us, int8 75 -> 63;
-  //   float32 rows and rows of K = 768 gained nothing). For 1 or 2 rows of x while this block, the next and x fit in
-  //   L1 (int8, with four times the work per byte of float32, in half of it).
-  // - Spread: a line of the next block as each line of this one is read (dot_rows' prefetch), in blocks of 4; with no
-  //   software prefetch for blocks over kPrefetchBytes. From 3 rows of x, the burst made the dot products wait for
-  //   memory instead of overlapping it (float32 N 2304 K 768, 8 rows: 263 -> 189 us; N 768 K 3072, 4 rows: bfloat16
-  //   181 -> 128 us, int8 104 -> 68; 3 rows, float32 N 3072 K 768 255 -> 232); with 1 or 2 rows and long rows, the
-  //   burst evicted the block being read, or (int8) waited as long (fraction of a read of the same bytes, burst ->
-  //   spread: 1 row, float32 K 2048-3072 74-95% -> 79-107; bfloat16 N 4096 K 11008 85 -> 97-99; int8 K 4096 73-79
-  //   -> 81-85, K 11008 73 -> 83-86; 2 rows, int8 K 2048-11008 60-70 -> 81-86, float32 K 3072-4096 63-89 -> 75-96;
-  //   while int8 K 2048-3072 at 1 row, 24 KiB, kept 94-100% with the burst against 79-88 spread, and bfloat16 K 4096,
-  //   40 KiB, 88-91 against 85-86).
-  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(w_t));
-  const int64_t burst_block = sizeof(w_t) <= 2 && row_bytes >= 3072 ? 2 : kGemvBlock;
+  // While x fits in L1, each thread reads its range of weight rows as two sequential streams, a row of each at a time
+  // (kStreamAhead bytes prefetched ahead of each, see prefetch_line). Blocks of rows read together, instead, make as
+  // many short streams as a block has rows. 2 threads, cold weights, A/B in one process, fraction of a read of the
+  // same bytes, blocks (the next prefetched a line at a time as this one was read, or for 1 or 2 rows all at once) ->
+  // two streams: 8 rows of x, K 768: float32 75-80% -> 84-90, bfloat16 78-81 -> 95-99; 3 to 5 rows: float32 71-86 ->
+  // 93-103, bfloat16 68-87 -> 93-101, float16 4 rows 72-75 -> 91; 1 row, float32 K 3072 86-87 -> 101-109. Four
+  // streams (the rows of a block from the quarters of the range) did worse than two (float32 4 rows 94 -> 78%).
+  // Otherwise blocks of 4 rows, a line of the next block prefetched as each line of this one is read (none for blocks
+  // over kPrefetchBytes, long streams that the hardware prefetcher follows by itself).
   const int64_t x_bytes = M * K * (bf16_dots ? 2 : static_cast<int64_t>(sizeof(acc_t)));
-  const int64_t burst_bytes = 2 * burst_block * row_bytes + x_bytes;
-  const bool spread = M >= 3 || burst_bytes > (sizeof(w_t) == 1 ? kL1Bytes / 2 : kL1Bytes);
-  const int64_t block = spread ? kGemvBlock : burst_block;
-  const int64_t items = (N + block - 1) / block;
-  const int64_t block_bytes = block * K * static_cast<int64_t>(sizeof(w_t));
+  const bool streams = x_bytes <= kChunkXBytes;
+  const int64_t items = (N + kGemvBlock - 1) / kGemvBlock;
+  const int64_t block_bytes = kGemvBlock * K * static_cast<int64_t>(sizeof(w_t));
   // ~32 KiB of weight per task at least: fewer tasks than that cost more in scheduling than they save.
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, block_bytes));
   // x of more than kChunkXBytes is taken in chunks of kChunk elements of K, each over kChunkBlocks blocks whose sums
@@ -184,9 +159,11 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   at::parallel_for(0, items, grain, [&](int64_t i0, int64_t i1) {
     // The sums [M, 4] of a block, or with x in chunks those of a group of blocks, each as kVec partial sums.
     std::vector<acc_t> part(chunked ? kChunkBlocks * M * kGemvBlock * kVec : M * kGemvBlock);
-    // The dot products of block rows [n, n + nb) with all M rows of x over elements [c0, c0 + cn) into sums.
-    const auto dot = [&](auto lanes, int64_t n, int64_t nb, int64_t c0, int64_t cn, int64_t ahead, acc_t* sums) {
+    // The dot products of the nb weight rows n + r * step with all M rows of x over elements [c0, c0 + cn) into sums.
+    const auto dot = [&](auto lanes, int64_t n, int64_t nb, int64_t step, int64_t c0, int64_t cn, int64_t ahead,
+                         acc_t* sums) {
       constexpr bool kLanes = decltype(lanes)::value;
+      const w_t* rows = w + n * K + c0;
 #if defined(CPU_CAPABILITY_AVX512)
       constexpr int64_t kSum = kLanes ? kVec : 1;  // a sum's size in acc_t
       if constexpr (std::is_same_v<w_t, c10::BFloat16> && std::is_same_v<io_t, c10::BFloat16>) {
@@ -196,8 +173,10 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
         // K 768 0.90-0.93x the time of two passes over 4 x 4 blocks, N 768 K 3072 0.94-0.97x)
         if (bf16_dots)
           return for_x_blocks(M, nb, [&](auto R, auto C, int64_t r, int64_t m) {
-            dot_block_bf16<decltype(R)::value, decltype(C)::value, kLanes>(
-                w + (n + r) * K + c0, K, x + m * K + c0, cn, sums + (m * kGemvBlock + r) * kSum, kGemvBlock, ahead);
+            dot_block_bf16<decltype(R)::value, decltype(C)::value, kLanes>(rows + r * step * K, step * K,
+                                                                           x + m * K + c0, K, cn,
+                                                                           sums + (m * kGemvBlock + r) * kSum,
+                                                                           kGemvBlock, ahead);
           });
       }
       // The same blocks in the other dtypes (16 sums and the 8 x vectors in registers, each weight vector loaded and
@@ -206,17 +185,17 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
       // stream). 2 threads, cold weights, A/B in one process, fraction of the read stream: float32 8 rows N 2304-3072
       // K 768 81-82% -> 83-87%, N 768 K 3072 82 -> 84; float16 K 768 64-65 -> 75-77; int8 K 768 41-44 -> 48-50;
       // weights in cache, 1 thread: float32 K 768 8% less time.
-      if (M >= 8 && (chunked || x_bytes <= kChunkXBytes))
+      if (M >= 8 && (chunked || streams))
         return for_x_blocks(M, nb, [&](auto R, auto C, int64_t r, int64_t m) {
-          dot_block<decltype(R)::value, decltype(C)::value, kLanes>(w + (n + r) * K + c0, K, xa + m * K + c0, K, cn,
-                                                                    sums + (m * kGemvBlock + r) * kSum, 1,
+          dot_block<decltype(R)::value, decltype(C)::value, kLanes>(rows + r * step * K, step * K, xa + m * K + c0, K,
+                                                                    cn, sums + (m * kGemvBlock + r) * kSum, 1,
                                                                     kGemvBlock, ahead);
         });
 #endif
-      dot_rows<kLanes>(w + n * K + c0, K, nb, xa + c0, K, M, cn, sums, 1, kGemvBlock, ahead);
+      dot_rows<kLanes>(rows, step * K, nb, xa + c0, K, M, cn, sums, 1, kGemvBlock, ahead);
     };
-    // out for block rows [n, n + nb) from their sums
-    const auto store = [&](auto lanes, int64_t n, int64_t nb, const acc_t* sums) {
+    // out for the nb weight rows n + r * step from their sums
+    const auto store = [&](auto lanes, int64_t n, int64_t nb, int64_t step, const acc_t* sums) {
       for (int64_t m = 0; m < M; ++m)
         for (int64_t r = 0; r < nb; ++r) {
           acc_t dot_mr;
@@ -226,35 +205,48 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
           } else {
             dot_mr = sums[m * kGemvBlock + r];
           }
-          out[m * N + n + r] = static_cast<io_t>(dot_mr * (scale ? scale[n + r] : acc_t(1)) +
-                                                 (bias ? static_cast<acc_t>(bias[n + r]) : acc_t(0)));
+          const int64_t o = n + r * step;
+          out[m * N + o] = static_cast<io_t>(dot_mr * (scale ? scale[o] : acc_t(1)) +
+                                             (bias ? static_cast<acc_t>(bias[o]) : acc_t(0)));
         }
     };
+    if (streams) {
+      // rows r0 + j and r0 + h + j together, then the last one of an odd count alone
+      const int64_t r0 = i0 * kGemvBlock, r1 = std::min(N, i1 * kGemvBlock), h = (r1 - r0) / 2;
+      for (int64_t j = 0; j < h; ++j) {
+        dot(std::false_type{}, r0 + j, 2, h, 0, K, kStreamAhead, part.data());
+        store(std::false_type{}, r0 + j, 2, h, part.data());
+      }
+      if (r0 + 2 * h < r1) {
+        dot(std::false_type{}, r1 - 1, 1, 1, 0, K, 0, part.data());
+        store(std::false_type{}, r1 - 1, 1, 1, part.data());
+      }
+      return;
+    }
     if (chunked) {
       for (int64_t g0 = i0; g0 < i1; g0 += kChunkBlocks) {
         const int64_t g1 = std::min(i1, g0 + kChunkBlocks);
         std::fill(part.begin(), part.end(), acc_t(0));
         for (int64_t c0 = 0; c0 < K; c0 += kChunk)
           for (int64_t i = g0; i < g1; ++i) {
-            const int64_t n = i * block;
+            const int64_t n = i * kGemvBlock;
             // the same chunk of the block as far on in the next group, when that is a whole one
-            const int64_t ahead = (i + (g1 - g0) + 1) * block <= N ? (g1 - g0) * block_bytes : 0;
-            dot(std::true_type{}, n, std::min(block, N - n), c0, std::min(kChunk, K - c0), ahead,
+            const int64_t ahead = (i + (g1 - g0) + 1) * kGemvBlock <= N ? (g1 - g0) * block_bytes : 0;
+            dot(std::true_type{}, n, std::min(kGemvBlock, N - n), 1, c0, std::min(kChunk, K - c0), ahead,
                 part.data() + (i - g0) * M * kGemvBlock * kVec);
           }
         for (int64_t i = g0; i < g1; ++i)
-          store(std::true_type{}, i * block, std::min(block, N - i * block),
+          store(std::true_type{}, i * kGemvBlock, std::min(kGemvBlock, N - i * kGemvBlock), 1,
                 part.data() + (i - g0) * M * kGemvBlock * kVec);
       }
       return;
     }
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t n = i * block, nb = std::min(block, N - n);
-      if (!spread) prefetch_rows(w, K, N, n + block, block);
+      const int64_t n = i * kGemvBlock, nb = std::min(kGemvBlock, N - n);
       // the next block when it is a whole one of at most kPrefetchBytes
-      const int64_t ahead = spread && block_bytes <= kPrefetchBytes && n + 2 * block <= N ? block_bytes : 0;
-      dot(std::false_type{}, n, nb, 0, K, ahead, part.data());
-      store(std::false_type{}, n, nb, part.data());
+      const int64_t ahead = block_bytes <= kPrefetchBytes && n + 2 * kGemvBlock <= N ? block_bytes : 0;
+      dot(std::false_type{}, n, nb, 1, 0, K, ahead, part.data());
+      store(std::false_type{}, n, nb, 1, part.data());
     }
   });
 }

@@ -55,7 +55,7 @@ def test_matches_reference(device, rows, k, n, bias):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("rows", ["one", "last kernel", "first gemm"])
-@pytest.mark.parametrize("k,n", [(72, 40), (301, 67), (1600, 7)])  # 1600: half rows of 3 KiB+, streamed in twos
+@pytest.mark.parametrize("k,n", [(72, 40), (301, 67), (1600, 7)])  # 1600: x in L1 in 1 row, not in the most
 def test_dtypes(device, dtype, rows, k, n):
     if dtype == torch.float64 and device == "cuda":
         pytest.skip("float64 is CPU-only")
@@ -82,8 +82,8 @@ def test_cpu_path_by_rows(dtype, k):
 # which the uncapped tests use on a processor that has them.
 @pytest.mark.parametrize("isa", CPU_ISA_LEVELS + (["avx512"] if pytransformer._C.cpu_isa() == "avx512" else []))
 def test_each_cpu_isa_level_agrees(isa):
-    """The kernel is compiled per ISA level (8 or 16 lanes, 2 or 4 rows of x per block): 13 weight rows (blocks of 4,
-    the next block prefetched a line at a time from 3 rows of x) and 7 rows of x (in bfloat16 13 with AVX-512 BF16 dot
+    """The kernel is compiled per ISA level (8 or 16 lanes, 2 or 4 rows of x per block): 13 weight rows (over 2 threads,
+    8 and 5: two streams of 4, and of 2 and the last row alone) and 7 rows of x (in bfloat16 13 with AVX-512 BF16 dot
     products, blocks of 8, 4 and 1 rows, else 2, the most its kernel takes) reach every block shape, K = 1100 full
     vectors and a tail, in each weight dtype; 8 float32 rows (x of 35 KiB) go by in chunks of K at AVX-512."""
     run_under_isa(isa, (
@@ -106,13 +106,17 @@ def test_x_in_chunks(dtype, rows, k):
     check(torch.randn(rows, k).to(dtype), weight, b)
 
 
-@pytest.mark.parametrize("rows", [1, 2])
-@pytest.mark.parametrize("dtype,k", [(torch.float32, 1500), (torch.float16, 5000), (torch.bfloat16, 5000)])
-def test_long_rows_spread(dtype, k, rows):
-    """1 or 2 rows of x whose next block of weights would not fit in L1 beside the current one and x (csrc/cpu/gemv.h:
-    48 KiB) go in blocks of 4 with the next prefetched a line at a time instead of at once; 41 weight rows end in a
-    block of 1. Positive x and weights: each output is its own error bound, so a row left out is 100% off."""
-    weight, b = make(41, k, dtype=dtype)
+@pytest.mark.parametrize("rows", [1, 2, 3, 8])
+@pytest.mark.parametrize("n", [1, 2, 5, 41])
+@pytest.mark.parametrize("dtype,k", [(torch.float32, 700), (torch.float16, 700), (torch.bfloat16, 700),
+                                     (torch.float32, 9000)])
+def test_weight_streams(dtype, k, n, rows):
+    """While x fits in L1 (csrc/cpu/gemv.h: 32 KiB), each thread reads its weight rows as two streams, its first and
+    second halves, a row of each at a time, and the last row of an odd count alone: n = 1, 2, 5 and 41 give threads
+    one row, pairs with and without that last row, and (41) ranges of several blocks. float32 at K = 9000 (x over 32
+    KiB) goes in blocks of 4 instead (8 rows: in chunks of K). Positive x and weights: each output is its own error
+    bound, so a row left out or stored in another's place is 100% or a few % off."""
+    weight, b = make(n, k, dtype=dtype)
     check(torch.rand(rows, k).to(dtype), weight.abs(), b)
 
 
