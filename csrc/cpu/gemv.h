@@ -28,7 +28,7 @@ constexpr int64_t kGemvBlock = 4;  // the most output features per work item (th
 constexpr int64_t kPrefetchBytes = int64_t(64) << 10;  // the most weight bytes of a block prefetched
 constexpr int64_t kStreamAhead = 4096;                  // bytes prefetched ahead of each of two streams
 constexpr int64_t kChunkXBytes = int64_t(32) << 10;    // x above this goes by in chunks of K (gemv_rows)
-constexpr int64_t kChunk = 512;                         // elements of K a chunk
+constexpr int64_t kChunkBytes = 384;                    // bytes of a weight row a chunk of K covers
 constexpr int64_t kChunkBlocks = 2;                     // blocks a chunk of x is used for before the next
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -146,8 +146,11 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   // are kept as vectors (lanes) in between, so that a chunk of x is reused from L1 while the weights stream past (the
   // next group's chunk prefetched). 2 threads, cold weights, A/B in one process, fraction of a read of the same bytes:
   // bfloat16 (AVX-512 BF16), 8 rows, K 3072 74% -> 82%, K 4096 70 -> 78, K 11008 34 -> 73 (N 4096); 3 and 4 rows at K
-  // 11008 61 -> 85 and 58 -> 73; float32, 8 rows, K 2048-4096 70-73 -> 71-79, K 11008 73 -> 77. Chunks of 512 and
-  // groups of 2 blocks did best of 256-1024 and 1-4. Where it lost, it is not used: float32 up to 4 rows (one pass over
+  // 11008 61 -> 85 and 58 -> 73; float32, 8 rows, K 2048-4096 70-73 -> 71-79, K 11008 73 -> 77. Groups of 2 blocks
+  // did best of 1-4, and chunks of 384 bytes of each weight row (96 float32, 192 bfloat16) of 256-2048 bytes: from 512
+  // elements (the first choice), 8 rows: float32 K 2048-11008 76-78% -> 84-91, bfloat16 K 3072-11008 75-78 -> 82-91;
+  // bfloat16 3 and 4 rows K 11008 67-84 -> 89-95; float32 5 rows K 4096 77 -> 81-89 (smaller chunks lost again:
+  // 256 bytes, bfloat16 8 rows 62-66%). Where it lost, it is not used: float32 up to 4 rows (one pass over
   // a block; K 3072-11008 83-89% -> 77-84), int8 (compute-bound, K 11008 8 rows 56 -> 47), x of 32 KiB or less
   // (bfloat16 8 rows K 2048 1.06x the time, float32 K 768 1.1x), more than 8 rows (K 768, 16 and 32 rows: float32
   // 1.3x, bfloat16 1.4x). Measured on AVX-512 only, so only there.
@@ -155,6 +158,7 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
 #if defined(CPU_CAPABILITY_AVX512)
   chunked = x_bytes > kChunkXBytes && M <= 8 && (bf16_dots ? M >= 3 : std::is_same_v<w_t, float> && M > 4);
 #endif
+  constexpr int64_t kChunk = kChunkBytes / sizeof(w_t);  // elements of K a chunk
   constexpr int64_t kVec = at::vec::Vectorized<acc_t>::size();
   at::parallel_for(0, items, grain, [&](int64_t i0, int64_t i1) {
     // The sums [M, 4] of a block, or with x in chunks those of a group of blocks, each as kVec partial sums.
