@@ -2,12 +2,12 @@
 // gemv_rows: the few-rows (decoding) product of the linear layers, out [M, N] = (x [M, K] @ w [N, K]^T) * scale [N] +
 // bias [N], shared by linear (float32, bfloat16, float16 x and weights) and int8_linear (int8 weights with scales).
 // It is weight streaming: M is small, so the time is that of reading w once from memory. The output features are split
-// over all threads (at::parallel_for, each thread a contiguous range of weight rows). While x fits in L1, a thread
-// reads its range as two sequential streams, its first half and its second half, a row of each at a time; otherwise in
-// blocks of 4 rows. The weight rows are dotted with all M rows of x by dot_rows (blocks of up to 4 weight rows by up
-// to kDotCols rows of x; with AVX-512, 8 rows of x at once over 2 weight rows), widening narrow weights as they are
-// loaded, or by AVX-512 BF16 dot products on bfloat16 (8 rows of x at once over 2 weight rows), so each weight row
-// comes from memory once and from cache for the later blocks of x rows; the lines ahead of each stream are prefetched.
+// over all threads (at::parallel_for, each thread a contiguous range of weight rows). With AVX-512 and while x fits in
+// L1, a thread reads its range as two sequential streams, its first half and its second half, a row of each at a time;
+// otherwise in blocks of 4 (or 2) rows, the next block prefetched. The weight rows are dotted with all M rows of x by
+// dot_rows (blocks of up to 4 weight rows by up to kDotCols rows of x; with AVX-512, 8 rows of x at once over 2 weight
+// rows), widening narrow weights as they are loaded, or by AVX-512 BF16 dot products on bfloat16 (8 rows of x at once
+// over 2 weight rows), so each weight row comes from memory once and from cache for the later blocks of x rows.
 // With AVX-512, an x too large to stay in L1 goes by in chunks of K, each over two blocks at a time. Sums are per
 // vector lane over K (or over the chunks), then across lanes (the order of a blocked GEMM). Compiled into each
 // including kernel file's ISA level (namespace CPU_CAPABILITY, see isa.h).
@@ -30,6 +30,22 @@ constexpr int64_t kStreamAhead = 4096;                  // bytes prefetched ahea
 constexpr int64_t kChunkXBytes = int64_t(32) << 10;    // x above this goes by in chunks of K (gemv_rows)
 constexpr int64_t kChunkBytes = 384;                    // bytes of a weight row a chunk of K covers
 constexpr int64_t kChunkBlocks = 2;                     // blocks a chunk of x is used for before the next
+constexpr int64_t kL1Bytes = int64_t(48) << 10;        // a core's L1 data cache (Zen 4: 32 KiB, Zen 5 and Intel: 48)
+
+// Asks for rows [n, n + count) of w [N, K] (those that exist) to be brought into L1, a line at a time, when they are at
+// most kPrefetchBytes: short rows are short streams that the hardware prefetcher barely starts following before they
+// end (measured, one thread, GPT-2's K = 768: int8 12 -> 32 GB/s, bfloat16 19 -> 30, float32 27 -> 35), and blocks of
+// rows of K = 3072 gained too (2 threads: float32 199 -> 163 us, bfloat16 128 -> 106 us at N = 768), while much larger
+// blocks would evict each other from L1 and are long streams that the hardware follows by itself.
+// Always inlined: GCC counts a prefetch as free of side effects, so it deletes a call to a function that only
+// prefetches (GCC 12 did, in linear's kernel files), while a prefetch inside a loop that stores is kept.
+template <typename w_t>
+__attribute__((always_inline)) inline void prefetch_rows(const w_t* w, int64_t K, int64_t N, int64_t n, int64_t count) {
+  if (n >= N || count * K * static_cast<int64_t>(sizeof(w_t)) > kPrefetchBytes) return;
+  const char* p = reinterpret_cast<const char*>(w + n * K);
+  const char* end = reinterpret_cast<const char*>(w + std::min(N, n + count) * K);
+  for (; p < end; p += 64) __builtin_prefetch(p, 0, 3);
+}
 
 #if defined(CPU_CAPABILITY_AVX512)
 #pragma GCC push_options
@@ -127,19 +143,41 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
     x_wide.assign(x, x + M * K);
     xa = x_wide.data();
   }
-  // While x fits in L1, each thread reads its range of weight rows as two sequential streams, a row of each at a time
-  // (kStreamAhead bytes prefetched ahead of each, see prefetch_line). Blocks of rows read together, instead, make as
-  // many short streams as a block has rows. 2 threads, cold weights, A/B in one process, fraction of a read of the
-  // same bytes, blocks (the next prefetched a line at a time as this one was read, or for 1 or 2 rows all at once) ->
-  // two streams: 8 rows of x, K 768: float32 75-80% -> 84-90, bfloat16 78-81 -> 95-99; 3 to 5 rows: float32 71-86 ->
-  // 93-103, bfloat16 68-87 -> 93-101, float16 4 rows 72-75 -> 91; 1 row, float32 K 3072 86-87 -> 101-109. Four
-  // streams (the rows of a block from the quarters of the range) did worse than two (float32 4 rows 94 -> 78%).
-  // Otherwise blocks of 4 rows, a line of the next block prefetched as each line of this one is read (none for blocks
-  // over kPrefetchBytes, long streams that the hardware prefetcher follows by itself).
+  // With AVX-512, while x fits in L1, each thread reads its range of weight rows as two sequential streams, a row of
+  // each at a time (kStreamAhead bytes prefetched ahead of each, see prefetch_line). Blocks of rows read together,
+  // instead, make as many short streams as a block has rows. 2 threads, cold weights, A/B in one process, fraction of
+  // a read of the same bytes, blocks (as below) -> two streams: 8 rows of x, K 768: float32 75-80% -> 84-90, bfloat16
+  // 78-81 -> 95-99; 3 to 5 rows: float32 71-86 -> 93-103, bfloat16 68-87 -> 93-101, float16 4 rows 72-75 -> 91; 1
+  // row, float32 K 3072 86-87 -> 101-109. Four streams (the rows of a block from the quarters of the range) did worse
+  // than two (float32 4 rows 94 -> 78%). With AVX2's 8 lanes, two rows at a time lost to blocks of 4 (int8 1 and 4
+  // rows: 64-68% -> 29-44, 34-38 -> 14-20), so there, and for an x larger than L1, the weights go in blocks. The next
+  // block comes into L1 while this one is computed:
+  // - A burst: the whole next block at the start of this one (prefetch_rows), which keeps the most reads in flight
+  //   (1 row: bfloat16 N 3072 K 768 103 us against 154 spread out; 2 rows, float32 227 against 249). Rows of narrow
+  //   weights of 3 KiB or more then go in blocks of 2 (1 row, N 768: bfloat16 K 3072 129 -> 110 us, int8 75 -> 63;
+  //   float32 rows and rows of K = 768 gained nothing). For 1 or 2 rows of x while this block, the next and x fit in
+  //   L1 (int8, with four times the work per byte of float32, in half of it).
+  // - Spread: a line of the next block as each line of this one is read (dot_rows' prefetch), in blocks of 4; with no
+  //   software prefetch for blocks over kPrefetchBytes. From 3 rows of x, the burst made the dot products wait for
+  //   memory instead of overlapping it (float32 N 2304 K 768, 8 rows: 263 -> 189 us; N 768 K 3072, 4 rows: bfloat16
+  //   181 -> 128 us, int8 104 -> 68; 3 rows, float32 N 3072 K 768 255 -> 232); with 1 or 2 rows and long rows, the
+  //   burst evicted the block being read, or (int8) waited as long (fraction of a read of the same bytes, burst ->
+  //   spread: 1 row, float32 K 2048-3072 74-95% -> 79-107; bfloat16 N 4096 K 11008 85 -> 97-99; int8 K 4096 73-79
+  //   -> 81-85, K 11008 73 -> 83-86; 2 rows, int8 K 2048-11008 60-70 -> 81-86, float32 K 3072-4096 63-89 -> 75-96;
+  //   while int8 K 2048-3072 at 1 row, 24 KiB, kept 94-100% with the burst against 79-88 spread, and bfloat16 K 4096,
+  //   40 KiB, 88-91 against 85-86).
   const int64_t x_bytes = M * K * (bf16_dots ? 2 : static_cast<int64_t>(sizeof(acc_t)));
-  const bool streams = x_bytes <= kChunkXBytes;
-  const int64_t items = (N + kGemvBlock - 1) / kGemvBlock;
-  const int64_t block_bytes = kGemvBlock * K * static_cast<int64_t>(sizeof(w_t));
+  bool streams = false;
+#if defined(CPU_CAPABILITY_AVX512)
+  streams = x_bytes <= kChunkXBytes;
+#endif
+  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(w_t));
+  const int64_t burst_block = sizeof(w_t) <= 2 && row_bytes >= 3072 ? 2 : kGemvBlock;
+  const int64_t burst_bytes = 2 * burst_block * row_bytes + x_bytes;
+  const bool burst = !streams && M <= 2 && burst_bytes <= (sizeof(w_t) == 1 ? kL1Bytes / 2 : kL1Bytes);
+  const int64_t block = burst ? burst_block : kGemvBlock;
+  const int64_t items = (N + block - 1) / block;
+  const int64_t block_bytes = block * K * static_cast<int64_t>(sizeof(w_t));
   // ~32 KiB of weight per task at least: fewer tasks than that cost more in scheduling than they save.
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, block_bytes));
   // x of more than kChunkXBytes is taken in chunks of kChunk elements of K, each over kChunkBlocks blocks whose sums
@@ -216,7 +254,7 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
     };
     if (streams) {
       // rows r0 + j and r0 + h + j together, then the last one of an odd count alone
-      const int64_t r0 = i0 * kGemvBlock, r1 = std::min(N, i1 * kGemvBlock), h = (r1 - r0) / 2;
+      const int64_t r0 = i0 * block, r1 = std::min(N, i1 * block), h = (r1 - r0) / 2;
       for (int64_t j = 0; j < h; ++j) {
         dot(std::false_type{}, r0 + j, 2, h, 0, K, kStreamAhead, part.data());
         store(std::false_type{}, r0 + j, 2, h, part.data());
@@ -233,22 +271,23 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
         std::fill(part.begin(), part.end(), acc_t(0));
         for (int64_t c0 = 0; c0 < K; c0 += kChunk)
           for (int64_t i = g0; i < g1; ++i) {
-            const int64_t n = i * kGemvBlock;
+            const int64_t n = i * block;
             // the same chunk of the block as far on in the next group, when that is a whole one
-            const int64_t ahead = (i + (g1 - g0) + 1) * kGemvBlock <= N ? (g1 - g0) * block_bytes : 0;
-            dot(std::true_type{}, n, std::min(kGemvBlock, N - n), 1, c0, std::min(kChunk, K - c0), ahead,
+            const int64_t ahead = (i + (g1 - g0) + 1) * block <= N ? (g1 - g0) * block_bytes : 0;
+            dot(std::true_type{}, n, std::min(block, N - n), 1, c0, std::min(kChunk, K - c0), ahead,
                 part.data() + (i - g0) * M * kGemvBlock * kVec);
           }
         for (int64_t i = g0; i < g1; ++i)
-          store(std::true_type{}, i * kGemvBlock, std::min(kGemvBlock, N - i * kGemvBlock), 1,
+          store(std::true_type{}, i * block, std::min(block, N - i * block), 1,
                 part.data() + (i - g0) * M * kGemvBlock * kVec);
       }
       return;
     }
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t n = i * kGemvBlock, nb = std::min(kGemvBlock, N - n);
-      // the next block when it is a whole one of at most kPrefetchBytes
-      const int64_t ahead = block_bytes <= kPrefetchBytes && n + 2 * kGemvBlock <= N ? block_bytes : 0;
+      const int64_t n = i * block, nb = std::min(block, N - n);
+      if (burst) prefetch_rows(w, K, N, n + block, block);
+      // spread: the next block when it is a whole one of at most kPrefetchBytes
+      const int64_t ahead = !burst && block_bytes <= kPrefetchBytes && n + 2 * block <= N ? block_bytes : 0;
       dot(std::false_type{}, n, nb, 1, 0, K, ahead, part.data());
       store(std::false_type{}, n, nb, 1, part.data());
     }

@@ -27,8 +27,8 @@ def check(x, weight, scale, bias):
 
 
 # CPU: <= 16 rows the row-by-row kernel, more dequantize + GEMM; CUDA: <= 64 rows the GEMV, more the tiled GEMM. K 3072
-# and 3100: x of 1 or 2 rows fits in L1 (each thread's weight rows read as two streams), of 5 or more does not (blocks
-# of 4 weight rows; csrc/cpu/gemv.h)
+# and 3100: x of 1 or 2 rows fits in L1 (with AVX-512, each thread's weight rows read as two streams), of 5 or more
+# does not (blocks of 4 weight rows; csrc/cpu/gemv.h)
 @pytest.mark.parametrize("rows", [1, 2, 5, 16, 17, 64, 65])
 @pytest.mark.parametrize("k,n", [(64, 48), (37, 5), (1, 3), (300, 129), (3072, 7), (3100, 7)])
 @pytest.mark.parametrize("bias", [True, False])
@@ -40,8 +40,9 @@ def test_matches_reference(device, rows, k, n, bias):
 @pytest.mark.parametrize("isa", CPU_ISA_LEVELS)
 def test_each_cpu_isa_level_agrees(isa):
     """The few-rows kernel is compiled per ISA level, with narrower blocks of x rows below AVX-512: 7 rows of x and
-    13 weight rows (over 2 threads, 8 and 5: two streams of 4, and of 2 and the last row alone) reach every block
-    shape; K 1100 spans whole 64-byte lines, a vector and a tail."""
+    13 weight rows (AVX-512: over 2 threads, 8 and 5, two streams of 4, and of 2 and the last row alone; below it
+    blocks of 4, the next one prefetched a line at a time) reach every block shape; K 1100 spans whole 64-byte lines,
+    a vector and a tail."""
     run_under_isa(isa, (
         "w=torch.randint(-127,128,(13,1100),dtype=torch.int8); s=torch.rand(13)*0.01; b=torch.randn(13);"
         "x=torch.randn(7,1100); torch.testing.assert_close(pt.ops.int8_linear(x,w,s,b).double(),"

@@ -82,17 +82,25 @@ def test_cpu_path_by_rows(dtype, k):
 # which the uncapped tests use on a processor that has them.
 @pytest.mark.parametrize("isa", CPU_ISA_LEVELS + (["avx512"] if pytransformer._C.cpu_isa() == "avx512" else []))
 def test_each_cpu_isa_level_agrees(isa):
-    """The kernel is compiled per ISA level (8 or 16 lanes, 2 or 4 rows of x per block): 13 weight rows (over 2 threads,
-    8 and 5: two streams of 4, and of 2 and the last row alone) and 7 rows of x (in bfloat16 13 with AVX-512 BF16 dot
-    products, blocks of 8, 4 and 1 rows, else 2, the most its kernel takes) reach every block shape, K = 1100 full
-    vectors and a tail, in each weight dtype; 8 float32 rows (x of 35 KiB) go by in chunks of K at AVX-512."""
+    """The kernel is compiled per ISA level (8 or 16 lanes, 2 or 4 rows of x per block): 13 weight rows (AVX-512:
+    over 2 threads, 8 and 5, two streams of 4, and of 2 and the last row alone; below it blocks of 4, the next one
+    prefetched a line at a time) and 7 rows of x (in bfloat16 13 with AVX-512 BF16 dot products, blocks of 8, 4 and 1
+    rows, else 2, the most its kernel takes) reach every block shape, K = 1100 full vectors and a tail, in each weight
+    dtype; 8 float32 rows (x of 35 KiB) go by in chunks of K at AVX-512. 1 and 2 rows below AVX-512 take blocks
+    prefetched all at once (K 1100), or for long rows (float16 K 5000) a line at a time; their x and weights positive,
+    so that a row left out is 100% off."""
     run_under_isa(isa, (
         "bf16_rows = 13 if pt._C.cpu_bf16_dot_products() else 2\n"
         "for dt, m, tol in ((torch.float32, 7, 2e-5), (torch.float32, 8, 2e-5), (torch.bfloat16, bf16_rows, 2e-2),"
         " (torch.float16, 7, 2e-3)):\n"
         "  w=torch.randn(13,1100).to(dt); b=torch.randn(13).to(dt); x=torch.randn(m,1100).to(dt)\n"
         "  torch.testing.assert_close(pt.ops.linear(x,w,b).double(), ref.linear(x.double(),w.double(),b.double()),"
-        " atol=tol*40, rtol=tol)"))
+        " atol=tol*40, rtol=tol)\n"
+        "for dt, k, tol in ((torch.float32, 1100, 2e-5), (torch.bfloat16, 1100, 2e-2), (torch.float16, 5000, 2e-3)):\n"
+        "  for m in (1, 2):\n"
+        "    w=torch.rand(41,k).to(dt); x=torch.rand(m,k).to(dt)\n"
+        "    torch.testing.assert_close(pt.ops.linear(x,w).double(), ref.linear(x.double(),w.double()), atol=0,"
+        " rtol=tol)"))
 
 
 @pytest.mark.parametrize("dtype,rows,k", [(torch.float32, 8, 1063), (torch.float32, 6, 1400), (torch.float32, 5, 2000),
