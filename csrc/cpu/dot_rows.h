@@ -35,7 +35,7 @@ constexpr bool kTwoSumSets = R * C < 8;
 // hint that the processor may drop. 2 threads, cold weights, A/B in one process, fraction of a read of the same bytes
 // (two streams a thread, see gemv_rows), 8 rows of x: float32 K 768 80-84% with the first request alone -> 84-89%
 // with both (at about 45 GB/s); bfloat16 K 768-2048 62-71% with a single request half as far ahead -> 74-79% (at
-// about 70 GB/s). A second request into L2 only did the same.
+// about 70 GB/s). A second request into L2 only did the same. Always inlined, as prefetch_rows in gemv.h is.
 __attribute__((always_inline)) inline void prefetch_line(const void* p, int64_t ahead) {
   __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 3);
   __builtin_prefetch(static_cast<const char*>(p) + ahead / 2, 0, 3);

@@ -253,7 +253,8 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
         }
     };
     if (streams) {
-      // rows r0 + j and r0 + h + j together, then the last one of an odd count alone
+      // rows r0 + j and r0 + h + j together, then the last one of an odd count alone (the prefetches of the last rows
+      // reach up to kStreamAhead past the range or w: a prefetch never faults)
       const int64_t r0 = i0 * block, r1 = std::min(N, i1 * block), h = (r1 - r0) / 2;
       for (int64_t j = 0; j < h; ++j) {
         dot(std::false_type{}, r0 + j, 2, h, 0, K, kStreamAhead, part.data());
