@@ -1,16 +1,16 @@
 #pragma once
 // gemv_rows: the few-rows (decoding) product of the linear layers, out [M, N] = (x [M, K] @ w [N, K]^T) * scale [N] +
-// bias [N], shared by linear (float32, bfloat16, float16 x and weights) and int8_linear (int8 weights with scales).
-// It is weight streaming: M is small, so the time is that of reading w once from memory. The output features are split
-// over all threads (at::parallel_for, each thread a contiguous range of weight rows). With AVX-512 and while x fits in
-// L1, a thread reads its range as two sequential streams, its first half and its second half, a row of each at a time;
-// otherwise in blocks of 4 (or 2) rows, the next block prefetched. The weight rows are dotted with all M rows of x by
-// dot_rows (blocks of up to 4 weight rows by up to kDotCols rows of x; with AVX-512, 8 rows of x at once over 2 weight
-// rows), widening narrow weights as they are loaded, or by AVX-512 BF16 dot products on bfloat16 (8 rows of x at once
-// over 2 weight rows), so each weight row comes from memory once and from cache for the later blocks of x rows.
-// With AVX-512, an x too large to stay in L1 goes by in chunks of K, each over two blocks at a time. Sums are per
-// vector lane over K (or over the chunks), then across lanes (the order of a blocked GEMM). Compiled into each
-// including kernel file's ISA level (namespace CPU_CAPABILITY, see isa.h).
+// bias [N], shared by linear (float32, bfloat16, float16 x and weights) and int8_linear (int8 weights with scales). It
+// is weight streaming: M is small, so the time is that of reading w once from memory. The output features are split
+// over all threads (at::parallel_for, each thread a contiguous range of weight rows). With AVX-512 and an x of at most
+// 32 KiB (48 for up to 4 rows), a thread reads its range as two sequential streams, its first half and its second half,
+// a row of each at a time; otherwise in blocks of 4 (or 2) rows, the next block prefetched. The weight rows are dotted
+// with all M rows of x by dot_rows (blocks of up to 4 weight rows by up to kDotCols rows of x; with AVX-512, 8 rows of
+// x at once over 2 weight rows), widening narrow weights as they are loaded, or by AVX-512 BF16 dot products on
+// bfloat16 (8 rows of x at once over 2 weight rows), so each weight row comes from memory once and from cache for the
+// later blocks of x rows. With AVX-512, an x too large to stay in L1 goes by in chunks of K, each over two blocks at a
+// time. Sums are per vector lane over K (or over the chunks), then across lanes (the order of a blocked GEMM). Compiled
+// into each including kernel file's ISA level (namespace CPU_CAPABILITY, see isa.h).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -143,43 +143,7 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
     x_wide.assign(x, x + M * K);
     xa = x_wide.data();
   }
-  // With AVX-512, while x fits in L1, each thread reads its range of weight rows as two sequential streams, a row of
-  // each at a time (kStreamAhead bytes prefetched ahead of each, see prefetch_line). Blocks of rows read together,
-  // instead, make as many short streams as a block has rows. 2 threads, cold weights, A/B in one process, fraction of
-  // a read of the same bytes, blocks (as below) -> two streams: 8 rows of x, K 768: float32 75-80% -> 84-90, bfloat16
-  // 78-81 -> 95-99; 3 to 5 rows: float32 71-86 -> 93-103, bfloat16 68-87 -> 93-101, float16 4 rows 72-75 -> 91; 1
-  // row, float32 K 3072 86-87 -> 101-109. Four streams (the rows of a block from the quarters of the range) did worse
-  // than two (float32 4 rows 94 -> 78%). With AVX2's 8 lanes, two rows at a time lost to blocks of 4 (int8 1 and 4
-  // rows: 64-68% -> 29-44, 34-38 -> 14-20), so there, and for an x larger than L1, the weights go in blocks. The next
-  // block comes into L1 while this one is computed:
-  // - A burst: the whole next block at the start of this one (prefetch_rows), which keeps the most reads in flight
-  //   (1 row: bfloat16 N 3072 K 768 103 us against 154 spread out; 2 rows, float32 227 against 249). Rows of narrow
-  //   weights of 3 KiB or more then go in blocks of 2 (1 row, N 768: bfloat16 K 3072 129 -> 110 us, int8 75 -> 63;
-  //   float32 rows and rows of K = 768 gained nothing). For 1 or 2 rows of x while this block, the next and x fit in
-  //   L1 (int8, with four times the work per byte of float32, in half of it).
-  // - Spread: a line of the next block as each line of this one is read (dot_rows' prefetch), in blocks of 4; with no
-  //   software prefetch for blocks over kPrefetchBytes. From 3 rows of x, the burst made the dot products wait for
-  //   memory instead of overlapping it (float32 N 2304 K 768, 8 rows: 263 -> 189 us; N 768 K 3072, 4 rows: bfloat16
-  //   181 -> 128 us, int8 104 -> 68; 3 rows, float32 N 3072 K 768 255 -> 232); with 1 or 2 rows and long rows, the
-  //   burst evicted the block being read, or (int8) waited as long (fraction of a read of the same bytes, burst ->
-  //   spread: 1 row, float32 K 2048-3072 74-95% -> 79-107; bfloat16 N 4096 K 11008 85 -> 97-99; int8 K 4096 73-79
-  //   -> 81-85, K 11008 73 -> 83-86; 2 rows, int8 K 2048-11008 60-70 -> 81-86, float32 K 3072-4096 63-89 -> 75-96;
-  //   while int8 K 2048-3072 at 1 row, 24 KiB, kept 94-100% with the burst against 79-88 spread, and bfloat16 K 4096,
-  //   40 KiB, 88-91 against 85-86).
   const int64_t x_bytes = M * K * (bf16_dots ? 2 : static_cast<int64_t>(sizeof(acc_t)));
-  bool streams = false;
-#if defined(CPU_CAPABILITY_AVX512)
-  streams = x_bytes <= kChunkXBytes;
-#endif
-  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(w_t));
-  const int64_t burst_block = sizeof(w_t) <= 2 && row_bytes >= 3072 ? 2 : kGemvBlock;
-  const int64_t burst_bytes = 2 * burst_block * row_bytes + x_bytes;
-  const bool burst = !streams && M <= 2 && burst_bytes <= (sizeof(w_t) == 1 ? kL1Bytes / 2 : kL1Bytes);
-  const int64_t block = burst ? burst_block : kGemvBlock;
-  const int64_t items = (N + block - 1) / block;
-  const int64_t block_bytes = block * K * static_cast<int64_t>(sizeof(w_t));
-  // ~32 KiB of weight per task at least: fewer tasks than that cost more in scheduling than they save.
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, block_bytes));
   // x of more than kChunkXBytes is taken in chunks of kChunk elements of K, each over kChunkBlocks blocks whose sums
   // are kept as vectors (lanes) in between, so that a chunk of x is reused from L1 while the weights stream past (the
   // next group's chunk prefetched). 2 threads, cold weights, A/B in one process, fraction of a read of the same bytes:
@@ -196,6 +160,45 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
 #if defined(CPU_CAPABILITY_AVX512)
   chunked = x_bytes > kChunkXBytes && M <= 8 && (bf16_dots ? M >= 3 : std::is_same_v<w_t, float> && M > 4);
 #endif
+  // Otherwise with AVX-512, while x is at most kChunkXBytes (or kL1Bytes for up to 4 rows of x), each thread reads its
+  // range of weight rows as two sequential streams, a row of each at a time (kStreamAhead bytes prefetched ahead of
+  // each, see prefetch_line). Blocks of rows read together, instead, make as many short streams as a block has rows. 2
+  // threads, cold weights, A/B in one process, fraction of a read of the same bytes, blocks (as below) -> two streams:
+  // 8 rows of x, K 768: float32 75-80% -> 84-90, bfloat16 78-81 -> 95-99; 3 to 5 rows: float32 71-86 -> 93-103,
+  // bfloat16 68-87 -> 93-101, float16 4 rows 72-75 -> 91; 1 row, float32 K 3072 86-87 -> 101-109; x of 32-48 KiB: int8
+  // 1 row K 11008 82-86 -> 94-95, 2 rows K 5120 60 -> 70, float32 2 rows K 6144 80 -> 88, 4 rows K 2560-3072 79 ->
+  // 83-84, but with more rows, which go over x in several passes, lost (float32 16 rows K 768 78 -> 60%, float16 12
+  // rows 52 -> 41). Four streams (the rows of a block from the quarters of the range) did worse than two (float32 4
+  // rows 94 -> 78%). With AVX2's 8 lanes, two rows at a time lost to blocks of 4 (int8 1 and 4 rows: 64-68% -> 29-44,
+  // 34-38 -> 14-20), so there, and for a larger x, the weights go in blocks. The next block comes into L1 while this
+  // one is computed:
+  // - A burst: the whole next block at the start of this one (prefetch_rows), which keeps the most reads in flight
+  //   (1 row: bfloat16 N 3072 K 768 103 us against 154 spread out; 2 rows, float32 227 against 249). Rows of narrow
+  //   weights of 3 KiB or more then go in blocks of 2 (1 row, N 768: bfloat16 K 3072 129 -> 110 us, int8 75 -> 63;
+  //   float32 rows and rows of K = 768 gained nothing). For 1 or 2 rows of x while this block, the next and x fit in
+  //   L1 (int8, with four times the work per byte of float32, in half of it).
+  // - Spread: a line of the next block as each line of this one is read (dot_rows' prefetch), in blocks of 4; with no
+  //   software prefetch for blocks over kPrefetchBytes. From 3 rows of x, the burst made the dot products wait for
+  //   memory instead of overlapping it (float32 N 2304 K 768, 8 rows: 263 -> 189 us; N 768 K 3072, 4 rows: bfloat16
+  //   181 -> 128 us, int8 104 -> 68; 3 rows, float32 N 3072 K 768 255 -> 232); with 1 or 2 rows and long rows, the
+  //   burst evicted the block being read, or (int8) waited as long (fraction of a read of the same bytes, burst ->
+  //   spread: 1 row, float32 K 2048-3072 74-95% -> 79-107; bfloat16 N 4096 K 11008 85 -> 97-99; int8 K 4096 73-79
+  //   -> 81-85, K 11008 73 -> 83-86; 2 rows, int8 K 2048-11008 60-70 -> 81-86, float32 K 3072-4096 63-89 -> 75-96;
+  //   while int8 K 2048-3072 at 1 row, 24 KiB, kept 94-100% with the burst against 79-88 spread, and bfloat16 K 4096,
+  //   40 KiB, 88-91 against 85-86).
+  bool streams = false;
+#if defined(CPU_CAPABILITY_AVX512)
+  streams = !chunked && x_bytes <= (M <= 4 ? kL1Bytes : kChunkXBytes);
+#endif
+  const int64_t row_bytes = K * static_cast<int64_t>(sizeof(w_t));
+  const int64_t burst_block = sizeof(w_t) <= 2 && row_bytes >= 3072 ? 2 : kGemvBlock;
+  const int64_t burst_bytes = 2 * burst_block * row_bytes + x_bytes;
+  const bool burst = !streams && M <= 2 && burst_bytes <= (sizeof(w_t) == 1 ? kL1Bytes / 2 : kL1Bytes);
+  const int64_t block = burst ? burst_block : kGemvBlock;
+  const int64_t items = (N + block - 1) / block;
+  const int64_t block_bytes = block * K * static_cast<int64_t>(sizeof(w_t));
+  // ~32 KiB of weight per task at least: fewer tasks than that cost more in scheduling than they save.
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, block_bytes));
   constexpr int64_t kChunk = kChunkBytes / sizeof(w_t);  // elements of K a chunk
   constexpr int64_t kVec = at::vec::Vectorized<acc_t>::size();
   at::parallel_for(0, items, grain, [&](int64_t i0, int64_t i1) {
