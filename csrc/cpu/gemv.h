@@ -214,8 +214,9 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
       if constexpr (std::is_same_v<w_t, c10::BFloat16> && std::is_same_v<io_t, c10::BFloat16>) {
         // 8 rows of x at a time in one pass over 2 weight rows at a time, each weight line used by all 8 rows as it
         // arrives (with more rows the next 8 reread the block's weights from cache); the rest in blocks of 4 x 4
-        // weight rows (2 threads, cold weights, 8 rows, A/B in one process, median of 21: N 3072 K 768 and N 50257
-        // K 768 0.90-0.93x the time of two passes over 4 x 4 blocks, N 768 K 3072 0.94-0.97x)
+        // weight rows, or 4 x 2 over the two streams' pair (2 threads, cold weights, 8 rows, A/B in one process,
+        // median of 21: N 3072 K 768 and N 50257 K 768 0.90-0.93x the time of two passes over 4 x 4 blocks, N 768
+        // K 3072 0.94-0.97x)
         if (bf16_dots)
           return for_x_blocks(M, nb, [&](auto R, auto C, int64_t r, int64_t m) {
             dot_block_bf16<decltype(R)::value, decltype(C)::value, kLanes>(rows + r * step * K, step * K,
