@@ -155,7 +155,14 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   // 256 bytes, bfloat16 8 rows 62-66%). Where it lost, it is not used: float32 up to 4 rows (one pass over
   // a block; K 3072-11008 83-89% -> 77-84), int8 (compute-bound, K 11008 8 rows 56 -> 47), x of 32 KiB or less
   // (bfloat16 8 rows K 2048 1.06x the time, float32 K 768 1.1x), more than 8 rows (K 768, 16 and 32 rows: float32
-  // 1.3x, bfloat16 1.4x). Measured on AVX-512 only, so only there.
+  // 1.3x, bfloat16 1.4x). Measured on AVX-512 only, so only there. A chunk's sums loaded and stored cost as much as its
+  // dot products: weights in cache, one thread, float32 8 rows, 8.4-11.4 cycles a line against 4.5 over whole rows.
+  // Segments of K over the two streams instead (x segments of 16 KiB, 2 KiB of each weight row, the sums of 64 pairs
+  // of rows kept between segments) did half the work a line but read memory worse, median of 14 A/B runs at 42-52 GB/s,
+  // fraction of the read stream: float32 8 rows K 2048-11008 79-82% against 87-89, bfloat16 77-80 against 86-90; only
+  // at 70-80 GB/s, where the chunks' work bounds them, did segments win (float32 71-73% against 47-57). One call over
+  // a group's 4 pairs of weight rows, instead of a call a pair, took a third less time a line in cache and changed
+  // nothing cold (float32 8 rows K 2048-11008, 6 A/B runs at 50-55 GB/s: 79-91% of the read stream either way).
   bool chunked = false;
 #if defined(CPU_CAPABILITY_AVX512)
   chunked = x_bytes > kChunkXBytes && M <= 8 && (bf16_dots ? M >= 3 : std::is_same_v<w_t, float> && M > 4);
