@@ -162,7 +162,7 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   // fraction of the read stream: float32 8 rows K 2048-11008 79-82% against 87-89, bfloat16 77-80 against 86-90; only
   // at 70-80 GB/s, where the chunks' work bounds them, did segments win (float32 71-73% against 47-57). One call over
   // a group's 4 pairs of weight rows, instead of a call a pair, took a third less time a line in cache and changed
-  // nothing cold (float32 8 rows K 2048-11008, 6 A/B runs at 50-55 GB/s: 79-91% of the read stream either way).
+  // nothing cold (float32 8 rows K 2048-11008, 6 A/B runs at 50-55 GB/s: 74-91% of the read stream either way).
   bool chunked = false;
 #if defined(CPU_CAPABILITY_AVX512)
   chunked = x_bytes > kChunkXBytes && M <= 8 && (bf16_dots ? M >= 3 : std::is_same_v<w_t, float> && M > 4);

@@ -12,8 +12,8 @@ that the memory bandwidth a shared host gives at that moment is in both; with mo
 and can be compute-bound, held to the matmul ceiling of its dtype (float32 for the int8 rows, which compute in
 float32). The record's notes also hold every case of ROWS against the copy bandwidth (read + write) measured once at
 the start, per dtype, and that bandwidth measured again at the end: on a host whose bandwidth moves between the two,
-only the read anchor, timed in turns, holds. (A copy timed in turns instead slowed the case after it: its 512 MiB
-evicted the caches and the TLB, and GPT-2's 2.4 MB attention output projection took 1.5x its time.)"""
+only the read anchor, timed in turns, holds. (A 256 MiB copy timed in turns instead slowed the case after it: GPT-2's
+2.4 MB attention output projection took 1.5x its time.)"""
 import itertools
 
 import torch
