@@ -30,6 +30,7 @@ constexpr int64_t kStreamAhead = 4096;                  // bytes prefetched ahea
 constexpr int64_t kChunkXBytes = int64_t(32) << 10;    // x above this goes by in chunks of K (gemv_rows)
 constexpr int64_t kChunkBytes = 384;                    // bytes of a weight row a chunk of K covers
 constexpr int64_t kChunkBlocks = 2;                     // blocks a chunk of x is used for before the next
+constexpr int64_t kChunkAhead = 3 * kChunkBytes;        // bytes prefetched ahead along each row of a chunked group
 constexpr int64_t kL1Bytes = int64_t(48) << 10;        // a core's L1 data cache (Zen 4: 32 KiB, Zen 5 and Intel: 48)
 
 // Asks for rows [n, n + count) of w [N, K] (those that exist) to be brought into L1, a line at a time, when they are at
@@ -146,7 +147,7 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   const int64_t x_bytes = M * K * (bf16_dots ? 2 : static_cast<int64_t>(sizeof(acc_t)));
   // x of more than kChunkXBytes is taken in chunks of kChunk elements of K, each over kChunkBlocks blocks whose sums
   // are kept as vectors (lanes) in between, so that a chunk of x is reused from L1 while the weights stream past (the
-  // next group's chunk prefetched). 2 threads, cold weights, A/B in one process, fraction of a read of the same bytes:
+  // prefetch: see the loop). 2 threads, cold weights, A/B in one process, fraction of a read of the same bytes:
   // bfloat16 (AVX-512 BF16), 8 rows, K 3072 74% -> 82%, K 4096 70 -> 78, K 11008 34 -> 73 (N 4096); 3 and 4 rows at K
   // 11008 61 -> 85 and 58 -> 73; float32, 8 rows, K 2048-4096 70-73 -> 71-79, K 11008 73 -> 77. Groups of 2 blocks
   // did best of 1-4, and chunks of 384 bytes of each weight row (96 float32, 192 bfloat16) of 256-2048 bytes: from 512
@@ -162,7 +163,8 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   // fraction of the read stream: float32 8 rows K 2048-11008 79-82% against 87-89, bfloat16 77-80 against 86-90; only
   // at 70-80 GB/s, where the chunks' work bounds them, did segments win (float32 71-73% against 47-57). One call over
   // a group's 4 pairs of weight rows, instead of a call a pair, took a third less time a line in cache and changed
-  // nothing cold (float32 8 rows K 2048-11008, 6 A/B runs at 50-55 GB/s: 74-91% of the read stream either way).
+  // nothing cold (float32 8 rows K 2048-11008, 6 A/B runs at 50-55 GB/s: 74-91% of the read stream either way). Those
+  // two were measured with the prefetch of the next group's same chunk, which the prefetch along the rows replaced.
   bool chunked = false;
 #if defined(CPU_CAPABILITY_AVX512)
   chunked = x_bytes > kChunkXBytes && M <= 8 && (bf16_dots ? M >= 3 : std::is_same_v<w_t, float> && M > 4);
@@ -284,8 +286,19 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
         for (int64_t c0 = 0; c0 < K; c0 += kChunk)
           for (int64_t i = g0; i < g1; ++i) {
             const int64_t n = i * block;
-            // the same chunk of the block as far on in the next group, when that is a whole one
-            const int64_t ahead = (i + (g1 - g0) + 1) * block <= N ? (g1 - g0) * block_bytes : 0;
+            // Each row of a group reads on into the same row of the next group: the lines kChunkAhead bytes on along
+            // the row are prefetched (and, by prefetch_line, half as far), near the row's end those as far into the
+            // next group's row (when that is a whole group; the half-way requests of those calls land half a group on,
+            // where they are wasted). Against the next group's same chunk (the first choice), 2 threads, cold weights,
+            // 8 rows, A/B in one process, single calls in turns with F.linear and the read of the same bytes (the
+            // benchmark's way), three runs at 39-51 GB/s, fraction of the read: float32 K 2048-11008 71-82% -> 77-94,
+            // bfloat16 K 3072 and 11008 75-91 -> 85-93, float32 6 rows K 4096 81-82 -> 88-89; at 62-84 GB/s float32
+            // 55-61 -> 62-70, bfloat16 55-74 -> 68-84 (of 768-6144 bytes ahead, 1152 did best; the next group's first
+            // 1152 bytes a row all at once near the row's end, instead, lost 2-10 points of that).
+            const bool next_group = (i + (g1 - g0) + 1) * block <= N;
+            const bool along = c0 * static_cast<int64_t>(sizeof(w_t)) + kChunkAhead + kChunkBytes <= row_bytes;
+            const int64_t ahead = along ? kChunkAhead
+                                        : next_group ? kChunkAhead + ((g1 - g0) * block - 1) * row_bytes : 0;
             dot(std::true_type{}, n, std::min(block, N - n), 1, c0, std::min(kChunk, K - c0), ahead,
                 part.data() + (i - g0) * M * kGemvBlock * kVec);
           }
