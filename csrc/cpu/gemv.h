@@ -29,8 +29,9 @@ constexpr int64_t kPrefetchBytes = int64_t(64) << 10;  // the most weight bytes 
 constexpr int64_t kStreamAhead = 4096;                  // bytes prefetched ahead of each of two streams
 constexpr int64_t kChunkXBytes = int64_t(32) << 10;    // x above this goes by in chunks of K (gemv_rows)
 constexpr int64_t kChunkBytes = 384;                    // bytes of a weight row a chunk of K covers
+constexpr int64_t kChunkBytesFew = 256;                 // the same for up to 4 rows of x
 constexpr int64_t kChunkBlocks = 2;                     // blocks a chunk of x is used for before the next
-constexpr int64_t kChunkAhead = 3 * kChunkBytes;        // bytes prefetched ahead along each row of a chunked group
+constexpr int64_t kChunkAhead = 1152;                   // bytes prefetched ahead along each row of a chunked group
 constexpr int64_t kL1Bytes = int64_t(48) << 10;        // a core's L1 data cache (Zen 4: 32 KiB, Zen 5 and Intel: 48)
 
 // Asks for rows [n, n + count) of w [N, K] (those that exist) to be brought into L1, a line at a time, when they are at
@@ -145,26 +146,26 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
     xa = x_wide.data();
   }
   const int64_t x_bytes = M * K * (bf16_dots ? 2 : static_cast<int64_t>(sizeof(acc_t)));
-  // x of more than kChunkXBytes is taken in chunks of kChunk elements of K, each over kChunkBlocks blocks whose sums
-  // are kept as vectors (lanes) in between, so that a chunk of x is reused from L1 while the weights stream past (the
-  // prefetch: see the loop). 2 threads, cold weights, A/B in one process, fraction of a read of the same bytes:
-  // bfloat16 (AVX-512 BF16), 8 rows, K 3072 74% -> 82%, K 4096 70 -> 78, K 11008 34 -> 73 (N 4096); 3 and 4 rows at K
-  // 11008 61 -> 85 and 58 -> 73; float32, 8 rows, K 2048-4096 70-73 -> 71-79, K 11008 73 -> 77. Groups of 2 blocks
+  // x of more than kChunkXBytes is taken in chunks of K (chunk_bytes of each weight row), each over kChunkBlocks blocks
+  // whose sums are kept as vectors (lanes) in between, so that a chunk of x is reused from L1 while the weights stream
+  // past (the prefetch: see the loop). 2 threads, cold weights, A/B in one process, fraction of a read of the same
+  // bytes: bfloat16 (AVX-512 BF16), 8 rows, K 3072 74% -> 82%, K 4096 70 -> 78, K 11008 34 -> 73 (N 4096); 3 and 4 rows
+  // at K 11008 61 -> 85 and 58 -> 73; float32, 8 rows, K 2048-4096 70-73 -> 71-79, K 11008 73 -> 77. Groups of 2 blocks
   // did best of 1-4, and chunks of 384 bytes of each weight row (96 float32, 192 bfloat16) of 256-2048 bytes: from 512
   // elements (the first choice), 8 rows: float32 K 2048-11008 76-78% -> 84-91, bfloat16 K 3072-11008 75-78 -> 82-91;
-  // bfloat16 3 and 4 rows K 11008 67-84 -> 89-95; float32 5 rows K 4096 77 -> 81-89 (smaller chunks lost again:
-  // 256 bytes, bfloat16 8 rows 62-66%). Where it lost, it is not used: float32 up to 4 rows (one pass over
-  // a block; K 3072-11008 83-89% -> 77-84), int8 (compute-bound, K 11008 8 rows 56 -> 47), x of 32 KiB or less
-  // (bfloat16 8 rows K 2048 1.06x the time, float32 K 768 1.1x), more than 8 rows (K 768, 16 and 32 rows: float32
-  // 1.3x, bfloat16 1.4x). Measured on AVX-512 only, so only there. A chunk's sums loaded and stored cost as much as its
-  // dot products: weights in cache, one thread, float32 8 rows, 8.4-11.4 cycles a line against 4.5 over whole rows.
-  // Segments of K over the two streams instead (x segments of 16 KiB, 2 KiB of each weight row, the sums of 64 pairs
-  // of rows kept between segments) did half the work a line but read memory worse, median of 14 A/B runs at 42-52 GB/s,
-  // fraction of the read stream: float32 8 rows K 2048-11008 79-82% against 87-89, bfloat16 77-80 against 86-90; only
-  // at 70-80 GB/s, where the chunks' work bounds them, did segments win (float32 71-73% against 47-57). One call over
-  // a group's 4 pairs of weight rows, instead of a call a pair, took a third less time a line in cache and changed
-  // nothing cold (float32 8 rows K 2048-11008, 6 A/B runs at 50-55 GB/s: 74-91% of the read stream either way). Those
-  // two were measured with the prefetch of the next group's same chunk, which the prefetch along the rows replaced.
+  // bfloat16 3 and 4 rows K 11008 67-84 -> 89-95; float32 5 rows K 4096 77 -> 81-89 (smaller chunks lost again: 256
+  // bytes, bfloat16 8 rows 62-66%). Where it lost, it is not used: float32 up to 4 rows (one pass over a block; K
+  // 3072-11008 83-89% -> 77-84), int8 (compute-bound, K 11008 8 rows 56 -> 47), x of 32 KiB or less (bfloat16 8 rows K
+  // 2048 1.06x the time, float32 K 768 1.1x), more than 8 rows (K 768, 16 and 32 rows: float32 1.3x, bfloat16 1.4x).
+  // Measured on AVX-512 only, so only there. A chunk's sums loaded and stored cost as much as its dot products: weights
+  // in cache, one thread, float32 8 rows, 8.4-11.4 cycles a line against 4.5 over whole rows. Segments of K over the
+  // two streams instead (x segments of 16 KiB, 2 KiB of each weight row, the sums of 64 pairs of rows kept between
+  // segments) did half the work a line but read memory worse, median of 14 A/B runs at 42-52 GB/s, fraction of the read
+  // stream: float32 8 rows K 2048-11008 79-82% against 87-89, bfloat16 77-80 against 86-90; only at 70-80 GB/s, where
+  // the chunks' work bounds them, did segments win (float32 71-73% against 47-57). One call over a group's 4 pairs of
+  // weight rows, instead of a call a pair, took a third less time a line in cache and changed nothing cold (float32 8
+  // rows K 2048-11008, 6 A/B runs at 50-55 GB/s: 74-91% of the read stream either way). Those two were measured with
+  // the prefetch of the next group's same chunk, which the prefetch along the rows replaced.
   bool chunked = false;
 #if defined(CPU_CAPABILITY_AVX512)
   chunked = x_bytes > kChunkXBytes && M <= 8 && (bf16_dots ? M >= 3 : std::is_same_v<w_t, float> && M > 4);
@@ -208,7 +209,12 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   const int64_t block_bytes = block * K * static_cast<int64_t>(sizeof(w_t));
   // ~32 KiB of weight per task at least: fewer tasks than that cost more in scheduling than they save.
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, block_bytes));
-  constexpr int64_t kChunk = kChunkBytes / sizeof(w_t);  // elements of K a chunk
+  // Chunks of 256 bytes for up to 4 rows of x (only bfloat16 is chunked there), single calls in turns with F.linear and
+  // the read, three runs at 43-48 GB/s, fraction of the read against 384: K 11008 4 rows 79-80% -> 87-88, 3 rows 91-92
+  // -> 94-95, K 6144 4 rows 71-75 -> 78-81; with 5-8 rows 256 bytes lost (float32 6 rows K 4096 85-89 -> 78-83,
+  // bfloat16 6 rows K 11008 93-97 -> 86-92), and so did 576 and 768 (float32 8 rows K 2048-11008 3-12 points).
+  const int64_t chunk_bytes = M <= 4 ? kChunkBytesFew : kChunkBytes;
+  const int64_t chunk = chunk_bytes / static_cast<int64_t>(sizeof(w_t));  // elements of K a chunk
   constexpr int64_t kVec = at::vec::Vectorized<acc_t>::size();
   at::parallel_for(0, items, grain, [&](int64_t i0, int64_t i1) {
     // The sums [M, 4] of a block, or with x in chunks those of a group of blocks, each as kVec partial sums.
@@ -283,7 +289,7 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
       for (int64_t g0 = i0; g0 < i1; g0 += kChunkBlocks) {
         const int64_t g1 = std::min(i1, g0 + kChunkBlocks);
         std::fill(part.begin(), part.end(), acc_t(0));
-        for (int64_t c0 = 0; c0 < K; c0 += kChunk)
+        for (int64_t c0 = 0; c0 < K; c0 += chunk)
           for (int64_t i = g0; i < g1; ++i) {
             const int64_t n = i * block;
             // Each row of a group reads on into the same row of the next group: the lines kChunkAhead bytes on along
@@ -296,10 +302,10 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
             // 55-61 -> 62-70, bfloat16 55-74 -> 68-84 (of 768-6144 bytes ahead, 1152 did best; the next group's first
             // 1152 bytes a row all at once near the row's end, instead, lost 2-10 points of that).
             const bool next_group = (i + (g1 - g0) + 1) * block <= N;
-            const bool along = c0 * static_cast<int64_t>(sizeof(w_t)) + kChunkAhead + kChunkBytes <= row_bytes;
+            const bool along = c0 * static_cast<int64_t>(sizeof(w_t)) + kChunkAhead + chunk_bytes <= row_bytes;
             const int64_t ahead = along ? kChunkAhead
                                         : next_group ? kChunkAhead + ((g1 - g0) * block - 1) * row_bytes : 0;
-            dot(std::true_type{}, n, std::min(block, N - n), 1, c0, std::min(kChunk, K - c0), ahead,
+            dot(std::true_type{}, n, std::min(block, N - n), 1, c0, std::min(chunk, K - c0), ahead,
                 part.data() + (i - g0) * M * kGemvBlock * kVec);
           }
         for (int64_t i = g0; i < g1; ++i)
