@@ -104,7 +104,8 @@ def test_each_cpu_isa_level_agrees(isa):
 
 
 @pytest.mark.parametrize("dtype,rows,k", [(torch.float32, 8, 1063), (torch.float32, 6, 1400), (torch.float32, 5, 2000),
-                                          (torch.bfloat16, 8, 2122), (torch.bfloat16, 3, 6000), (torch.bfloat16, 4, 4255)])
+                                          (torch.bfloat16, 8, 2122), (torch.bfloat16, 3, 6000),
+                                          (torch.bfloat16, 4, 4255)])
 def test_x_in_chunks(dtype, rows, k):
     """x of more than 32 KiB (float32 in 5-8 rows, bfloat16 in 3-8 with AVX-512 BF16) goes by in chunks of K, 384 bytes
     of each weight row (96 float32, 192 bfloat16), 256 for up to 4 rows of x, over groups of 2 blocks (csrc/cpu/gemv.h,
