@@ -152,6 +152,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, "The CPU instruction set level the CPU kernels run with.");
   m.def("cpu_bf16_dot_products", [] { return pytransformer::cpu::has_avx512_bf16(); },
         "Whether the AVX-512 kernels use AVX-512 BF16 dot products (bfloat16 linear layers).");
+  m.def("cpu_vnni_dot_products", [] { return pytransformer::cpu::has_avx512_vnni(); },
+        "Whether int8_linear's few-rows kernel uses AVX-512 VNNI dot products (x quantized per row to 16 bits).");
   m.def("cpu_kernels", [] {
     std::map<std::string, std::vector<int>> levels;
     for (const auto& r : pytransformer::cpu::kernel_registrations()) levels[r.table].push_back(r.level);

@@ -99,3 +99,16 @@ def compiled(fn):
 # What a fake kernel's error becomes while torch.compile traces (the eager op would raise a ValueError only later,
 # when the compiled graph runs).
 TRACING_ERROR = torch._dynamo.exc.TorchRuntimeError
+
+
+def x_quant_max(k):
+    """The largest |x| quantized by int8_linear's few-rows CPU kernel with AVX-512 VNNI, as x_quant_max in
+    csrc/cpu/gemv.h: 32767, less over K 8192 so that no int32 sum can overflow."""
+    return min(32767, (2**31 - 1) // (128 * max(1, -(-k // 16))))
+
+
+def x_quantization_bound(x, weight, scale):
+    """[..., N]: the most that int8_linear's quantization of each row of x (to nearest, steps of max|x row| /
+    x_quant_max(K)) can move each output: half a step times sum_k |weight[n, k]| * |scale[n]|."""
+    step = x.double().abs().amax(-1, keepdim=True) / x_quant_max(x.shape[-1]) if x.shape[-1] else x.double()[..., :1]
+    return step / 2 * (weight.double().abs().sum(-1) * scale.double().abs())

@@ -14,6 +14,8 @@ from pytransformer.nn import QuantizedEmbedding, QuantizedLinear
 from pytransformer.nn.quantized import quantize_per_channel
 from pytransformer.quantization import state_dict_bytes
 
+from tests.helpers import x_quantization_bound
+
 V = 96
 
 
@@ -47,10 +49,12 @@ def test_quantized_linear(device, bias, shape):
     if bias:
         want = want + linear.bias.double()
     assert y.shape == (*shape[:-1], 40) and y.dtype == torch.float32
-    torch.testing.assert_close(y.double(), want, atol=1e-5, rtol=1e-5)
+    # On the CPU the few-rows kernel may quantize x to 16 bits (with AVX-512 VNNI: see ops.int8_linear).
+    x_bound = x_quantization_bound(x, q.weight, q.scale) if device == "cpu" else 0
+    assert ((y.double() - want).abs() <= 1e-5 + 1e-5 * want.abs() + x_bound).all()
     # Against the float layer: each weight is off by at most half a step, so |error| <= sum_k |x_k| * scale / 2.
     bound = x.abs().sum(-1, keepdim=True) * q.scale / 2
-    assert ((y - y_float).abs() <= bound * 1.001 + 1e-6).all()
+    assert ((y - y_float).abs() <= bound * 1.001 + 1e-6 + x_bound).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
@@ -183,4 +187,5 @@ def test_single_linear():
     q = pytransformer.quantize(linear)
     assert isinstance(q, QuantizedLinear)
     x = torch.randn(3, 8)
-    torch.testing.assert_close(q(x), F.linear(x, q.dequantized_weight(), q.bias))
+    want = F.linear(x.double(), q.dequantized_weight().double(), q.bias.double())
+    assert ((q(x).double() - want).abs() <= 1e-5 + 1e-5 * want.abs() + x_quantization_bound(x, q.weight, q.scale)).all()

@@ -6,15 +6,17 @@
 // 32 KiB (48 for up to 4 rows), a thread reads its range as two sequential streams, its first half and its second half,
 // a row of each at a time; otherwise in blocks of 4 (or 2) rows, the next block prefetched. The weight rows are dotted
 // with all M rows of x by dot_rows (blocks of up to 4 weight rows by up to kDotCols rows of x; with AVX-512, 8 rows of
-// x at once over 2 weight rows), widening narrow weights as they are loaded, or by AVX-512 BF16 dot products on
-// bfloat16 (8 rows of x at once over 2 weight rows), so each weight row comes from memory once and from cache for the
-// later blocks of x rows. With AVX-512, an x too large to stay in L1 goes by in chunks of K, each over two blocks at a
+// x at once over 2 weight rows), widening narrow weights as they are loaded, by AVX-512 BF16 dot products on
+// bfloat16, or by AVX-512 VNNI integer dot products on int8 weights and x quantized to 16 bits (both 8 rows of x at
+// once over 2 weight rows), so each weight row comes from memory once and from cache for the later blocks of x rows. With AVX-512, an x too large to stay in L1 goes by in chunks of K, each over two blocks at a
 // time. Sums are per vector lane over K (or over the chunks), then across lanes (the order of a blocked GEMM). Compiled
 // into each including kernel file's ISA level (namespace CPU_CAPABILITY, see isa.h).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -51,7 +53,32 @@ __attribute__((always_inline)) inline void prefetch_rows(const w_t* w, int64_t K
 
 #if defined(CPU_CAPABILITY_AVX512)
 #pragma GCC push_options
-#pragma GCC target("avx512bf16")
+#pragma GCC target("avx512bf16")  // dot_block_bf16; the rest here uses no BF16 instruction
+// Calls step(set, k, mask) over elements [0, n) 32 at a time: in pairs while 64 are left when prefetching (ahead(k)
+// before each pair) or with kTwoSets (sets 0 and 1, else 0 and 0), then alone (set 0), the last one's mask the elements
+// left.
+// A constant full mask but in the last step: a mask computed at every step cost 1 row at K 4096-11008 5-20 points of
+// the read stream's speed (bfloat16, cold weights, alternating processes), and 4 rows at K 3072 7% of the time with
+// the weights cached. Two loops, with and without ahead, keep a test out of the loop.
+template <bool kTwoSets, class Ahead, class Step>
+__attribute__((always_inline)) inline void steps_of_32(int64_t n, bool prefetching, Ahead&& ahead, Step&& step) {
+  constexpr __mmask32 kAll = ~__mmask32(0);
+  const auto pair = [&](int64_t k) __attribute__((always_inline)) {
+    step(std::integral_constant<int, 0>{}, k, kAll);
+    step(std::integral_constant<int, kTwoSets ? 1 : 0>{}, k + 32, kAll);
+  };
+  int64_t k = 0;
+  if (prefetching)
+    for (; k + 64 <= n; k += 64) {
+      ahead(k);
+      pair(k);
+    }
+  if constexpr (kTwoSets)
+    for (; k + 64 <= n; k += 64) pair(k);
+  for (; k + 32 <= n; k += 32) step(std::integral_constant<int, 0>{}, k, kAll);
+  if (k < n) step(std::integral_constant<int, 0>{}, k, (__mmask32(1) << (n - k)) - 1);
+}
+
 // part[c * part_m + r] = dot(a row r, b row c) over n elements for R bfloat16 rows a + r * a_step and C bfloat16 rows
 // b + c * b_step (kLanes: 16 partial sums at part + (c * part_m + r) * 16, added to, as in dot_block; prefetch: as
 // there) by AVX-512 BF16 dot products (called only where has_avx512_bf16()): each vdpbf16ps multiplies 32 pairs
@@ -77,9 +104,7 @@ void dot_block_bf16(const c10::BFloat16* a, int64_t a_step, const c10::BFloat16*
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_loadu_ps(part + (c * part_m + r) * 16);
   // 32 elements from k (a 64-byte line of each row; prefetch: see dot_block) into acc (set 0) or acc2 (set 1); mask:
-  // the elements loaded, zeros past them. A constant full mask but in the last step: a mask computed at every step cost
-  // 1 row at K 4096-11008 5-20 points of the read stream's speed (cold weights, alternating processes), and 4 rows at
-  // K 3072 7% of the time with the weights cached.
+  // the elements loaded, zeros past them (see steps_of_32).
   const auto step = [&](auto set, int64_t k, __mmask32 mask) __attribute__((always_inline)) {
     __m512bh bv[C];
 #pragma GCC unroll 8
@@ -95,15 +120,7 @@ void dot_block_bf16(const c10::BFloat16* a, int64_t a_step, const c10::BFloat16*
       }
     }
   };
-  constexpr __mmask32 kAll = ~__mmask32(0);
-  int64_t k = 0;
-  if constexpr (kTwoSets)
-    for (; k + 64 <= n; k += 64) {
-      step(std::integral_constant<int, 0>{}, k, kAll);
-      step(std::integral_constant<int, 1>{}, k + 32, kAll);
-    }
-  for (; k + 32 <= n; k += 32) step(std::integral_constant<int, 0>{}, k, kAll);
-  if (k < n) step(std::integral_constant<int, 0>{}, k, (__mmask32(1) << (n - k)) - 1);
+  steps_of_32<kTwoSets>(n, false, [](int64_t) {}, step);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
@@ -111,6 +128,116 @@ void dot_block_bf16(const c10::BFloat16* a, int64_t a_step, const c10::BFloat16*
       const __m512 sum = kTwoSets ? _mm512_add_ps(acc[r][c], acc2[r][c]) : acc[r][c];
       if constexpr (kLanes) _mm512_storeu_ps(part + (c * part_m + r) * 16, sum);
       else part[c * part_m + r] = _mm512_reduce_add_ps(sum);
+    }
+}
+
+// The largest magnitude of x quantized to 16 bits for a K: 32767, or less where K / 16 products of it with a weight of
+// -128 in each int32 lane of dot_block_i8 could overflow (K over 8192: 11008 gives 24385).
+inline int32_t x_quant_max(int64_t K) {
+  return static_cast<int32_t>(std::min<int64_t>(32767, INT32_MAX / (128 * std::max<int64_t>(1, (K + 15) / 16))));
+}
+
+// x [M, K] float32 quantized per row for dot_block_i8: q[m, k] = round(x[m, k] / scale[m]) (to nearest, ties to even)
+// with scale[m] = max_k |x[m, k]| / x_quant_max(K), so |x - q * scale| <= scale / 2. A row with an inf or NaN gets
+// scale NaN (its outputs are NaN); a row of zeros scale 0. A row whose largest magnitude is below 2^-100 is scaled by
+// 2^100 first (exact), so that 1 / scale stays finite.
+inline void quantize_rows(int64_t M, int64_t K, const float* x, int16_t* q, float* scale) {
+  const float q_max = static_cast<float>(x_quant_max(K));
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * K;
+    int16_t* qr = q + m * K;
+    // the largest |x| as bits: integer order is magnitude order, with inf and NaN above every finite value
+    __m512i top = _mm512_setzero_si512();
+    for (int64_t k = 0; k < K; k += 16) {
+      const __mmask16 mask = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
+      const __m512i bits = _mm512_and_si512(_mm512_maskz_loadu_epi32(mask, xr + k), _mm512_set1_epi32(0x7FFFFFFF));
+      top = _mm512_max_epi32(top, bits);
+    }
+    const int32_t top_bits = _mm512_reduce_max_epi32(top);
+    float amax;
+    std::memcpy(&amax, &top_bits, sizeof amax);
+    if (top_bits >= 0x7F800000) {  // inf or NaN
+      scale[m] = std::numeric_limits<float>::quiet_NaN();
+      std::fill(qr, qr + K, int16_t(0));
+      continue;
+    }
+    const float pre = amax < 0x1p-100f ? 0x1p100f : 1.0f;
+    const float big = amax * pre;
+    scale[m] = big / q_max / pre;
+    const __m512 mul = _mm512_set1_ps(big > 0 ? q_max / big : 0.0f);
+    const __m512 pre_v = _mm512_set1_ps(pre);
+    for (int64_t k = 0; k < K; k += 16) {
+      const __mmask16 mask = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
+      const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, xr + k), pre_v), mul);
+      _mm512_mask_cvtsepi32_storeu_epi16(qr + k, mask, _mm512_cvtps_epi32(v));
+    }
+  }
+}
+
+// acc plus the products of a and b (int16) added in pairs to its int32 lanes (vpdpwssd). In assembly: around the
+// intrinsic, GCC 12 copied every sum between registers at every step.
+__attribute__((always_inline)) inline __m512i dpwssd(__m512i acc, __m512i a, __m512i b) {
+  asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
+// The exact sum of the 16 int32 lanes of v.
+__attribute__((always_inline)) inline int64_t sum_lanes(__m512i v) {
+  return _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(v)),
+                                                  _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(v, 1))));
+}
+
+// part[c * part_m + r] = dot(a row r, b row c) over n elements, exactly, rounded once to float32, for R int8 rows
+// a + r * a_step and C int16 rows b + c * b_step (kLanes: the 16 int32 lane sums at part + (c * part_m + r) * 16, as
+// bits, added to, for a caller that takes K in chunks; prefetch: as in dot_block), by AVX-512 VNNI dot products
+// (called only where has_avx512_vnni()): each vpdpwssd multiplies 32 pairs of int16 exactly and adds them to 16 int32
+// sums. A 64-byte line of int8 weights takes 2 of them a row of x, where widening it to float32 takes 8 instructions
+// and 4 fmas a row. No lane overflows: it takes K / 16 products, each at most x_quant_max(K) * 128 in magnitude. Built
+// as dot_block is (x vectors pinned to registers, two sets of sums for small blocks, never inlined). R x C up to 2 x 8
+// or 4 x 4: the sums, C vectors of x and a weight vector in at most 25 of the 32 registers.
+template <int R, int C, bool kLanes>
+__attribute__((noinline)) void dot_block_i8(const int8_t* a, int64_t a_step, const int16_t* b, int64_t b_step,
+                                            int64_t n, float* part, int64_t part_m, int64_t prefetch) {
+  constexpr bool kTwoSets = kTwoSumSets<R, C>;
+  __m512i acc[R][C], acc2[R][C];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      acc[r][c] = kLanes ? _mm512_loadu_si512(part + (c * part_m + r) * 16) : _mm512_setzero_si512();
+      acc2[r][c] = _mm512_setzero_si512();
+    }
+  // 32 elements from k into acc (set 0) or acc2 (set 1); mask: the elements loaded (see steps_of_32)
+  const auto step = [&](auto set, int64_t k, __mmask32 mask) __attribute__((always_inline)) {
+    __m512i bv[C];
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      __m512i v = _mm512_maskz_loadu_epi16(mask, b + c * b_step + k);
+      asm("" : "+v"(v));  // kept in a register: see dot_block
+      bv[c] = v;
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512i av = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask, a + r * a_step + k));
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) {
+        if constexpr (decltype(set)::value == 0) acc[r][c] = dpwssd(acc[r][c], av, bv[c]);
+        else acc2[r][c] = dpwssd(acc2[r][c], av, bv[c]);
+      }
+    }
+  };
+  const auto line_ahead = [&](int64_t k) __attribute__((always_inline)) {  // a 64-byte line of each weight row
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) prefetch_line(a + r * a_step + k, prefetch);
+  };
+  steps_of_32<kTwoSets>(n, prefetch != 0, line_ahead, step);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      const __m512i sum = kTwoSets ? _mm512_add_epi32(acc[r][c], acc2[r][c]) : acc[r][c];
+      if constexpr (kLanes) _mm512_storeu_si512(part + (c * part_m + r) * 16, sum);
+      else part[c * part_m + r] = static_cast<float>(sum_lanes(sum));
     }
 }
 #pragma GCC pop_options
@@ -137,6 +264,27 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   if constexpr (std::is_same_v<w_t, c10::BFloat16> && std::is_same_v<io_t, c10::BFloat16>)
     bf16_dots = has_avx512_bf16();
 #endif
+  // int8 weights and float32 x on a processor with AVX-512 VNNI: x quantized per row to 16 bits (x_int, times
+  // x_scale), its products with the weights summed exactly in integers (dot_block_i8), so that a row's result does not
+  // depend on M or on the path. Widened to float32 instead, 8 rows took 32 fmas a weight line (17.6-18.9 cycles
+  // measured, weights in cache) and were bound by them. 2 threads, cold weights, single calls in turns with the read of
+  // the same bytes, at 31-44 GB/s, fraction of the read, float32 -> VNNI: 8 rows, N 2304-3072 K 768 55-56% -> 75-78,
+  // N 50257 K 768 47 -> 66, N 768 K 3072 51 -> 58, K 4096-11008 52-58 -> 58-67; 4 rows N 3072 K 768 82 -> 96; 1 row
+  // N 4096 K 11008 91 -> 95. Weights in cache, 1 thread, 8 rows K 2048: 21.5 -> 13.7 cycles a line (8 ideal; the
+  // block alone, 11).
+  bool int_dots = false;
+  std::vector<int16_t> x_int;
+  std::vector<float> x_scale;
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<w_t, int8_t> && std::is_same_v<io_t, float>) {
+    int_dots = has_avx512_vnni();
+    if (int_dots) {
+      x_int.resize(M * K);
+      x_scale.resize(M);
+      quantize_rows(M, K, x, x_int.data(), x_scale.data());
+    }
+  }
+#endif
   std::vector<acc_t> x_wide;  // otherwise x in acc_t when it is narrower: M * K elements, one weight row or a few
   const acc_t* xa = nullptr;
   if constexpr (std::is_same_v<io_t, acc_t>) {
@@ -145,7 +293,7 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
     x_wide.assign(x, x + M * K);
     xa = x_wide.data();
   }
-  const int64_t x_bytes = M * K * (bf16_dots ? 2 : static_cast<int64_t>(sizeof(acc_t)));
+  const int64_t x_bytes = M * K * (bf16_dots || int_dots ? 2 : static_cast<int64_t>(sizeof(acc_t)));
   // x of more than kChunkXBytes is taken in chunks of K (chunk_bytes of each weight row), each over kChunkBlocks blocks
   // whose sums are kept as vectors (lanes) in between, so that a chunk of x is reused from L1 while the weights stream
   // past (the prefetch: see the loop). 2 threads, cold weights, A/B in one process, fraction of a read of the same
@@ -155,7 +303,8 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   // elements (the first choice), 8 rows: float32 K 2048-11008 76-78% -> 84-91, bfloat16 K 3072-11008 75-78 -> 82-91;
   // bfloat16 3 and 4 rows K 11008 67-84 -> 89-95; float32 5 rows K 4096 77 -> 81-89 (smaller chunks lost again: 256
   // bytes, bfloat16 8 rows 62-66%). Where it lost, it is not used: float32 up to 4 rows (one pass over a block; K
-  // 3072-11008 83-89% -> 77-84), int8 (compute-bound, K 11008 8 rows 56 -> 47), x of 32 KiB or less (bfloat16 8 rows K
+  // 3072-11008 83-89% -> 77-84), int8 widened to float32 (compute-bound, K 11008 8 rows 56 -> 47; with VNNI 3 and 4
+  // rows of K 11008 gained, 79-80% -> 86-87, and 8 rows of K 3072-11008 did the same either way), x of 32 KiB or less (bfloat16 8 rows K
   // 2048 1.06x the time, float32 K 768 1.1x), more than 8 rows (K 768, 16 and 32 rows: float32 1.3x, bfloat16 1.4x).
   // Measured on AVX-512 only, so only there. A chunk's sums loaded and stored cost as much as its dot products: weights
   // in cache, one thread, float32 8 rows, 8.4-11.4 cycles a line against 4.5 over whole rows. Segments of K over the
@@ -168,7 +317,7 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   // the prefetch of the next group's same chunk, which the prefetch along the rows replaced.
   bool chunked = false;
 #if defined(CPU_CAPABILITY_AVX512)
-  chunked = x_bytes > kChunkXBytes && M <= 8 && (bf16_dots ? M >= 3 : std::is_same_v<w_t, float> && M > 4);
+  chunked = x_bytes > kChunkXBytes && M <= 8 && (bf16_dots || int_dots ? M >= 3 : std::is_same_v<w_t, float> && M > 4);
 #endif
   // Otherwise with AVX-512, while x is at most kChunkXBytes (or kL1Bytes for up to 4 rows of x), each thread reads its
   // range of weight rows as two sequential streams, a row of each at a time (kStreamAhead bytes prefetched ahead of
@@ -240,6 +389,15 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
                                                                            kGemvBlock, ahead);
           });
       }
+      if constexpr (std::is_same_v<w_t, int8_t> && std::is_same_v<io_t, float>) {
+        if (int_dots)
+          return for_x_blocks(M, nb, [&](auto R, auto C, int64_t r, int64_t m) {
+            dot_block_i8<decltype(R)::value, decltype(C)::value, kLanes>(rows + r * step * K, step * K,
+                                                                         x_int.data() + m * K + c0, K, cn,
+                                                                         sums + (m * kGemvBlock + r) * kSum,
+                                                                         kGemvBlock, ahead);
+          });
+      }
       // The same blocks in the other dtypes (16 sums and the 8 x vectors in registers, each weight vector loaded and
       // widened once for all 8, where 4 x 4 blocks take two passes), while x (or its chunk) stays in L1: an x read
       // from L2, 8 vectors for 2 weight vectors, is slower (int8, 8 rows, K 3072-11008 46-56% -> 33-38% of the read
@@ -262,11 +420,21 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
           acc_t dot_mr;
           if constexpr (decltype(lanes)::value) {
             using Vec = at::vec::Vectorized<acc_t>;
-            dot_mr = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), Vec::loadu(sums + (m * kGemvBlock + r) * kVec));
+            const acc_t* lanes_mr = sums + (m * kGemvBlock + r) * kVec;
+            if (int_dots) {  // int32 lanes (dot_block_i8), summed exactly
+              int32_t lane[16];
+              std::memcpy(lane, lanes_mr, sizeof lane);
+              int64_t total = 0;
+              for (const int32_t l : lane) total += l;
+              dot_mr = static_cast<acc_t>(total);
+            } else {
+              dot_mr = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), Vec::loadu(lanes_mr));
+            }
           } else {
             dot_mr = sums[m * kGemvBlock + r];
           }
           const int64_t o = n + r * step;
+          if (int_dots) dot_mr *= x_scale[m];
           out[m * N + o] = static_cast<io_t>(dot_mr * (scale ? scale[o] : acc_t(1)) +
                                              (bias ? static_cast<acc_t>(bias[o]) : acc_t(0)));
         }

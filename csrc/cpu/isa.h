@@ -46,18 +46,29 @@ inline IsaLevel best_isa() {
   return level;
 }
 
-// Whether the AVX-512 kernels may use AVX-512 BF16 dot products (vdpbf16ps: bfloat16 linear layers): the processor
-// has them and ATEN_CPU_CAPABILITY does not cap the level (any cap excludes them, so that ATEN_CPU_CAPABILITY=avx512
-// runs the plain AVX-512 code on such a processor).
-inline bool has_avx512_bf16() {
-  static const bool yes = [] {
+// Whether the processor has an instruction set extension (a string literal, as __builtin_cpu_supports takes).
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    return best_isa() == kAvx512 && __builtin_cpu_supports("avx512bf16") && !std::getenv("ATEN_CPU_CAPABILITY");
+#define PT_CPU_SUPPORTS(feature) (__builtin_cpu_init(), __builtin_cpu_supports(feature))
 #else
-    return false;
+#define PT_CPU_SUPPORTS(feature) false
 #endif
-  }();
+
+// Whether the AVX-512 kernels may use an extension the processor has (cpu_has): the level is AVX-512 and
+// ATEN_CPU_CAPABILITY does not cap it (any cap excludes the extensions, so that ATEN_CPU_CAPABILITY=avx512 runs the
+// plain AVX-512 code on such a processor).
+inline bool avx512_extension_usable(bool cpu_has) {
+  return cpu_has && best_isa() == kAvx512 && !std::getenv("ATEN_CPU_CAPABILITY");
+}
+
+// AVX-512 BF16 dot products (vdpbf16ps): bfloat16 linear layers.
+inline bool has_avx512_bf16() {
+  static const bool yes = avx512_extension_usable(PT_CPU_SUPPORTS("avx512bf16"));
+  return yes;
+}
+
+// AVX-512 VNNI dot products (vpdpwssd): int8 linear layers, on x quantized to 16 bits (gemv.h).
+inline bool has_avx512_vnni() {
+  static const bool yes = avx512_extension_usable(PT_CPU_SUPPORTS("avx512vnni"));
   return yes;
 }
 
