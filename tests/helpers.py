@@ -104,7 +104,7 @@ TRACING_ERROR = torch._dynamo.exc.TorchRuntimeError
 def x_quant_max(k):
     """The largest |x| quantized by int8_linear's few-rows CPU kernel with AVX-512 VNNI, as x_quant_max in
     csrc/cpu/gemv.h: 32767, less over K 8192 so that no int32 sum can overflow."""
-    return min(32767, (2**31 - 1) // (128 * max(1, -(-k // 16))))
+    return min(32767, (2**31 - 1) // (128 * 2 * max(1, -(-k // 32))))
 
 
 def x_quantization_bound(x, weight, scale):

@@ -8,9 +8,10 @@
 // with all M rows of x by dot_rows (blocks of up to 4 weight rows by up to kDotCols rows of x; with AVX-512, 8 rows of
 // x at once over 2 weight rows), widening narrow weights as they are loaded, by AVX-512 BF16 dot products on
 // bfloat16, or by AVX-512 VNNI integer dot products on int8 weights and x quantized to 16 bits (both 8 rows of x at
-// once over 2 weight rows), so each weight row comes from memory once and from cache for the later blocks of x rows. With AVX-512, an x too large to stay in L1 goes by in chunks of K, each over two blocks at a
-// time. Sums are per vector lane over K (or over the chunks), then across lanes (the order of a blocked GEMM). Compiled
-// into each including kernel file's ISA level (namespace CPU_CAPABILITY, see isa.h).
+// once over 2 weight rows), so each weight row comes from memory once and from cache for the later blocks of x rows.
+// With AVX-512, an x too large to stay in L1 goes by in chunks of K, each over two blocks at a time. Sums are per
+// vector lane over K (or over the chunks), then across lanes (the order of a blocked GEMM). Compiled into each
+// including kernel file's ISA level (namespace CPU_CAPABILITY, see isa.h).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -131,10 +132,11 @@ void dot_block_bf16(const c10::BFloat16* a, int64_t a_step, const c10::BFloat16*
     }
 }
 
-// The largest magnitude of x quantized to 16 bits for a K: 32767, or less where K / 16 products of it with a weight of
-// -128 in each int32 lane of dot_block_i8 could overflow (K over 8192: 11008 gives 24385).
+// The largest magnitude of x quantized to 16 bits for a K: 32767, or less where the products of it with weights of
+// -128 could overflow an int32 lane of dot_block_i8, which takes 2 of every 32 elements of K (K over 8192: 11008 gives
+// 24385).
 inline int32_t x_quant_max(int64_t K) {
-  return static_cast<int32_t>(std::min<int64_t>(32767, INT32_MAX / (128 * std::max<int64_t>(1, (K + 15) / 16))));
+  return static_cast<int32_t>(std::min<int64_t>(32767, INT32_MAX / (128 * 2 * std::max<int64_t>(1, (K + 31) / 32))));
 }
 
 // x [M, K] float32 quantized per row for dot_block_i8: q[m, k] = round(x[m, k] / scale[m]) (to nearest, ties to even)
@@ -192,7 +194,7 @@ __attribute__((always_inline)) inline int64_t sum_lanes(__m512i v) {
 // bits, added to, for a caller that takes K in chunks; prefetch: as in dot_block), by AVX-512 VNNI dot products
 // (called only where has_avx512_vnni()): each vpdpwssd multiplies 32 pairs of int16 exactly and adds them to 16 int32
 // sums. A 64-byte line of int8 weights takes 2 of them a row of x, where widening it to float32 takes 8 instructions
-// and 4 fmas a row. No lane overflows: it takes K / 16 products, each at most x_quant_max(K) * 128 in magnitude. Built
+// and 4 fmas a row. No lane overflows (see x_quant_max). Built
 // as dot_block is (x vectors pinned to registers, two sets of sums for small blocks, never inlined). R x C up to 2 x 8
 // or 4 x 4: the sums, C vectors of x and a weight vector in at most 25 of the 32 registers.
 template <int R, int C, bool kLanes>
@@ -272,11 +274,13 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   // N 50257 K 768 47 -> 66, N 768 K 3072 51 -> 58, K 4096-11008 52-58 -> 58-67; 4 rows N 3072 K 768 82 -> 96; 1 row
   // N 4096 K 11008 91 -> 95. Weights in cache, 1 thread, 8 rows K 2048: 21.5 -> 13.7 cycles a line (8 ideal; the
   // block alone, 11).
+  // (kIntTypes: whether the types allow it, so that the other types' code has no test of int_dots)
+  constexpr bool kIntTypes = std::is_same_v<w_t, int8_t> && std::is_same_v<io_t, float>;
   bool int_dots = false;
   std::vector<int16_t> x_int;
   std::vector<float> x_scale;
 #if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (std::is_same_v<w_t, int8_t> && std::is_same_v<io_t, float>) {
+  if constexpr (kIntTypes) {
     int_dots = has_avx512_vnni();
     if (int_dots) {
       x_int.resize(M * K);
@@ -304,17 +308,17 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   // bfloat16 3 and 4 rows K 11008 67-84 -> 89-95; float32 5 rows K 4096 77 -> 81-89 (smaller chunks lost again: 256
   // bytes, bfloat16 8 rows 62-66%). Where it lost, it is not used: float32 up to 4 rows (one pass over a block; K
   // 3072-11008 83-89% -> 77-84), int8 widened to float32 (compute-bound, K 11008 8 rows 56 -> 47; with VNNI 3 and 4
-  // rows of K 11008 gained, 79-80% -> 86-87, and 8 rows of K 3072-11008 did the same either way), x of 32 KiB or less (bfloat16 8 rows K
-  // 2048 1.06x the time, float32 K 768 1.1x), more than 8 rows (K 768, 16 and 32 rows: float32 1.3x, bfloat16 1.4x).
-  // Measured on AVX-512 only, so only there. A chunk's sums loaded and stored cost as much as its dot products: weights
-  // in cache, one thread, float32 8 rows, 8.4-11.4 cycles a line against 4.5 over whole rows. Segments of K over the
-  // two streams instead (x segments of 16 KiB, 2 KiB of each weight row, the sums of 64 pairs of rows kept between
-  // segments) did half the work a line but read memory worse, median of 14 A/B runs at 42-52 GB/s, fraction of the read
-  // stream: float32 8 rows K 2048-11008 79-82% against 87-89, bfloat16 77-80 against 86-90; only at 70-80 GB/s, where
-  // the chunks' work bounds them, did segments win (float32 71-73% against 47-57). One call over a group's 4 pairs of
-  // weight rows, instead of a call a pair, took a third less time a line in cache and changed nothing cold (float32 8
-  // rows K 2048-11008, 6 A/B runs at 50-55 GB/s: 74-91% of the read stream either way). Those two were measured with
-  // the prefetch of the next group's same chunk, which the prefetch along the rows replaced.
+  // rows of K 11008 gained, 79-80% -> 86-87, and 8 rows of K 3072-11008 did the same either way), x of 32 KiB or less
+  // (bfloat16 8 rows K 2048 1.06x the time, float32 K 768 1.1x), more than 8 rows (K 768, 16 and 32 rows: float32 1.3x,
+  // bfloat16 1.4x). Measured on AVX-512 only, so only there. A chunk's sums loaded and stored cost as much as its dot
+  // products: weights in cache, one thread, float32 8 rows, 8.4-11.4 cycles a line against 4.5 over whole rows.
+  // Segments of K over the two streams instead (x segments of 16 KiB, 2 KiB of each weight row, the sums of 64 pairs of
+  // rows kept between segments) did half the work a line but read memory worse, median of 14 A/B runs at 42-52 GB/s,
+  // fraction of the read stream: float32 8 rows K 2048-11008 79-82% against 87-89, bfloat16 77-80 against 86-90; only
+  // at 70-80 GB/s, where the chunks' work bounds them, did segments win (float32 71-73% against 47-57). One call over a
+  // group's 4 pairs of weight rows, instead of a call a pair, took a third less time a line in cache and changed
+  // nothing cold (float32 8 rows K 2048-11008, 6 A/B runs at 50-55 GB/s: 74-91% of the read stream either way). Those
+  // two were measured with the prefetch of the next group's same chunk, which the prefetch along the rows replaced.
   bool chunked = false;
 #if defined(CPU_CAPABILITY_AVX512)
   chunked = x_bytes > kChunkXBytes && M <= 8 && (bf16_dots || int_dots ? M >= 3 : std::is_same_v<w_t, float> && M > 4);
@@ -389,7 +393,7 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
                                                                            kGemvBlock, ahead);
           });
       }
-      if constexpr (std::is_same_v<w_t, int8_t> && std::is_same_v<io_t, float>) {
+      if constexpr (kIntTypes) {
         if (int_dots)
           return for_x_blocks(M, nb, [&](auto R, auto C, int64_t r, int64_t m) {
             dot_block_i8<decltype(R)::value, decltype(C)::value, kLanes>(rows + r * step * K, step * K,
@@ -421,7 +425,7 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
           if constexpr (decltype(lanes)::value) {
             using Vec = at::vec::Vectorized<acc_t>;
             const acc_t* lanes_mr = sums + (m * kGemvBlock + r) * kVec;
-            if (int_dots) {  // int32 lanes (dot_block_i8), summed exactly
+            if (kIntTypes && int_dots) {  // int32 lanes (dot_block_i8), summed exactly
               int32_t lane[16];
               std::memcpy(lane, lanes_mr, sizeof lane);
               int64_t total = 0;
@@ -434,7 +438,7 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
             dot_mr = sums[m * kGemvBlock + r];
           }
           const int64_t o = n + r * step;
-          if (int_dots) dot_mr *= x_scale[m];
+          if (kIntTypes && int_dots) dot_mr *= x_scale[m];
           out[m * N + o] = static_cast<io_t>(dot_mr * (scale ? scale[o] : acc_t(1)) +
                                              (bias ? static_cast<acc_t>(bias[o]) : acc_t(0)));
         }
