@@ -194,9 +194,9 @@ __attribute__((always_inline)) inline int64_t sum_lanes(__m512i v) {
 // bits, added to, for a caller that takes K in chunks; prefetch: as in dot_block), by AVX-512 VNNI dot products
 // (called only where has_avx512_vnni()): each vpdpwssd multiplies 32 pairs of int16 exactly and adds them to 16 int32
 // sums. A 64-byte line of int8 weights takes 2 of them a row of x, where widening it to float32 takes 8 instructions
-// and 4 fmas a row. No lane overflows (see x_quant_max). Built
-// as dot_block is (x vectors pinned to registers, two sets of sums for small blocks, never inlined). R x C up to 2 x 8
-// or 4 x 4: the sums, C vectors of x and a weight vector in at most 25 of the 32 registers.
+// and 4 fmas a row. No lane overflows (see x_quant_max). Built as dot_block is (x vectors pinned to registers, two sets
+// of sums for small blocks, never inlined). R x C up to 2 x 8 or 4 x 4: the sums, C vectors of x and a weight vector
+// in at most 25 of the 32 registers.
 template <int R, int C, bool kLanes>
 __attribute__((noinline)) void dot_block_i8(const int8_t* a, int64_t a_step, const int16_t* b, int64_t b_step,
                                             int64_t n, float* part, int64_t part_m, int64_t prefetch) {
