@@ -53,6 +53,12 @@ __attribute__((always_inline)) inline void prefetch_rows(const w_t* w, int64_t K
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
+// The exact sum of the 16 int32 lanes of v.
+__attribute__((always_inline)) inline int64_t sum_lanes(__m512i v) {
+  return _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(v)),
+                                                  _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(v, 1))));
+}
+
 #pragma GCC push_options
 #pragma GCC target("avx512bf16")  // dot_block_bf16; the rest here uses no BF16 instruction
 // Calls step(set, k, mask) over elements [0, n) 32 at a time: in pairs while 64 are left when prefetching (ahead(k)
@@ -145,13 +151,16 @@ inline int32_t x_quant_max(int64_t K) {
 // 2^100 first (exact), so that 1 / scale stays finite.
 inline void quantize_rows(int64_t M, int64_t K, const float* x, int16_t* q, float* scale) {
   const float q_max = static_cast<float>(x_quant_max(K));
+  const auto tail = [K](int64_t k) {  // the elements of K from k in a vector of 16
+    return K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
+  };
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x + m * K;
     int16_t* qr = q + m * K;
     // the largest |x| as bits: integer order is magnitude order, with inf and NaN above every finite value
     __m512i top = _mm512_setzero_si512();
     for (int64_t k = 0; k < K; k += 16) {
-      const __mmask16 mask = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
+      const __mmask16 mask = tail(k);
       const __m512i bits = _mm512_and_si512(_mm512_maskz_loadu_epi32(mask, xr + k), _mm512_set1_epi32(0x7FFFFFFF));
       top = _mm512_max_epi32(top, bits);
     }
@@ -169,7 +178,7 @@ inline void quantize_rows(int64_t M, int64_t K, const float* x, int16_t* q, floa
     const __m512 mul = _mm512_set1_ps(big > 0 ? q_max / big : 0.0f);
     const __m512 pre_v = _mm512_set1_ps(pre);
     for (int64_t k = 0; k < K; k += 16) {
-      const __mmask16 mask = K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
+      const __mmask16 mask = tail(k);
       const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, xr + k), pre_v), mul);
       _mm512_mask_cvtsepi32_storeu_epi16(qr + k, mask, _mm512_cvtps_epi32(v));
     }
@@ -181,12 +190,6 @@ inline void quantize_rows(int64_t M, int64_t K, const float* x, int16_t* q, floa
 __attribute__((always_inline)) inline __m512i dpwssd(__m512i acc, __m512i a, __m512i b) {
   asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
   return acc;
-}
-
-// The exact sum of the 16 int32 lanes of v.
-__attribute__((always_inline)) inline int64_t sum_lanes(__m512i v) {
-  return _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(v)),
-                                                  _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(v, 1))));
 }
 
 // part[c * part_m + r] = dot(a row r, b row c) over n elements, exactly, rounded once to float32, for R int8 rows
@@ -425,15 +428,12 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
           if constexpr (decltype(lanes)::value) {
             using Vec = at::vec::Vectorized<acc_t>;
             const acc_t* lanes_mr = sums + (m * kGemvBlock + r) * kVec;
-            if (kIntTypes && int_dots) {  // int32 lanes (dot_block_i8), summed exactly
-              int32_t lane[16];
-              std::memcpy(lane, lanes_mr, sizeof lane);
-              int64_t total = 0;
-              for (const int32_t l : lane) total += l;
-              dot_mr = static_cast<acc_t>(total);
-            } else {
+#if defined(CPU_CAPABILITY_AVX512)
+            if (kIntTypes && int_dots)  // int32 lanes (dot_block_i8), summed exactly
+              dot_mr = static_cast<acc_t>(sum_lanes(_mm512_loadu_si512(lanes_mr)));
+            else
+#endif
               dot_mr = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), Vec::loadu(lanes_mr));
-            }
           } else {
             dot_mr = sums[m * kGemvBlock + r];
           }
