@@ -1,8 +1,11 @@
 #pragma once
 // int8_linear: out [..., N] = (x [..., K] @ weight^T) * scale + bias with an int8 weight [N, K] and per-output-channel
-// float scales [N] (weight-only quantization: activations stay floating point). Argument checks shared by the glue.
+// float scales [N]; x_bits 16: weight-only quantization (x stays floating point, or 16 bits, see the CPU kernel),
+// x_bits 8: x quantized per row to 8 bits too. Argument checks and the rounding of x to 8 bits, shared by the glue.
 #include "common.h"
 
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/util/accumulate.h>
 
 namespace pytransformer {
@@ -13,14 +16,16 @@ struct Int8LinearParams {
 
 // The CPU kernels (csrc/cpu/int8_linear_kernel.cpp) compute in the accumulation type `acc` (float32, float64 for
 // float64 x); every array is contiguous. Few rows: out [M, N] = (x [M, K] @ weight^T) * scale [N] + bias [N] (bias may
-// be nullptr). Many rows: deq [n, K] = weight[:n] * scale[:n, None], a block of dequantized weight rows for a GEMM.
+// be nullptr); x_8_bits: x quantized to 8 bits (with VNNI; otherwise the glue has rounded it, round_x_to_8_bits).
+// Many rows: deq [n, K] = weight[:n] * scale[:n, None], a block of dequantized weight rows for a GEMM.
 using Int8GemvCpuFn = void (*)(const Int8LinearParams& p, at::ScalarType acc, const void* x, const int8_t* weight,
-                               const void* scale, const void* bias, void* out);
+                               const void* scale, const void* bias, void* out, bool x_8_bits);
 using Int8DequantizeCpuFn = void (*)(at::ScalarType acc, int64_t n, int64_t in_features, const int8_t* weight,
                                      const void* scale, void* deq);
 
 inline Int8LinearParams check_int8_linear_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
-                                               const std::optional<at::Tensor>& bias) {
+                                               const std::optional<at::Tensor>& bias, int64_t x_bits) {
+  TORCH_CHECK_VALUE(x_bits == 8 || x_bits == 16, "x_bits: expected 8 or 16, got ", x_bits);
   check_float_dtype(x, "x");
   TORCH_CHECK_VALUE(x.dim() >= 1, "x: expected a tensor [..., K], got a 0-d tensor");
   const int64_t K = x.size(-1);
@@ -38,6 +43,15 @@ inline Int8LinearParams check_int8_linear_args(const at::Tensor& x, const at::Te
                       "] (the rows of weight), got ", t->sizes());
   }
   return {c10::multiply_integers(x.sizes().slice(0, x.dim() - 1)), N, K};
+}
+
+// x [M, K] with each row rounded to 8 bits as the CPU's VNNI kernel quantizes it (cpu/gemv.h, quantize_rows): to
+// nearest (ties to even) in steps of max|x row| / 127, here in float64, then back to x's dtype. A row of zeros stays
+// zeros; a row with an inf or NaN becomes NaN. For the paths that use x as it is.
+inline at::Tensor round_x_to_8_bits(const at::Tensor& x) {
+  const at::Tensor xd = x.to(at::kDouble);
+  const at::Tensor step = xd.abs().amax(-1, /*keepdim=*/true).div(127);
+  return at::where(step.eq(0), at::zeros_like(xd), xd.div(step).round().mul(step)).to(x.scalar_type());
 }
 
 }  // namespace pytransformer

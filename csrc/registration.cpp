@@ -37,7 +37,7 @@ TORCH_LIBRARY(pytransformer, m) {
   // Linear layer: x [..., K] @ weight [N, K]^T + bias [N] -> [..., N] (F.linear); its backward is ATen's matmuls.
   m.def("linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   // Weight-only int8 linear (inference): (x [..., K] @ weight int8 [N, K]^T) * scale [N] + bias [N] -> [..., N].
-  m.def("int8_linear(Tensor x, Tensor weight, Tensor scale, Tensor? bias) -> Tensor");
+  m.def("int8_linear(Tensor x, Tensor weight, Tensor scale, Tensor? bias, int x_bits=16) -> Tensor");
 }
 
 namespace {
@@ -114,10 +114,10 @@ struct NoBackward : public torch::autograd::Function<NoBackward> {
 };
 
 at::Tensor int8_linear_autograd(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
-                                const std::optional<at::Tensor>& bias) {
+                                const std::optional<at::Tensor>& bias, int64_t x_bits) {
   static const auto op = find_op<decltype(int8_linear_autograd)>("pytransformer::int8_linear");
   return NoBackward::apply("int8_linear is an inference op and has no backward: run quantized models under "
-                           "torch.no_grad() or torch.inference_mode()", op, x, weight, scale, bias);
+                           "torch.no_grad() or torch.inference_mode()", op, x, weight, scale, bias, x_bits);
 }
 
 at::Tensor decode_attention_autograd(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,

@@ -530,24 +530,28 @@ class KernelChecks:
         device, dtypes = self.device, DTYPES
         for m, k, n in shapes:
             for dtype in dtypes:
-                for variant in ("bias", "plain", "misaligned"):
+                for variant in ("bias", "plain", "misaligned", "x8"):
                     # "bias": scale and bias in x's dtype; "plain": no bias, a float32 scale; "misaligned": x, weight,
-                    # scale and a float32 bias each one element past a 16-byte boundary.
+                    # scale and a float32 bias each one element past a 16-byte boundary; "x8": as "plain", x_bits=8
+                    # (x rounded to 8 bits by the glue).
                     x = torch.randn(m, k, dtype=torch.float64).to(device, dtype)
                     weight = torch.randint(-128, 128, (n, k), dtype=torch.int8, device=device)
-                    sdtype = torch.float32 if variant == "plain" else dtype
+                    sdtype = torch.float32 if variant in ("plain", "x8") else dtype
                     scale = (torch.rand(n, dtype=torch.float64) * 0.02 + 1e-3).to(device, sdtype)
                     bias = None
-                    if variant != "plain":
+                    if variant in ("bias", "misaligned"):
                         bias = torch.randn(n, dtype=torch.float64).to(device, dtype if variant == "bias" else torch.float32)
                     if variant == "misaligned":
                         x, weight, scale, bias = misaligned(x), misaligned(weight), misaligned(scale), misaligned(bias)
-                    x64, w64 = x.double().cpu(), weight.double().cpu() * scale.double().cpu()[:, None]
+                    x_bits = 8 if variant == "x8" else 16
+                    x64 = x.double().cpu()
+                    x64 = reference.round_x_to_8_bits(x64) if x_bits == 8 else x64
+                    w64 = weight.double().cpu() * scale.double().cpu()[:, None]
                     b64 = torch.zeros(n, dtype=torch.float64) if bias is None else bias.double().cpu()
                     ref = x64 @ w64.t() + b64  # [M, N]
                     terms = x64.abs() @ w64.abs().t() + b64.abs()
                     poison(x)
-                    out = self.ops.int8_linear(x, weight, scale, bias)
+                    out = self.ops.int8_linear(x, weight, scale, bias, x_bits)
                     self.check(f"int8_linear [M {m}, K {k}, N {n}] {str(dtype)[6:]} {variant}", out, ref, dtype, terms)
 
     def check_linear(self, shapes) -> None:

@@ -7,8 +7,8 @@
 // a row of each at a time; otherwise in blocks of 4 (or 2) rows, the next block prefetched. The weight rows are dotted
 // with all M rows of x by dot_rows (blocks of up to 4 weight rows by up to kDotCols rows of x; with AVX-512, 8 rows of
 // x at once over 2 weight rows), widening narrow weights as they are loaded, by AVX-512 BF16 dot products on
-// bfloat16, or by AVX-512 VNNI integer dot products on int8 weights and x quantized to 16 bits (both 8 rows of x at
-// once over 2 weight rows), so each weight row comes from memory once and from cache for the later blocks of x rows.
+// bfloat16, or by AVX-512 VNNI integer dot products on int8 weights and x quantized to 16 or 8 bits (both 8 rows of x
+// at once over 2 weight rows), so each weight row comes from memory once and from cache for the later blocks of x rows.
 // With AVX-512, an x too large to stay in L1 goes by in chunks of K, each over two blocks at a time. Sums are per
 // vector lane over K (or over the chunks), then across lanes (the order of a blocked GEMM). Compiled into each
 // including kernel file's ISA level (namespace CPU_CAPABILITY, see isa.h).
@@ -61,29 +61,30 @@ __attribute__((always_inline)) inline int64_t sum_lanes(__m512i v) {
 
 #pragma GCC push_options
 #pragma GCC target("avx512bf16")  // dot_block_bf16; the rest here uses no BF16 instruction
-// Calls step(set, k, mask) over elements [0, n) 32 at a time: in pairs while 64 are left when prefetching (ahead(k)
-// before each pair) or with kTwoSets (sets 0 and 1, else 0 and 0), then alone (set 0), the last one's mask the elements
-// left.
+// Calls step(set, k, mask) over elements [0, n) kWidth (32 or 64) at a time: in pairs while 2 * kWidth are left when
+// prefetching (ahead(k) before each pair) or with kTwoSets (sets 0 and 1, else 0 and 0), then alone (set 0), the last
+// one's mask the elements left.
 // A constant full mask but in the last step: a mask computed at every step cost 1 row at K 4096-11008 5-20 points of
 // the read stream's speed (bfloat16, cold weights, alternating processes), and 4 rows at K 3072 7% of the time with
 // the weights cached. Two loops, with and without ahead, keep a test out of the loop.
-template <bool kTwoSets, class Ahead, class Step>
-__attribute__((always_inline)) inline void steps_of_32(int64_t n, bool prefetching, Ahead&& ahead, Step&& step) {
-  constexpr __mmask32 kAll = ~__mmask32(0);
+template <int kWidth, bool kTwoSets, class Ahead, class Step>
+__attribute__((always_inline)) inline void steps_of(int64_t n, bool prefetching, Ahead&& ahead, Step&& step) {
+  using Mask = std::conditional_t<kWidth == 64, __mmask64, __mmask32>;
+  constexpr Mask kAll = ~Mask(0);
   const auto pair = [&](int64_t k) __attribute__((always_inline)) {
     step(std::integral_constant<int, 0>{}, k, kAll);
-    step(std::integral_constant<int, kTwoSets ? 1 : 0>{}, k + 32, kAll);
+    step(std::integral_constant<int, kTwoSets ? 1 : 0>{}, k + kWidth, kAll);
   };
   int64_t k = 0;
   if (prefetching)
-    for (; k + 64 <= n; k += 64) {
+    for (; k + 2 * kWidth <= n; k += 2 * kWidth) {
       ahead(k);
       pair(k);
     }
   if constexpr (kTwoSets)
-    for (; k + 64 <= n; k += 64) pair(k);
-  for (; k + 32 <= n; k += 32) step(std::integral_constant<int, 0>{}, k, kAll);
-  if (k < n) step(std::integral_constant<int, 0>{}, k, (__mmask32(1) << (n - k)) - 1);
+    for (; k + 2 * kWidth <= n; k += 2 * kWidth) pair(k);
+  for (; k + kWidth <= n; k += kWidth) step(std::integral_constant<int, 0>{}, k, kAll);
+  if (k < n) step(std::integral_constant<int, 0>{}, k, (Mask(1) << (n - k)) - 1);
 }
 
 // part[c * part_m + r] = dot(a row r, b row c) over n elements for R bfloat16 rows a + r * a_step and C bfloat16 rows
@@ -111,7 +112,7 @@ void dot_block_bf16(const c10::BFloat16* a, int64_t a_step, const c10::BFloat16*
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_loadu_ps(part + (c * part_m + r) * 16);
   // 32 elements from k (a 64-byte line of each row; prefetch: see dot_block) into acc (set 0) or acc2 (set 1); mask:
-  // the elements loaded, zeros past them (see steps_of_32).
+  // the elements loaded, zeros past them (see steps_of).
   const auto step = [&](auto set, int64_t k, __mmask32 mask) __attribute__((always_inline)) {
     __m512bh bv[C];
 #pragma GCC unroll 8
@@ -127,7 +128,7 @@ void dot_block_bf16(const c10::BFloat16* a, int64_t a_step, const c10::BFloat16*
       }
     }
   };
-  steps_of_32<kTwoSets>(n, false, [](int64_t) {}, step);
+  steps_of<32, kTwoSets>(n, false, [](int64_t) {}, step);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
@@ -138,25 +139,32 @@ void dot_block_bf16(const c10::BFloat16* a, int64_t a_step, const c10::BFloat16*
     }
 }
 
-// The largest magnitude of x quantized to 16 bits for a K: 32767, or less where the products of it with weights of
-// -128 could overflow an int32 lane of dot_block_i8, which takes 2 of every 32 elements of K (K over 8192: 11008 gives
-// 24385).
+// The largest magnitude of x quantized to xq_t for a K: 32767 (int16_t) or 127 (int8_t), or less where an int32 lane
+// of dot_block_i8 could overflow. With 16 bits a lane takes 2 of every 32 elements of K against weights down to -128
+// (K over 8192: 11008 gives 24385); with 8 bits, 4 of every 64 against weights shifted to 0..255 (K over a million).
+template <typename xq_t>
 inline int32_t x_quant_max(int64_t K) {
-  return static_cast<int32_t>(std::min<int64_t>(32767, INT32_MAX / (128 * 2 * std::max<int64_t>(1, (K + 31) / 32))));
+  constexpr int64_t kPerLane = 4 / sizeof(xq_t), kStep = 64 / sizeof(xq_t), kWeightMax = sizeof(xq_t) == 2 ? 128 : 255;
+  return static_cast<int32_t>(std::min<int64_t>(std::numeric_limits<xq_t>::max(),
+                                                INT32_MAX / (kWeightMax * kPerLane *
+                                                             std::max<int64_t>(1, (K + kStep - 1) / kStep))));
 }
 
-// x [M, K] float32 quantized per row for dot_block_i8: q[m, k] = round(x[m, k] / scale[m]) (to nearest, ties to even)
-// with scale[m] = max_k |x[m, k]| / x_quant_max(K), so |x - q * scale| <= scale / 2. A row with an inf or NaN gets
-// scale NaN (its outputs are NaN); a row of zeros scale 0. A row whose largest magnitude is below 2^-100 is scaled by
-// 2^100 first (exact), so that 1 / scale stays finite.
-inline void quantize_rows(int64_t M, int64_t K, const float* x, int16_t* q, float* scale) {
-  const float q_max = static_cast<float>(x_quant_max(K));
+// x [M, K] float32 quantized per row for dot_block_i8 to xq_t (int16_t or int8_t): q[m, k] = round(x[m, k] / scale[m])
+// (to nearest, ties to even) with scale[m] = max_k |x[m, k]| / x_quant_max<xq_t>(K), so |x - q * scale| <= scale / 2;
+// offset[m] = -128 * sum_k q[m, k] for int8_t (the term that dot_block_i8's weights shifted by 128 add), 0 for
+// int16_t. A row with an inf or NaN gets scale NaN (its outputs are NaN); a row of zeros scale 0. A row whose largest
+// magnitude is below 2^-100 is scaled by 2^100 first (exact), so that 1 / scale stays finite.
+template <typename xq_t>
+inline void quantize_rows(int64_t M, int64_t K, const float* x, xq_t* q, float* scale, int64_t* offset) {
+  const float q_max = static_cast<float>(x_quant_max<xq_t>(K));
   const auto tail = [K](int64_t k) {  // the elements of K from k in a vector of 16
     return K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
   };
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x + m * K;
-    int16_t* qr = q + m * K;
+    xq_t* qr = q + m * K;
+    offset[m] = 0;
     // the largest |x| as bits: integer order is magnitude order, with inf and NaN above every finite value
     __m512i top = _mm512_setzero_si512();
     for (int64_t k = 0; k < K; k += 16) {
@@ -169,7 +177,7 @@ inline void quantize_rows(int64_t M, int64_t K, const float* x, int16_t* q, floa
     std::memcpy(&amax, &top_bits, sizeof amax);
     if (top_bits >= 0x7F800000) {  // inf or NaN
       scale[m] = std::numeric_limits<float>::quiet_NaN();
-      std::fill(qr, qr + K, int16_t(0));
+      std::fill(qr, qr + K, xq_t(0));
       continue;
     }
     const float pre = amax < 0x1p-100f ? 0x1p100f : 1.0f;
@@ -177,32 +185,50 @@ inline void quantize_rows(int64_t M, int64_t K, const float* x, int16_t* q, floa
     scale[m] = big / q_max / pre;
     const __m512 mul = _mm512_set1_ps(big > 0 ? q_max / big : 0.0f);
     const __m512 pre_v = _mm512_set1_ps(pre);
+    __m512i sum = _mm512_setzero_si512();  // of q, at most 127 * K a lane
     for (int64_t k = 0; k < K; k += 16) {
       const __mmask16 mask = tail(k);
       const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, xr + k), pre_v), mul);
-      _mm512_mask_cvtsepi32_storeu_epi16(qr + k, mask, _mm512_cvtps_epi32(v));
+      const __m512i qv = _mm512_cvtps_epi32(v);
+      if constexpr (std::is_same_v<xq_t, int8_t>) {
+        _mm512_mask_cvtsepi32_storeu_epi8(qr + k, mask, qv);
+        sum = _mm512_mask_add_epi32(sum, mask, sum, qv);
+      } else {
+        _mm512_mask_cvtsepi32_storeu_epi16(qr + k, mask, qv);
+      }
     }
+    if constexpr (std::is_same_v<xq_t, int8_t>) offset[m] = -128 * sum_lanes(sum);
   }
 }
 
-// acc plus the products of a and b (int16) added in pairs to its int32 lanes (vpdpwssd). In assembly: around the
-// intrinsic, GCC 12 copied every sum between registers at every step.
+// acc plus the products of a and b added to its int32 lanes: in pairs of int16 (vpdpwssd), or in fours of unsigned
+// bytes of a and signed bytes of b (vpdpbusd). In assembly: around the intrinsics, GCC 12 copied every sum between
+// registers at every step.
 __attribute__((always_inline)) inline __m512i dpwssd(__m512i acc, __m512i a, __m512i b) {
   asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
   return acc;
 }
+__attribute__((always_inline)) inline __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
 
-// part[c * part_m + r] = dot(a row r, b row c) over n elements, exactly, rounded once to float32, for R int8 rows
-// a + r * a_step and C int16 rows b + c * b_step (kLanes: the 16 int32 lane sums at part + (c * part_m + r) * 16, as
-// bits, added to, for a caller that takes K in chunks; prefetch: as in dot_block), by AVX-512 VNNI dot products
-// (called only where has_avx512_vnni()): each vpdpwssd multiplies 32 pairs of int16 exactly and adds them to 16 int32
-// sums. A 64-byte line of int8 weights takes 2 of them a row of x, where widening it to float32 takes 8 instructions
-// and 4 fmas a row. No lane overflows (see x_quant_max). Built as dot_block is (x vectors pinned to registers, two sets
-// of sums for small blocks, never inlined). R x C up to 2 x 8 or 4 x 4: the sums, C vectors of x and a weight vector
-// in at most 25 of the 32 registers.
-template <int R, int C, bool kLanes>
-__attribute__((noinline)) void dot_block_i8(const int8_t* a, int64_t a_step, const int16_t* b, int64_t b_step,
-                                            int64_t n, float* part, int64_t part_m, int64_t prefetch) {
+// part[c * part_m + r] = dot(a row r, b row c) + b_offset[c] over n elements, exactly, rounded once to float32, for R
+// int8 rows a + r * a_step and C rows b + c * b_step of x quantized to xq_t (kLanes: the 16 int32 lane sums at
+// part + (c * part_m + r) * 16, as bits, added to, for a caller that takes K in chunks and adds b_offset itself;
+// prefetch: as in dot_block), by AVX-512 VNNI dot products (called only where has_avx512_vnni()), exact in int32
+// lanes (see x_quant_max):
+// - int16_t x: each vpdpwssd multiplies 32 pairs of int16 (the weights sign-extended), 2 a 64-byte line of weights and
+//   row of x, where widening the weights to float32 takes 8 instructions and 4 fmas a row;
+// - int8_t x: each vpdpbusd multiplies 64 weights shifted to unsigned (w + 128, one xor a line for all rows of x) by
+//   64 bytes of x, 1 a line and row; the shift's -128 * sum_k x[k] is b_offset (quantize_rows).
+// Built as dot_block is (x vectors pinned to registers, two sets of sums for small blocks, never inlined). R x C up to
+// 2 x 8 or 4 x 4: the sums, C vectors of x and a weight vector in at most 25 of the 32 registers.
+template <int R, int C, bool kLanes, typename xq_t>
+__attribute__((noinline)) void dot_block_i8(const int8_t* a, int64_t a_step, const xq_t* b, int64_t b_step, int64_t n,
+                                            const int64_t* b_offset, float* part, int64_t part_m, int64_t prefetch) {
+  constexpr bool kBytes = std::is_same_v<xq_t, int8_t>;
+  constexpr int kWidth = 64 / sizeof(xq_t);  // elements of K a step: a vector of x
   constexpr bool kTwoSets = kTwoSumSets<R, C>;
   __m512i acc[R][C], acc2[R][C];
 #pragma GCC unroll 8
@@ -212,37 +238,47 @@ __attribute__((noinline)) void dot_block_i8(const int8_t* a, int64_t a_step, con
       acc[r][c] = kLanes ? _mm512_loadu_si512(part + (c * part_m + r) * 16) : _mm512_setzero_si512();
       acc2[r][c] = _mm512_setzero_si512();
     }
-  // 32 elements from k into acc (set 0) or acc2 (set 1); mask: the elements loaded (see steps_of_32)
-  const auto step = [&](auto set, int64_t k, __mmask32 mask) __attribute__((always_inline)) {
+  const auto dot = [](__m512i sum, __m512i w, __m512i x) __attribute__((always_inline)) {
+    return kBytes ? dpbusd(sum, w, x) : dpwssd(sum, w, x);
+  };
+  // kWidth elements from k into acc (set 0) or acc2 (set 1); mask: the elements loaded (see steps_of)
+  const auto step = [&](auto set, int64_t k, auto mask) __attribute__((always_inline)) {
     __m512i bv[C];
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
-      __m512i v = _mm512_maskz_loadu_epi16(mask, b + c * b_step + k);
+      __m512i v = kBytes ? _mm512_maskz_loadu_epi8(mask, b + c * b_step + k)
+                         : _mm512_maskz_loadu_epi16(mask, b + c * b_step + k);
       asm("" : "+v"(v));  // kept in a register: see dot_block
       bv[c] = v;
     }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512i av = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask, a + r * a_step + k));
+      __m512i av;
+      if constexpr (kBytes)  // masked-off weights become 128, against x of 0
+        av = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, a + r * a_step + k), _mm512_set1_epi8(-128));
+      else
+        av = _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask, a + r * a_step + k));
 #pragma GCC unroll 8
       for (int c = 0; c < C; ++c) {
-        if constexpr (decltype(set)::value == 0) acc[r][c] = dpwssd(acc[r][c], av, bv[c]);
-        else acc2[r][c] = dpwssd(acc2[r][c], av, bv[c]);
+        if constexpr (decltype(set)::value == 0) acc[r][c] = dot(acc[r][c], av, bv[c]);
+        else acc2[r][c] = dot(acc2[r][c], av, bv[c]);
       }
     }
   };
-  const auto line_ahead = [&](int64_t k) __attribute__((always_inline)) {  // a 64-byte line of each weight row
+  const auto lines_ahead = [&](int64_t k) __attribute__((always_inline)) {  // the 64-byte lines of a pair of steps
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) prefetch_line(a + r * a_step + k, prefetch);
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 2
+      for (int line = 0; line < 2 * kWidth; line += 64) prefetch_line(a + r * a_step + k + line, prefetch);
   };
-  steps_of_32<kTwoSets>(n, prefetch != 0, line_ahead, step);
+  steps_of<kWidth, kTwoSets>(n, prefetch != 0, lines_ahead, step);
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int c = 0; c < C; ++c) {
       const __m512i sum = kTwoSets ? _mm512_add_epi32(acc[r][c], acc2[r][c]) : acc[r][c];
       if constexpr (kLanes) _mm512_storeu_si512(part + (c * part_m + r) * 16, sum);
-      else part[c * part_m + r] = static_cast<float>(sum_lanes(sum));
+      else part[c * part_m + r] = static_cast<float>(sum_lanes(sum) + b_offset[c]);
     }
 }
 #pragma GCC pop_options
@@ -260,35 +296,44 @@ void for_x_blocks(int64_t M, int64_t nb, F&& f) {
 
 // out [M, N] = (x [M, K] @ w [N, K]^T) * scale + bias, every array contiguous; scale and bias may be nullptr (1 and 0).
 // x, bias and out are io_t (float32, or bfloat16/float16 that is widened to acc_t and rounded back once at the end).
+// x_8_bits (int8 weights, float32 x, with VNNI): x quantized to 8 bits instead of 16 (int8_linear's x_bits = 8).
 template <typename acc_t, typename w_t, typename io_t>
 void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, const acc_t* scale, const io_t* bias,
-               io_t* out) {
+               io_t* out, bool x_8_bits = false) {
   // bfloat16 weights and x on a processor with AVX-512 BF16 dot products: those, on x as it is.
   bool bf16_dots = false;
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (std::is_same_v<w_t, c10::BFloat16> && std::is_same_v<io_t, c10::BFloat16>)
     bf16_dots = has_avx512_bf16();
 #endif
-  // int8 weights and float32 x on a processor with AVX-512 VNNI: x quantized per row to 16 bits (x_int, times
-  // x_scale), its products with the weights summed exactly in integers (dot_block_i8), so that a row's result does not
-  // depend on M or on the path. Widened to float32 instead, 8 rows took 32 fmas a weight line (17.6-18.9 cycles
-  // measured, weights in cache) and were bound by them. 2 threads, cold weights, single calls in turns with the read of
-  // the same bytes, at 31-44 GB/s, fraction of the read, float32 -> VNNI: 8 rows, N 2304-3072 K 768 55-56% -> 75-78,
-  // N 50257 K 768 47 -> 66, N 768 K 3072 51 -> 58, K 4096-11008 52-58 -> 58-67; 4 rows N 3072 K 768 82 -> 96; 1 row
-  // N 4096 K 11008 91 -> 95. Weights in cache, 1 thread, 8 rows K 2048: 21.5 -> 13.7 cycles a line (8 ideal; the
-  // block alone, 11).
+  // int8 weights and float32 x on a processor with AVX-512 VNNI: x quantized per row to 16 bits or 8 (x_int16 or
+  // x_int8, times x_scale), its products with the weights summed exactly in integers (dot_block_i8), so that a row's
+  // result does not depend on M or on the path. Widened to float32 instead, 8 rows took 32 fmas a weight line
+  // (17.6-18.9 cycles measured, weights in cache) and were bound by them. 2 threads, cold weights, single calls in
+  // turns with the read of the same bytes, at 31-44 GB/s, fraction of the read, float32 -> VNNI: 8 rows, N 2304-3072 K
+  // 768 55-56% -> 75-78, N 50257 K 768 47 -> 66, N 768 K 3072 51 -> 58, K 4096-11008 52-58 -> 58-67; 4 rows N 3072 K
+  // 768 82 -> 96; 1 row N 4096 K 11008 91 -> 95. Weights in cache, 1 thread, 8 rows K 2048: 21.5 -> 13.7 cycles a line
+  // (8 ideal; the block alone, 11).
   // (kIntTypes: whether the types allow it, so that the other types' code has no test of int_dots)
   constexpr bool kIntTypes = std::is_same_v<w_t, int8_t> && std::is_same_v<io_t, float>;
   bool int_dots = false;
-  std::vector<int16_t> x_int;
+  std::vector<int16_t> x_int16;
+  std::vector<int8_t> x_int8;
   std::vector<float> x_scale;
+  std::vector<int64_t> x_offset;
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (kIntTypes) {
     int_dots = has_avx512_vnni();
     if (int_dots) {
-      x_int.resize(M * K);
       x_scale.resize(M);
-      quantize_rows(M, K, x, x_int.data(), x_scale.data());
+      x_offset.resize(M);
+      if (x_8_bits) {
+        x_int8.resize(M * K);
+        quantize_rows(M, K, x, x_int8.data(), x_scale.data(), x_offset.data());
+      } else {
+        x_int16.resize(M * K);
+        quantize_rows(M, K, x, x_int16.data(), x_scale.data(), x_offset.data());
+      }
     }
   }
 #endif
@@ -300,7 +345,8 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
     x_wide.assign(x, x + M * K);
     xa = x_wide.data();
   }
-  const int64_t x_bytes = M * K * (bf16_dots || int_dots ? 2 : static_cast<int64_t>(sizeof(acc_t)));
+  const int64_t x_bytes =
+      M * K * (int_dots && x_8_bits ? 1 : bf16_dots || int_dots ? 2 : static_cast<int64_t>(sizeof(acc_t)));
   // x of more than kChunkXBytes is taken in chunks of K (chunk_bytes of each weight row), each over kChunkBlocks blocks
   // whose sums are kept as vectors (lanes) in between, so that a chunk of x is reused from L1 while the weights stream
   // past (the prefetch: see the loop). 2 threads, cold weights, A/B in one process, fraction of a read of the same
@@ -399,10 +445,12 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
       if constexpr (kIntTypes) {
         if (int_dots)
           return for_x_blocks(M, nb, [&](auto R, auto C, int64_t r, int64_t m) {
-            dot_block_i8<decltype(R)::value, decltype(C)::value, kLanes>(rows + r * step * K, step * K,
-                                                                         x_int.data() + m * K + c0, K, cn,
-                                                                         sums + (m * kGemvBlock + r) * kSum,
-                                                                         kGemvBlock, ahead);
+            const auto block = [&](const auto* xq) {
+              dot_block_i8<decltype(R)::value, decltype(C)::value, kLanes>(
+                  rows + r * step * K, step * K, xq + m * K + c0, K, cn, x_offset.data() + m,
+                  sums + (m * kGemvBlock + r) * kSum, kGemvBlock, ahead);
+            };
+            x_8_bits ? block(x_int8.data()) : block(x_int16.data());
           });
       }
       // The same blocks in the other dtypes (16 sums and the 8 x vectors in registers, each weight vector loaded and
@@ -430,7 +478,7 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
             const acc_t* lanes_mr = sums + (m * kGemvBlock + r) * kVec;
 #if defined(CPU_CAPABILITY_AVX512)
             if (kIntTypes && int_dots)  // int32 lanes (dot_block_i8), summed exactly
-              dot_mr = static_cast<acc_t>(sum_lanes(_mm512_loadu_si512(lanes_mr)));
+              dot_mr = static_cast<acc_t>(sum_lanes(_mm512_loadu_si512(lanes_mr)) + x_offset[m]);
             else
 #endif
               dot_mr = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), Vec::loadu(lanes_mr));

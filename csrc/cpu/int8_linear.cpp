@@ -23,10 +23,13 @@ constexpr int64_t kMaxGemvRows = 16;
 constexpr int64_t kDequantizeBytes = int64_t(16) << 20;
 
 at::Tensor int8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
-                           const std::optional<at::Tensor>& bias) {
-  const Int8LinearParams p = check_int8_linear_args(x, weight, scale, bias);
+                           const std::optional<at::Tensor>& bias, int64_t x_bits) {
+  const Int8LinearParams p = check_int8_linear_args(x, weight, scale, bias, x_bits);
   const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const at::Tensor xa = x.reshape({p.rows, p.in_features}).to(acc).contiguous();  // [M, K]
+  // x_bits 8: the few-rows kernel quantizes float32 x itself where it has VNNI; elsewhere x is rounded here
+  const bool kernel_quantizes = p.rows <= kMaxGemvRows && acc == at::kFloat && has_avx512_vnni();
+  at::Tensor xa = x.reshape({p.rows, p.in_features}).to(acc).contiguous();  // [M, K]
+  if (x_bits == 8 && !kernel_quantizes) xa = round_x_to_8_bits(xa);
   const at::Tensor w = weight.contiguous();                                       // [N, K]
   const at::Tensor s = scale.to(acc).contiguous();                                 // [N]
   const std::optional<at::Tensor> b = bias ? std::optional(bias->to(acc).contiguous()) : std::nullopt;
@@ -34,7 +37,7 @@ at::Tensor int8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
   if (p.rows <= kMaxGemvRows) {
     out = at::empty({p.rows, p.out_features}, xa.options());
     int8_gemv_kernel.get()(p, acc, xa.const_data_ptr(), w.const_data_ptr<int8_t>(), s.const_data_ptr(),
-                           b ? b->const_data_ptr() : nullptr, out.mutable_data_ptr());
+                           b ? b->const_data_ptr() : nullptr, out.mutable_data_ptr(), x_bits == 8);
   } else {  // out^T [N, M] = deq @ x^T, block by block of weight rows (few blocks: each is two parallel regions)
     const at::Tensor out_t = at::empty({p.out_features, p.rows}, xa.options());
     const int64_t block = std::max<int64_t>(16, kDequantizeBytes / (std::max<int64_t>(1, p.in_features) *

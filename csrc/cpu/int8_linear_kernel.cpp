@@ -1,14 +1,15 @@
 // CPU kernels of int8_linear, compiled once per ISA level (see isa.h; the glue is int8_linear.cpp): out [M, N] = (x [M, K] @ weight^T) * scale + bias
-// with an int8 weight [N, K] (weight-only quantization).
+// with an int8 weight [N, K].
 //
 // Few rows (decoding, M <= kMaxGemvRows): the weight-streaming kernel of the linear layers (gemv.h), so the product
 // reads 1 byte per weight from memory instead of the float layer's 4. With AVX-512 VNNI (and float32, float16 or
 // bfloat16 x), each row of x is quantized to 16 bits (to nearest, in steps of its largest magnitude / 32767; / 24385
-// at K 11008, fewer over K 8192, so that no int32 sum overflows) and its products with the weights are summed exactly
-// in integers, then times the two scales: off from the exact product by at most half a step times sum_k |w[n, k]| *
-// scale[n] (typically 1e-5 to 1e-4 of the outputs), and the same whatever the number of rows; a row with an inf or
-// NaN gives NaN. Otherwise the int8 weight rows are widened to float32 as they are loaded, each dot product times its
-// scale. Many rows (prefill): the product is compute-bound, so blocks of weight rows are dequantized (times scale)
+// at K 11008, fewer over K 8192, so that no int32 sum overflows), or with x_bits 8 to 8 bits (steps of the largest
+// magnitude / 127), and its products with the weights are summed exactly in integers, then times the two scales: off
+// from the exact product by at most half a step times sum_k |w[n, k]| * scale[n] (with 16 bits typically 1e-5 to 1e-4
+// of the outputs), and the same whatever the number of rows; a row with an inf or NaN gives NaN. Otherwise the int8
+// weight rows are widened to float32 as they are loaded, each dot product times its scale (x_bits 8: x rounded by the
+// glue). Many rows (prefill): the product is compute-bound, so blocks of weight rows are dequantized (times scale)
 // into a buffer of 16 MiB and multiplied with ATen's GEMM. float16/bfloat16 x is computed in float32, float64 in
 // float64.
 #include "isa.h"
@@ -44,11 +45,11 @@ void int8_dequantize_typed(int64_t N, int64_t K, const int8_t* wp, const void* s
 }
 
 void int8_gemv(const Int8LinearParams& p, at::ScalarType acc, const void* x, const int8_t* weight, const void* scale,
-               const void* bias, void* out) {
+               const void* bias, void* out, bool x_8_bits) {
   AT_DISPATCH_FLOATING_TYPES(acc, "int8_linear", [&] {
     gemv_rows<scalar_t>(p.rows, p.out_features, p.in_features, static_cast<const scalar_t*>(x), weight,
                         static_cast<const scalar_t*>(scale), static_cast<const scalar_t*>(bias),
-                        static_cast<scalar_t*>(out));
+                        static_cast<scalar_t*>(out), x_8_bits);
   });
 }
 

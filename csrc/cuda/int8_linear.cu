@@ -17,10 +17,11 @@ FloatVec float_vec(const at::Tensor& t) {
 }
 
 at::Tensor int8_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
-                            const std::optional<at::Tensor>& bias) {
-  const Int8LinearParams dims = check_int8_linear_args(x, weight, scale, bias);
+                            const std::optional<at::Tensor>& bias, int64_t x_bits) {
+  const Int8LinearParams dims = check_int8_linear_args(x, weight, scale, bias, x_bits);
   c10::cuda::CUDAGuard guard(x.device());
-  const at::Tensor x2 = x.reshape({dims.rows, dims.in_features}).contiguous();  // [M, K]
+  at::Tensor x2 = x.reshape({dims.rows, dims.in_features}).contiguous();  // [M, K]
+  if (x_bits == 8) x2 = round_x_to_8_bits(x2);
   const at::Tensor w = weight.contiguous(), s = scale.contiguous();          // [N, K], [N]
   const at::Tensor b = bias ? bias->contiguous() : at::Tensor();              // [N] or undefined
   at::Tensor out = at::empty({dims.rows, dims.out_features}, x.options());    // [M, N]

@@ -10,7 +10,8 @@ ours with DecoderLM.from_pretrained, Hugging Face with from_pretrained, CTransla
 - `--model llama`: a Llama shape (124M parameters, GQA 4:1, SwiGLU, untied head).
 
 In each of `--dtypes`: float32; bfloat16 (weights and activations; CTranslate2's compute type bfloat16 where its CPU
-build has it); int8 (ours: weight-only int8; Hugging Face: torch's dynamic int8 quantization of its nn.Linear layers;
+build has it); int8 (ours: weight-only int8, and "ours, x 8 bits" with x quantized per row to 8 bits too, x_bits=8;
+Hugging Face: torch's dynamic int8 quantization of its nn.Linear layers;
 CTranslate2: int8_float32). Each engine and dtype runs in a fresh process of its own (engines sharing a process slow
 each other: a loaded CTranslate2 slowed PyTorch's generation by about 15%), which also gives its resident memory after
 the load and at its peak. The record also says whether our float32 greedy tokens equal Hugging Face's.
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 
 from ..models import DecoderLM, count_parameters
+from ..nn.quantized import quantize
 from . import device_name, sync
 
 # 12 layers, d_model 768, 12 query heads sharing 3 KV heads, SwiGLU 2048, vocabulary 32000: 124M parameters
@@ -99,11 +101,14 @@ def ct2_generate(generator):
 
 def load_engine(engine: str, dtype: str, folder: Path, device, threads: int):
     """generate(ids, n) of an engine loaded from the saved folder in `dtype`: "ours" (DecoderLM.from_pretrained;
-    int8: quantize=True), "ours, no cache", "Hugging Face" (from_pretrained; int8: torch's dynamic quantization of its
-    nn.Linear layers) or "CTranslate2" (its conversion of the folder, on the CPU)."""
+    int8: quantize=True), "ours, x 8 bits" (int8 with x_bits=8), "ours, no cache", "Hugging Face" (from_pretrained;
+    int8: torch's dynamic quantization of its nn.Linear layers) or "CTranslate2" (its conversion of the folder, on
+    the CPU)."""
     torch_dtype = torch.float32 if dtype == "int8" else getattr(torch, dtype)
     if engine.startswith("ours"):
         model = DecoderLM.from_pretrained(folder, torch_dtype, quantize=dtype == "int8", device=device)
+        if engine == "ours, x 8 bits":
+            return quantize(model, x_bits=8).generate
         return model.generate if engine == "ours" else lambda ids, n: model.generate(ids, n, use_cache=False)
     if engine == "Hugging Face":
         import transformers
@@ -168,10 +173,11 @@ def measure(engine, dtype, folder: Path, device, batch_sizes, prompt_len, vocab,
     return rates, m["after_load"], m["peak"]
 
 
-def engines(device, uncached: bool) -> list[str]:
-    """The engines to time: ours (and ours without the KV cache), Hugging Face's, and CTranslate2's on the CPU when
-    the package is installed."""
-    names = ["ours"] + (["ours, no cache"] if uncached else []) + ["Hugging Face"]
+def engines(device, dtype: str, uncached: bool) -> list[str]:
+    """The engines to time in `dtype`: ours (and ours without the KV cache; int8 also ours with x quantized to 8 bits),
+    Hugging Face's, and CTranslate2's on the CPU when the package is installed."""
+    names = ["ours"] + (["ours, no cache"] if uncached else []) + (["ours, x 8 bits"] if dtype == "int8" else [])
+    names += ["Hugging Face"]
     if torch.device(device).type == "cpu" and importlib.util.find_spec("ctranslate2") is not None:
         names.append("CTranslate2")
     return names
@@ -248,7 +254,7 @@ def main(argv=None):
         folder = Path(tmp)
         save_folder(hf, folder)
         for dtype in args.dtypes:
-            for engine in engines(args.device, bool(args.uncached_new_tokens) and dtype == "float32"):
+            for engine in engines(args.device, dtype, bool(args.uncached_new_tokens) and dtype == "float32"):
                 n = args.uncached_new_tokens if engine == "ours, no cache" else args.new_tokens
                 result = measure(engine, dtype, folder, args.device, args.batch_sizes, args.prompt_len,
                                  hf.config.vocab_size, n, 1 if engine == "ours, no cache" else args.runs)

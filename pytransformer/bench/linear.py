@@ -1,7 +1,7 @@
 """ops.linear (and ops.int8_linear) against F.linear at the decoding shapes of GPT-2 small, a Llama-style ~124M model
-and the widest layer input of a 7B Llama (its MLP down projection, K = 11008), one and 8 rows, in float32, bfloat16
-and int8 (weight-only, against F.linear on the float32 weight), and the rows around the CPU's switch from the
-weight-streaming kernel to ATen's GEMM.
+and the widest layer input of a 7B Llama (its MLP down projection, K = 11008), one and 8 rows, in float32, bfloat16 and
+int8 (weight-only, and int8-x8 with x quantized to 8 bits too, both against F.linear on the float32 weight), and the
+rows around the CPU's switch from the weight-streaming kernel to ATen's GEMM.
 
 Decoding reads every weight of the model once per token, far more than the last-level cache holds, so each case
 cycles through copies of its weight that together exceed the cache many times (COLD_BYTES): both ops read their weight
@@ -28,7 +28,7 @@ SHAPES = [("gpt2", "qkv", 2304, 768), ("gpt2", "attn out", 768, 768), ("gpt2", "
           ("llama124m", "qkv gqa", 1152, 768), ("llama124m", "gate+up", 4096, 768),
           ("llama124m", "down", 768, 2048), ("llama124m", "lm head", 32000, 768), ("llama7b", "down", 4096, 11008)]
 ROWS = (1, 8)
-DTYPES = ("float32", "bfloat16", "int8")
+DTYPES = ("float32", "bfloat16", "int8", "int8-x8")  # int8-x8: int8_linear with x_bits=8
 # The crossover: rows of x at one layer shape (GPT-2's MLP up) around the CPU's switch to GEMM (csrc/cpu/linear.cpp:
 # above 32 rows in float32; in bfloat16 with AVX-512 BF16 above 28 at this K, else above 2).
 CROSSOVER_SHAPE = ("gpt2", "mlp up", 3072, 768)
@@ -59,14 +59,14 @@ def bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes=CO
     """One row: ours vs F.linear, each cycling through weight copies that span `cold_bytes` (0: one copy); int8 rows
     time ops.int8_linear on int8 copies against F.linear on float32 copies. `ceiling_flops_s`: the row's compute
     ceiling when not the report's."""
-    float_dtype = torch.float32 if dtype == "int8" else getattr(torch, dtype)
+    float_dtype = torch.float32 if dtype.startswith("int8") else getattr(torch, dtype)
     weights = weight_copies(n, k, float_dtype, device, cold_bytes)
     bias = torch.zeros(n, device=device, dtype=float_dtype)
     x = torch.randn(m, k, device=device, dtype=float_dtype)
-    if dtype == "int8":
-        scale = torch.rand(n, device=device) * 1e-3
+    if dtype.startswith("int8"):
+        scale, x_bits = torch.rand(n, device=device) * 1e-3, 8 if dtype == "int8-x8" else 16
         ours_weights = weight_copies(n, k, torch.int8, device, cold_bytes)
-        ours = itertools.cycle([lambda q=q: ops.int8_linear(x, q, scale, bias) for q in ours_weights])
+        ours = itertools.cycle([lambda q=q: ops.int8_linear(x, q, scale, bias, x_bits=x_bits) for q in ours_weights])
     else:
         ours_weights = weights
         ours = itertools.cycle([lambda w=w: ops.linear(x, w, bias) for w in weights])

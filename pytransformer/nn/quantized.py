@@ -1,6 +1,7 @@
-"""Weight-only int8 modules: QuantizedLinear (per-output-channel scales) and QuantizedEmbedding (an embedding tied to
-a quantized LM head), and quantize(model), which swaps them in. Weights are quantized after training; activations stay
-in floating point."""
+"""int8 modules: QuantizedLinear (per-output-channel scales) and QuantizedEmbedding (an embedding tied to a quantized LM
+head), and quantize(model), which swaps them in. Weights are quantized after training; activations stay in floating
+point (x_bits=16, weight-only) or are quantized per row to 8 bits as each layer runs (x_bits=8, see
+ops.int8_linear)."""
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -22,12 +23,16 @@ def quantize_per_channel(weight: Tensor, rows: int = 1024) -> tuple[Tensor, Tens
 
 
 class QuantizedLinear(nn.Module):
-    """y = (x @ weight.T) * scale + bias with int8 weight [out, in] and float scale [out]: weight-only int8 nn.Linear
-    over ops.int8_linear. Buffers, not parameters: the module is for inference (no backward)."""
+    """y = (x @ weight.T) * scale + bias with int8 weight [out, in] and float scale [out]: int8 nn.Linear over
+    ops.int8_linear, x_bits (16: weight-only; 8: x quantized per row to 8 bits too) passed on to it. Buffers, not
+    parameters: the module is for inference (no backward)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, device=None, dtype=None):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, x_bits: int = 16, device=None,
+                 dtype=None):
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
+        if x_bits not in (8, 16):
+            raise ValueError(f"x_bits: expected 8 or 16, got {x_bits}")
+        self.in_features, self.out_features, self.x_bits = in_features, out_features, x_bits
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
         self.register_buffer("scale", torch.ones(out_features, device=device, dtype=dtype))
         self.register_buffer("bias", torch.zeros(out_features, device=device, dtype=dtype) if bias else None)
@@ -51,14 +56,15 @@ class QuantizedLinear(nn.Module):
         return linear_rows(self, x, slice(None))
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, int8"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"int8, x_bits={self.x_bits}")
 
 
 def linear_rows(linear: nn.Module, x: Tensor, rows: slice) -> Tensor:
     """The output features `rows` of an nn.Linear or QuantizedLinear applied to x [..., in] -> [..., len(rows)]."""
     bias = None if linear.bias is None else linear.bias[rows]
     if isinstance(linear, QuantizedLinear):
-        return ops.int8_linear(x, linear.weight[rows], linear.scale[rows], bias)
+        return ops.int8_linear(x, linear.weight[rows], linear.scale[rows], bias, x_bits=linear.x_bits)
     return ops.linear(x, linear.weight[rows], bias)
 
 
@@ -76,11 +82,15 @@ class QuantizedEmbedding(nn.Module):
         return F.embedding(ids, self.head.weight).to(scale.dtype) * scale[ids, None]
 
 
-def quantize(model: nn.Module) -> nn.Module:
+def quantize(model: nn.Module, x_bits: int = 16) -> nn.Module:
     """Replace every nn.Linear of `model` in place by a QuantizedLinear (int8 weight, per-output-channel scale) and
-    return the model; an nn.Embedding whose weight is tied to a Linear's becomes a QuantizedEmbedding of that head."""
+    return the model; an nn.Embedding whose weight is tied to a Linear's becomes a QuantizedEmbedding of that head.
+    Every QuantizedLinear of the model, new or already there (a model loaded with quantize=True), then has `x_bits`:
+    16 weight-only, 8 x quantized per row to 8 bits too (see ops.int8_linear)."""
+    if x_bits not in (8, 16):
+        raise ValueError(f"x_bits: expected 8 or 16, got {x_bits}")
     if isinstance(model, nn.Linear):
-        return QuantizedLinear.from_linear(model)
+        model = QuantizedLinear.from_linear(model)
     modules = list(model.modules())  # holds every original module (and weight) alive, so their ids stay unique
     new = {id(m): QuantizedLinear.from_linear(m) for m in modules if isinstance(m, nn.Linear)}
     heads = {}  # id(float weight) -> the QuantizedLinear of the first Linear using it
@@ -97,4 +107,7 @@ def quantize(model: nn.Module) -> nn.Module:
         for name, child in list(parent.named_children()):
             if id(child) in new:
                 setattr(parent, name, new[id(child)])
+    for m in model.modules():
+        if isinstance(m, QuantizedLinear):
+            m.x_bits = x_bits
     return model

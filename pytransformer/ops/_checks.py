@@ -195,8 +195,9 @@ def linear(x: Tensor, weight: Tensor, bias) -> None:
               f"(the rows of weight), got {list(bias.shape)}")
 
 
-def int8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias) -> None:
+def int8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias, x_bits: int) -> None:
     """csrc/int8_linear.h: check_int8_linear_args."""
+    check(x_bits in (8, 16), f"x_bits: expected 8 or 16, got {x_bits}")
     float_dtype(x, "x")
     check(x.dim() >= 1, "x: expected a tensor [..., K], got a 0-d tensor")
     like(weight, "weight", x, "x", same_dtype=False)

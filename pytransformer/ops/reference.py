@@ -75,7 +75,16 @@ def linear(x, weight, bias=None) -> Tensor:
     return y if bias is None else y + bias
 
 
-def int8_linear(x, weight, scale, bias=None) -> Tensor:
-    """x [..., K] @ (weight [N, K] * scale[:, None])^T + bias, in x's dtype."""
+def round_x_to_8_bits(x) -> Tensor:
+    """Each row of x rounded to nearest (ties to even) in steps of max|x row| / 127 (int8_linear's x_bits=8): zeros
+    stay zeros, a row with an inf or NaN becomes NaN."""
+    step = x.abs().amax(-1, keepdim=True) / 127
+    return torch.where(step == 0, torch.zeros_like(x), (x / step).round() * step)
+
+
+def int8_linear(x, weight, scale, bias=None, x_bits=16) -> Tensor:
+    """x [..., K] @ (weight [N, K] * scale[:, None])^T + bias, in x's dtype; x_bits=8: of x rounded to 8 bits."""
+    if x_bits == 8:
+        x = round_x_to_8_bits(x)
     y = x @ (weight.to(x.dtype) * scale.to(x.dtype)[:, None]).T
     return y if bias is None else y + bias.to(x.dtype)

@@ -12,7 +12,7 @@ from tests.helpers import (CPU_ISA_LEVELS, TRACING_ERROR, compiled, run_under_is
 from pytransformer import check as kc
 
 
-VNNI = pytransformer._C.cpu_vnni_dot_products()  # the few-rows CPU kernel quantizes x to 16 bits (ops.int8_linear)
+VNNI = pytransformer._C.cpu_vnni_dot_products()  # the few-rows CPU kernel quantizes x itself (ops.int8_linear)
 
 
 def make(n, k, device, dtype=torch.float32, bias=True):
@@ -22,15 +22,28 @@ def make(n, k, device, dtype=torch.float32, bias=True):
     return weight, scale, b
 
 
-def check(x, weight, scale, bias):
-    got = ops.int8_linear(x, weight, scale, bias)
-    want = reference.int8_linear(x.double(), weight, scale.double(), None if bias is None else bias.double())
+def kernel_quantizes(x):
+    """Whether int8_linear's CPU kernel quantizes x itself: few rows, not float64, AVX-512 VNNI."""
+    return x.device.type == "cpu" and VNNI and x[..., :1].numel() <= 16 and x.dtype != torch.float64
+
+
+def check(x, weight, scale, bias, x_bits=16):
+    """ops.int8_linear against the float64 reference; x_bits=8: that of x rounded to 8 bits, or where the kernel
+    rounds x itself in float32 (kernel_quantizes), its exact emulation."""
+    got = ops.int8_linear(x, weight, scale, bias, x_bits=x_bits)
+    if x_bits == 8 and kernel_quantizes(x):
+        x2 = x.float().reshape(-1, x.shape[-1])
+        b = torch.zeros(weight.shape[0]) if bias is None else bias.float()
+        want = quantized_x_reference(x2, weight, scale.float(), b, bits=8).double().reshape(got.shape)
+    else:
+        want = reference.int8_linear(x.double(), weight, scale.double(), None if bias is None else bias.double(),
+                                     x_bits=x_bits)
     assert got.dtype == x.dtype and got.shape == (*x.shape[:-1], weight.shape[0])
     atol, rtol = tolerance(x.dtype)
     magnitude = max(1.0, want.abs().amax().item()) if want.numel() else 1.0  # the half types round the result
     err = (got.double() - want).abs()
     allowed = atol * magnitude + rtol * want.abs()
-    if x.device.type == "cpu":  # x quantized to 16 bits on processors with AVX-512 VNNI (any CPU path may run here)
+    if x_bits == 16 and x.device.type == "cpu":  # x quantized to 16 bits with AVX-512 VNNI (any CPU path may run)
         allowed = allowed + x_quantization_bound(x, weight, scale)
     assert bool((err <= allowed).all()), f"{(err - allowed).amax().item()} over the tolerance"
 
@@ -41,9 +54,10 @@ def check(x, weight, scale, bias):
 @pytest.mark.parametrize("rows", [1, 2, 5, 16, 17, 64, 65])
 @pytest.mark.parametrize("k,n", [(64, 48), (37, 5), (1, 3), (300, 129), (3072, 7), (3100, 7)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_matches_reference(device, rows, k, n, bias):
+@pytest.mark.parametrize("x_bits", [16, 8])
+def test_matches_reference(device, rows, k, n, bias, x_bits):
     weight, scale, b = make(n, k, device, bias=bias)
-    check(torch.randn(rows, k, device=device), weight, scale, b)
+    check(torch.randn(rows, k, device=device), weight, scale, b, x_bits)
 
 
 # avx512 capped explicitly runs the AVX-512 code that widens the int8 weights to float32 (no VNNI dot products: see
@@ -58,14 +72,18 @@ def test_each_cpu_isa_level_agrees(isa):
         "w=torch.randint(-127,128,(13,1100),dtype=torch.int8); s=torch.rand(13)*0.01; b=torch.randn(13)\n"
         "for m in (7, 8):\n"
         "  x=torch.randn(m,1100); torch.testing.assert_close(pt.ops.int8_linear(x,w,s,b).double(),"
-        " ref.int8_linear(x.double(),w,s.double(),b.double()), atol=2e-5, rtol=2e-5)"))
+        " ref.int8_linear(x.double(),w,s.double(),b.double()), atol=2e-5, rtol=2e-5)\n"
+        "  if not pt._C.cpu_vnni_dot_products():  # x_bits=8: x rounded by the glue, in float64\n"
+        "    torch.testing.assert_close(pt.ops.int8_linear(x,w,s,b,x_bits=8).double(),"
+        " ref.int8_linear(x.double(),w,s.double(),b.double(),x_bits=8), atol=2e-5, rtol=2e-5)"))
 
 
-def quantized_x_reference(x, weight, scale, bias):
-    """What the few-rows CPU kernel computes with AVX-512 VNNI, float32 x [M, K]: each row of x quantized in float32
-    arithmetic as csrc/cpu/gemv.h's quantize_rows does, the integer products summed exactly (float64 holds integers up
-    to 2^53), then float32 (sum * x scale) * scale + bias; rows with an inf or NaN all NaN."""
-    q_max = torch.tensor(float(x_quant_max(x.shape[-1])))
+def quantized_x_reference(x, weight, scale, bias, bits=16):
+    """What the few-rows CPU kernel computes with AVX-512 VNNI, float32 x [M, K] quantized to `bits`: each row of x
+    quantized in float32 arithmetic as csrc/cpu/gemv.h's quantize_rows does, the integer products summed exactly
+    (float64 holds integers up to 2^53), then float32 (sum * x scale) * scale + bias; rows with an inf or NaN all
+    NaN."""
+    q_max = torch.tensor(float(x_quant_max(x.shape[-1], bits)))
     amax = x.abs().amax(-1, keepdim=True)
     pre = torch.where(amax < 2.0**-100, torch.tensor(2.0**100), torch.tensor(1.0))
     big = amax * pre
@@ -78,22 +96,28 @@ def quantized_x_reference(x, weight, scale, bias):
 @pytest.mark.skipif(not VNNI, reason="the processor has no AVX-512 VNNI (or ATEN_CPU_CAPABILITY caps the level)")
 @pytest.mark.parametrize("rows", [1, 3, 8, 13, 16])
 @pytest.mark.parametrize("k", [1, 33, 100, 773, 3072, 11008])
-def test_x_quantized_to_16_bits(rows, k):
+@pytest.mark.parametrize("bits", [16, 8])
+def test_x_quantized_exactly(rows, k, bits):
     """With AVX-512 VNNI the few-rows kernel is exact integer arithmetic on x quantized per row, so it equals its
-    emulation bit for bit, whatever the row count (each row as if alone) and path: 8 rows of K 3072 and 3 or more of
-    K 11008 go by in chunks of K, others as two streams or in blocks; K 11008 quantizes to at most 24385."""
+    emulation bit for bit, whatever the row count (each row as if alone) and path: 8 rows of K 3072 (16 bits) and 3 or
+    more of K 11008 go by in chunks of K, others as two streams or in blocks; K 11008 quantizes to at most 24385 with
+    16 bits; K 33, 100 and 773 end in a partial vector of both widths (32 and 64 elements)."""
     weight, scale, b = make(37, k, "cpu")
+    weight[0] = -128  # the weight 8 bits shift to 0
+    weight[1] = 127   # and to 255
     x = torch.randn(rows, k) * torch.logspace(-2, 2, rows)[:, None]
-    got = ops.int8_linear(x, weight, scale, b)
-    assert torch.equal(got, quantized_x_reference(x, weight, scale, b))
-    assert torch.equal(got[-1:], ops.int8_linear(x[-1:], weight, scale, b))
+    got = ops.int8_linear(x, weight, scale, b, x_bits=bits)
+    assert torch.equal(got, quantized_x_reference(x, weight, scale, b, bits))
+    assert torch.equal(got[-1:], ops.int8_linear(x[-1:], weight, scale, b, x_bits=bits))
 
 
 @pytest.mark.skipif(not VNNI, reason="the processor has no AVX-512 VNNI (or ATEN_CPU_CAPABILITY caps the level)")
-def test_x_quantized_edge_rows():
+@pytest.mark.parametrize("bits", [16, 8])
+def test_x_quantized_edge_rows(bits):
     """Rows of zeros (the bias), of tiny values (below 2^-100, subnormal too), with an inf or a NaN (all NaN); and the
-    largest sums: every x at its row's maximum against weights of -128 over K 20000, which would overflow an int32
-    lane with x quantized to 32767 and overflows the int32 total of the lanes (-3.4e10)."""
+    largest sums: 16 bits, every x at its row's maximum against weights of -128 over K 20000, which would overflow an
+    int32 lane with x quantized to 32767 and overflows the int32 total of the lanes (-3.4e10); 8 bits, against weights
+    of 127 (shifted to 255) over K 1.1 million, which x quantized to 127 would overflow (x_quant_max: 122)."""
     weight, scale, b = make(21, 300, "cpu")
     x = torch.randn(6, 300)
     x[0] = 0.0
@@ -101,16 +125,18 @@ def test_x_quantized_edge_rows():
     x[2] = torch.randn(300) * 1e-44  # subnormal
     x[3, 7] = float("inf")
     x[4, 100] = float("nan")
-    got = ops.int8_linear(x, weight, scale, b)
-    want = quantized_x_reference(x, weight, scale, b)
+    got = ops.int8_linear(x, weight, scale, b, x_bits=bits)
+    want = quantized_x_reference(x, weight, scale, b, bits)
     assert torch.equal(got[:3], want[:3]) and torch.equal(got[5:], want[5:])
     assert torch.equal(got[0], b) and got[3:5].isnan().all()
-    weight = torch.full((5, 20000), -128, dtype=torch.int8)
+    k, w = (20000, -128) if bits == 16 else (1100000, 127)
+    weight = torch.full((5, k), w, dtype=torch.int8)
     scale = torch.ones(5)
     for rows in (1, 8):
-        got = ops.int8_linear(torch.ones(rows, 20000), weight, scale)
-        want = quantized_x_reference(torch.ones(rows, 20000), weight, scale, torch.zeros(5))
-        assert torch.equal(got, want) and (got == -20000 * 128).all()
+        got = ops.int8_linear(torch.ones(rows, k), weight, scale, x_bits=bits)
+        want = quantized_x_reference(torch.ones(rows, k), weight, scale, torch.zeros(5), bits)
+        assert torch.equal(got, want)
+        torch.testing.assert_close(got, torch.full_like(got, k * w), rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("bias", [True, False])
@@ -124,13 +150,14 @@ def test_many_weight_blocks(device, bias):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("rows", [3, 20])
-def test_dtypes(device, dtype, rows):
+@pytest.mark.parametrize("x_bits", [16, 8])
+def test_dtypes(device, dtype, rows, x_bits):
     if dtype == torch.float64 and device == "cuda":
         pytest.skip("float64 is CPU-only")
     weight, scale, b = make(40, 72, device, dtype)
-    check(torch.randn(2, rows, 72, device=device, dtype=dtype), weight, scale, b)
+    check(torch.randn(2, rows, 72, device=device, dtype=dtype), weight, scale, b, x_bits)
     # Scales and bias may have another float dtype than x (e.g. a float32 scale for bfloat16 activations).
-    check(torch.randn(rows, 72, device=device, dtype=dtype), weight, scale.float(), b.float())
+    check(torch.randn(rows, 72, device=device, dtype=dtype), weight, scale.float(), b.float(), x_bits)
 
 
 def test_layouts_and_edge_shapes(device):
@@ -151,6 +178,7 @@ def test_opcheck(device):
     for x in (torch.randn(3, 24, device=device), torch.randn(2, 12, 24, device=device)):
         torch.library.opcheck(torch.ops.pytransformer.int8_linear, (x, weight, scale, b))
         torch.library.opcheck(torch.ops.pytransformer.int8_linear, (x, weight, scale, None))
+        torch.library.opcheck(torch.ops.pytransformer.int8_linear, (x, weight, scale, b, 8))
 
 
 def test_compile(device):
@@ -159,6 +187,7 @@ def test_compile(device):
     for rows in (1, 30):
         x = torch.randn(rows, 24, device=device)
         torch.testing.assert_close(fn(x, weight, scale, b), ops.int8_linear(x, weight, scale, b))
+        torch.testing.assert_close(fn(x, weight, scale, b, x_bits=8), ops.int8_linear(x, weight, scale, b, x_bits=8))
 
 
 def test_no_backward(device):
@@ -196,6 +225,8 @@ def test_bad_input(device):
         ops.int8_linear(x.long(), weight, scale, b)
     with pytest.raises(ValueError, match="x"):
         ops.int8_linear(torch.tensor(1.0, device=device), weight, scale, b)
+    with pytest.raises(ValueError, match="x_bits"):
+        ops.int8_linear(x, weight, scale, b, x_bits=4)
     if device == "cuda":
         with pytest.raises(ValueError, match="x"):
             ops.int8_linear(x.double(), weight, scale, b)  # float64 is CPU-only
