@@ -31,8 +31,8 @@ def int8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None = 
     x_bits=8 (dynamic activation quantization, as CTranslate2's int8_float32): every row of x is quantized to 8 bits,
     to nearest in steps of max|x row| / 127, on every device and path, so the error bound above holds with those steps
     (about 1e-2 of the outputs). On the CPU with VNNI (up to 16 rows, x not float64) the products are summed exactly in
-    integers, half the instructions of 16 bits per weight: with several rows of x the kernel then streams weights at
-    memory speed where 16-bit x is bound by the dot products. Elsewhere x is rounded to those steps first (in float64,
-    back to x's dtype) and multiplied as it is."""
+    integers, half the instructions of 16 bits per weight (8 rows with the weights in cache: half the time; from memory
+    it depends on the host, see the README). Elsewhere x is rounded to those steps first (in float64, back to x's
+    dtype) and multiplied as it is."""
     _checks.tensors(("bias",), x=x, weight=weight, scale=scale, bias=bias)
     return _ops.int8_linear(x, weight, scale, bias, x_bits)
