@@ -4,8 +4,8 @@
 // x_bits 8: x quantized per row to 8 bits too. Argument checks and the rounding of x to 8 bits, shared by the glue.
 #include "common.h"
 
+#include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/where.h>
-#include <ATen/ops/zeros_like.h>
 #include <c10/util/accumulate.h>
 
 namespace pytransformer {
@@ -45,13 +45,19 @@ inline Int8LinearParams check_int8_linear_args(const at::Tensor& x, const at::Te
   return {c10::multiply_integers(x.sizes().slice(0, x.dim() - 1)), N, K};
 }
 
-// x [M, K] with each row rounded to 8 bits as the CPU's VNNI kernel quantizes it (cpu/gemv.h, quantize_rows): to
-// nearest (ties to even) in steps of max|x row| / 127, here in float64, then back to x's dtype. A row of zeros stays
+// x [M, K] with each row rounded to 8 bits in the arithmetic of the CPU's VNNI kernel (cpu/gemv.h, quantize_rows), in
+// float32 (float64 for float64 x): q = round(x * pre * (127 / big)) to nearest, ties to even, with big = max|x row| *
+// pre and pre = 2^100 for a row below 2^-100 (else 1), then q * (big / 127) / pre, in x's dtype. A row of zeros stays
 // zeros; a row with an inf or NaN becomes NaN. For the paths that use x as it is.
 inline at::Tensor round_x_to_8_bits(const at::Tensor& x) {
-  const at::Tensor xd = x.to(at::kDouble);
-  const at::Tensor step = xd.abs().amax(-1, /*keepdim=*/true).div(127);
-  return at::where(step.eq(0), at::zeros_like(xd), xd.div(step).round().mul(step)).to(x.scalar_type());
+  const at::Tensor xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
+  const at::Tensor amax = xf.abs().amax(-1, /*keepdim=*/true);
+  const at::Tensor pre = at::where(amax.lt(0x1p-100), at::scalar_tensor(0x1p100, amax.options()),
+                                   at::scalar_tensor(1.0, amax.options()));
+  const at::Tensor big = amax.mul(pre);
+  const at::Tensor mul = at::where(big.gt(0), at::scalar_tensor(127.0, big.options()).div(big),
+                                   at::scalar_tensor(0.0, big.options()));
+  return xf.mul(pre).mul(mul).round().mul(big.div(127)).div(pre).to(x.scalar_type());
 }
 
 }  // namespace pytransformer

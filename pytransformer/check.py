@@ -544,8 +544,7 @@ class KernelChecks:
                     if variant == "misaligned":
                         x, weight, scale, bias = misaligned(x), misaligned(weight), misaligned(scale), misaligned(bias)
                     x_bits = 8 if variant == "x8" else 16
-                    x64 = x.double().cpu()
-                    x64 = reference.round_x_to_8_bits(x64) if x_bits == 8 else x64
+                    x64 = (reference.round_x_to_8_bits(x.cpu()) if x_bits == 8 else x.cpu()).double()
                     w64 = weight.double().cpu() * scale.double().cpu()[:, None]
                     b64 = torch.zeros(n, dtype=torch.float64) if bias is None else bias.double().cpu()
                     ref = x64 @ w64.t() + b64  # [M, N]

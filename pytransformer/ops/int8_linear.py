@@ -32,7 +32,7 @@ def int8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None = 
     to nearest in steps of max|x row| / 127, on every device and path, so the error bound above holds with those steps
     (about 1e-2 of the outputs). On the CPU with VNNI (up to 16 rows, x not float64) the products are summed exactly in
     integers, half the instructions of 16 bits per weight (8 rows with the weights in cache: half the time; from memory
-    it depends on the host, see the README). Elsewhere x is rounded to those steps first (in float64, back to x's
-    dtype) and multiplied as it is."""
+    it depends on the host, see the README). Elsewhere x is rounded to those same values first (in the kernel's float32
+    arithmetic, float64 for float64 x; back to x's dtype) and multiplied as it is."""
     _checks.tensors(("bias",), x=x, weight=weight, scale=scale, bias=bias)
     return _ops.int8_linear(x, weight, scale, bias, x_bits)

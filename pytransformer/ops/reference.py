@@ -76,15 +76,19 @@ def linear(x, weight, bias=None) -> Tensor:
 
 
 def round_x_to_8_bits(x) -> Tensor:
-    """Each row of x rounded to nearest (ties to even) in steps of max|x row| / 127 (int8_linear's x_bits=8): zeros
-    stay zeros, a row with an inf or NaN becomes NaN."""
-    step = x.abs().amax(-1, keepdim=True) / 127
-    return torch.where(step == 0, torch.zeros_like(x), (x / step).round() * step)
+    """Each row of x rounded to 8 bits as int8_linear's x_bits=8 does, in its arithmetic (float32, float64 for float64
+    x): q = round(x * pre * (127 / big)) to nearest, ties to even, big = max|x row| * pre, pre = 2^100 for a row below
+    2^-100 (else 1); returns q * (big / 127) / pre in float32 (float64). Zeros stay zeros, a row with an inf or NaN
+    becomes NaN."""
+    xf = x if x.dtype == torch.float64 else x.float()
+    amax = xf.abs().amax(-1, keepdim=True)
+    pre = torch.where(amax < 2.0**-100, 2.0**100, 1.0).to(xf.dtype)
+    big = amax * pre
+    mul = torch.where(big > 0, torch.tensor(127.0, dtype=big.dtype) / big, 0.0)  # (127 / big is 127 * (1 / big))
+    return (xf * pre * mul).round() * (big / 127) / pre
 
 
-def int8_linear(x, weight, scale, bias=None, x_bits=16) -> Tensor:
-    """x [..., K] @ (weight [N, K] * scale[:, None])^T + bias, in x's dtype; x_bits=8: of x rounded to 8 bits."""
-    if x_bits == 8:
-        x = round_x_to_8_bits(x)
+def int8_linear(x, weight, scale, bias=None) -> Tensor:
+    """x [..., K] @ (weight [N, K] * scale[:, None])^T + bias, in x's dtype."""
     y = x @ (weight.to(x.dtype) * scale.to(x.dtype)[:, None]).T
     return y if bias is None else y + bias.to(x.dtype)

@@ -22,22 +22,12 @@ def make(n, k, device, dtype=torch.float32, bias=True):
     return weight, scale, b
 
 
-def kernel_quantizes(x):
-    """Whether int8_linear's CPU kernel quantizes x itself: few rows, not float64, AVX-512 VNNI."""
-    return x.device.type == "cpu" and VNNI and x[..., :1].numel() <= 16 and x.dtype != torch.float64
-
-
 def check(x, weight, scale, bias, x_bits=16):
-    """ops.int8_linear against the float64 reference; x_bits=8: that of x rounded to 8 bits, or where the kernel
-    rounds x itself in float32 (kernel_quantizes), its exact emulation."""
+    """ops.int8_linear against the float64 reference (x_bits=8: on x rounded to 8 bits in the op's own arithmetic, so
+    every path, the CPU's VNNI kernel too, sees the same values)."""
     got = ops.int8_linear(x, weight, scale, bias, x_bits=x_bits)
-    if x_bits == 8 and kernel_quantizes(x):
-        x2 = x.float().reshape(-1, x.shape[-1])
-        b = torch.zeros(weight.shape[0]) if bias is None else bias.float()
-        want = quantized_x_reference(x2, weight, scale.float(), b, bits=8).double().reshape(got.shape)
-    else:
-        want = reference.int8_linear(x.double(), weight, scale.double(), None if bias is None else bias.double(),
-                                     x_bits=x_bits)
+    x64 = (reference.round_x_to_8_bits(x) if x_bits == 8 else x).double()
+    want = reference.int8_linear(x64, weight, scale.double(), None if bias is None else bias.double())
     assert got.dtype == x.dtype and got.shape == (*x.shape[:-1], weight.shape[0])
     atol, rtol = tolerance(x.dtype)
     magnitude = max(1.0, want.abs().amax().item()) if want.numel() else 1.0  # the half types round the result
@@ -73,9 +63,8 @@ def test_each_cpu_isa_level_agrees(isa):
         "for m in (7, 8):\n"
         "  x=torch.randn(m,1100); torch.testing.assert_close(pt.ops.int8_linear(x,w,s,b).double(),"
         " ref.int8_linear(x.double(),w,s.double(),b.double()), atol=2e-5, rtol=2e-5)\n"
-        "  if not pt._C.cpu_vnni_dot_products():  # x_bits=8: x rounded by the glue, in float64\n"
-        "    torch.testing.assert_close(pt.ops.int8_linear(x,w,s,b,x_bits=8).double(),"
-        " ref.int8_linear(x.double(),w,s.double(),b.double(),x_bits=8), atol=2e-5, rtol=2e-5)"))
+        "  torch.testing.assert_close(pt.ops.int8_linear(x,w,s,b,x_bits=8).double(),"
+        " ref.int8_linear(ref.round_x_to_8_bits(x).double(),w,s.double(),b.double()), atol=2e-5, rtol=2e-5)"))
 
 
 def quantized_x_reference(x, weight, scale, bias, bits=16):
