@@ -29,8 +29,9 @@ def int8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None = 
     used as it is, with float32 (float64) sums.
 
     x_bits=8 (dynamic activation quantization, as CTranslate2's int8_float32): every row of x is quantized to 8 bits,
-    to nearest in steps of max|x row| / 127, on every device and path, so the error bound above holds with those steps
-    (about 1e-2 of the outputs). On the CPU with VNNI (up to 16 rows, x not float64) the products are summed exactly in
+    to nearest in steps of max|x row| / 127 (on the CPU's VNNI kernel fewer levels past K of about a million, so that
+    no int32 sum overflows), on every device and path, so the error bound above holds with those steps (about 1e-2 of
+    the outputs). On the CPU with VNNI (up to 16 rows, x not float64) the products are summed exactly in
     integers, half the instructions of 16 bits per weight (8 rows with the weights in cache: half the time; from memory
     it depends on the host, see the README). Elsewhere x is rounded to those same values first (in the kernel's float32
     arithmetic, float64 for float64 x; back to x's dtype) and multiplied as it is."""
