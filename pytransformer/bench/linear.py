@@ -36,6 +36,8 @@ CROSSOVER_ROWS = (2, 3, 4, 5, 8, 16, 28, 29, 32, 33, 64)
 # Weight bytes each case cycles through: 32x a 32 MiB last-level cache (through 256 MiB, an AMD EPYC's L3 still served
 # part of the reads: float32 M1 N3072 K768 read 82 GB/s against 70 at 1 GiB, measured).
 COLD_BYTES = 1 << 30
+FIXED_N, FIXED_RUNS = 4, 200  # the output features and runs of the call that gives a case's fixed cost
+CACHED_BYTES = 1 << 19  # the weight bytes of the call that gives a case's time with its weight in cache
 _pools = {}  # (dtype, device) -> one random tensor that the weight copies of every case are views of
 
 
@@ -58,7 +60,10 @@ def weight_copies(n, k, dtype, device, cold_bytes):
 def bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes=COLD_BYTES, ceiling_flops_s=0.0):
     """One row: ours vs F.linear, each cycling through weight copies that span `cold_bytes` (0: one copy); int8 rows
     time ops.int8_linear on int8 copies against F.linear on float32 copies. `ceiling_flops_s`: the row's compute
-    ceiling when not the report's."""
+    ceiling when not the report's. Returns (fixed, cached), our times of the case's call besides reading its weight
+    from memory: fixed, the same call with FIXED_N output features; cached, the call with its weight in cache,
+    estimated from the first rows of one copy (CACHED_BYTES of them, called repeatedly, so in L2) as fixed plus their
+    time beyond it scaled to all rows."""
     float_dtype = torch.float32 if dtype.startswith("int8") else getattr(torch, dtype)
     weights = weight_copies(n, k, float_dtype, device, cold_bytes)
     bias = torch.zeros(n, device=device, dtype=float_dtype)
@@ -66,10 +71,14 @@ def bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes=CO
     if dtype.startswith("int8"):
         scale, x_bits = torch.rand(n, device=device) * 1e-3, 8 if dtype == "int8-x8" else 16
         ours_weights = weight_copies(n, k, torch.int8, device, cold_bytes)
-        ours = itertools.cycle([lambda q=q: ops.int8_linear(x, q, scale, bias, x_bits=x_bits) for q in ours_weights])
+        call = lambda q, s=scale, b=bias: ops.int8_linear(x, q, s, b, x_bits=x_bits)  # noqa: E731
+        ours = itertools.cycle([lambda q=q: call(q) for q in ours_weights])
+        first = lambda rows: (ours_weights[0][:rows], scale[:rows], bias[:rows])  # noqa: E731
     else:
         ours_weights = weights
-        ours = itertools.cycle([lambda w=w: ops.linear(x, w, bias) for w in weights])
+        call = lambda w, b=bias: ops.linear(x, w, b)  # noqa: E731
+        ours = itertools.cycle([lambda w=w: call(w) for w in weights])
+        first = lambda rows: (weights[0][:rows], bias[:rows])  # noqa: E731
     weight_bytes = ours_weights[0].numel() * ours_weights[0].element_size()
     # F.linear starts half way round the cycle: the two ops take turns, and the copy that one has just read is still
     # cached when it is small; half the cycle away it has been evicted (for a single copy, there is nothing to offset).
@@ -82,9 +91,13 @@ def bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes=CO
     with torch.no_grad():
         t_ours, t_theirs, t_read = interleaved_median_times(
             [lambda: next(ours)(), lambda: next(theirs)(), lambda: next(read)()], device, runs)
+        cached_rows = max(FIXED_N, min(n, CACHED_BYTES * n // weight_bytes))
+        small, cached = first(FIXED_N), first(cached_rows)
+        fixed, part = interleaved_median_times([lambda: call(*small), lambda: call(*cached)], device, FIXED_RUNS)
     report.add(Row("linear", f"{model} {layer} M{m} N{n} K{k} {dtype}", t_ours, t_theirs,
                    bytes=weight_bytes + x.element_size() * (x.numel() + m * n), flops=2 * m * n * k, variant=dtype,
                    ceiling_flops_s=ceiling_flops_s, ceiling_bytes_s=weight_bytes / t_read))
+    return fixed, fixed + max(0.0, part - fixed) * n / cached_rows
 
 
 def bench(report, device, shapes=SHAPES, rows=ROWS, dtypes=DTYPES, crossover_rows=CROSSOVER_ROWS, runs=15,
@@ -106,19 +119,34 @@ def bench(report, device, shapes=SHAPES, rows=ROWS, dtypes=DTYPES, crossover_row
                         "GFLOP/s")
     ceilings = {"bfloat16": bf16_flops_s}
     cases = list(itertools.product(shapes, dtypes, rows))
+    measured = len(cases)  # those whose notes say what bounds them (the crossover repeats some of them)
     cases += [(CROSSOVER_SHAPE, dtype, m) for dtype, m in itertools.product(("float32", "bfloat16"), crossover_rows)]
-    for (model, layer, n, k), dtype, m in cases:
-        bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes, ceilings.get(dtype, 0.0))
-    if report.ceiling_bytes_s:  # every case of `rows` against the copy bandwidth measured at the start
-        report.notes.append(f"copy bandwidth measured again at the end: {copy_bandwidth(device) / 1e9:.1f} GB/s")
+    bounds = {}  # case -> (the copy bandwidth measured just before it, our fixed and cached times: see bench_case)
+    for i, ((model, layer, n, k), dtype, m) in enumerate(cases):
+        # the host's bandwidth can move within a run (seen: 40 -> 68 GB/s), so each case has its own measurement
+        copy_bytes_s = copy_bandwidth(device) if report.ceiling_bytes_s and i < measured else 0.0
+        times = bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes, ceilings.get(dtype, 0.0))
+        bounds.setdefault(report.rows[-1].case, (copy_bytes_s, *times))
+    if report.ceiling_bytes_s:  # every case of `rows` against the copy bandwidth measured just before it
+        copies = [b[0] for b in bounds.values() if b[0]]
+        report.notes.append(f"copy bandwidth measured again before each case: {min(copies) / 1e9:.1f} to "
+                            f"{max(copies) / 1e9:.1f} GB/s, and at the end: {copy_bandwidth(device) / 1e9:.1f} GB/s")
         for dtype, m in itertools.product(dtypes, rows):
-            fractions = {}  # layer -> fraction, the first of a case that the crossover repeats
+            fractions = {}  # layer -> fractions (see the note)
             for r in report.rows:
-                if r.op == "linear" and r.variant == dtype and f" M{m} " in r.case:
-                    fractions.setdefault(r.case.split(f" M{m} ")[0], r.bytes / r.ours_s / report.ceiling_bytes_s)
+                if r.op == "linear" and r.variant == dtype and f" M{m} " in r.case and bounds[r.case][0]:
+                    copy_bytes_s, fixed, cached = bounds[r.case]
+                    at_copy = r.bytes / copy_bytes_s  # the call's time at the copy bandwidth
+                    fractions[r.case.split(f" M{m} ")[0]] = (at_copy / r.ours_s, at_copy / (at_copy + fixed),
+                                                             min(1.0, at_copy / cached))
             if fractions:
-                report.notes.append(f"{dtype}, {m} row{'s' if m > 1 else ''}, of the copy bandwidth measured at the "
-                                    "start: " + ", ".join(f"{layer} {f:.0%}" for layer, f in fractions.items()))
+                report.notes.append(
+                    f"{dtype}, {m} row{'s' if m > 1 else ''}, of the copy bandwidth measured just before the case (in "
+                    f"brackets, the most that our time besides the weight's reads leaves: the call's time at that "
+                    f"bandwidth over it plus the fixed cost of the call, the same call at N = {FIXED_N}; and over the "
+                    f"call's time with its weight in cache): " +
+                    ", ".join(f"{layer} {f:.0%} ({fixed:.0%}, {cached:.0%})"
+                              for layer, (f, fixed, cached) in fractions.items()))
 
 
 def main(argv=None):

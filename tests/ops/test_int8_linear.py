@@ -185,6 +185,10 @@ def test_no_backward(device):
     y = ops.int8_linear(x, weight, scale, b)
     with pytest.raises(RuntimeError, match="inference"):
         y.sum().backward()
+    with torch.no_grad():  # no history to refuse
+        z = ops.int8_linear(x, weight, scale, b)
+    assert not z.requires_grad and z.grad_fn is None
+    torch.testing.assert_close(z, y.detach())
 
 
 def test_bad_input_on_meta_tensors():

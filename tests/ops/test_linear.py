@@ -183,6 +183,18 @@ def test_backward_matches_f_linear(device):
                                torch.autograd.grad(F.linear(x, w, b).sum(), [w])[0])
 
 
+def test_no_grad_records_no_history(device):
+    """Under no_grad an input that requires grad gives an output without history, equal to the recorded one's."""
+    weight, b = make(16, 24, device)
+    x = torch.randn(3, 24, device=device, requires_grad=True)
+    with torch.no_grad():
+        y = ops.linear(x, weight, b)
+    assert not y.requires_grad and y.grad_fn is None
+    recorded = ops.linear(x, weight, b)
+    assert recorded.grad_fn is not None
+    torch.testing.assert_close(y, recorded.detach())
+
+
 @pytest.mark.parametrize("rows", [1, 30])
 def test_compile(device, rows):
     weight, b = make(16, 24, device)
