@@ -10,10 +10,11 @@ bytes (plus x and out). "Of ceiling" is the roofline: at one row the product is 
 PyTorch's own read stream over the same weight bytes (a sum of their float32 view), timed in turns with the two ops so
 that the memory bandwidth a shared host gives at that moment is in both; with more rows it does 2 M FLOPs per weight
 and can be compute-bound, held to the matmul ceiling of its dtype (float32 for the int8 rows, which compute in
-float32). The record's notes also hold every case of ROWS against the copy bandwidth (read + write) measured once at
-the start, per dtype, and that bandwidth measured again at the end: on a host whose bandwidth moves between the two,
-only the read anchor, timed in turns, holds. (A 256 MiB copy timed in turns instead slowed the case after it: GPT-2's
-2.4 MB attention output projection took 1.5x its time.)"""
+float32). The record's notes also hold every case of ROWS against the copy bandwidth (read + write) measured just
+before the case, per dtype, with what bounds it besides memory: the fraction that our fixed cost of a call leaves (the
+same call with 4 output features) and the one that the call's time with its weight in cache leaves (its compute). On a
+host whose bandwidth moves within a case, only the read anchor, timed in turns, holds. (A 256 MiB copy timed in turns
+instead slowed the case after it: GPT-2's 2.4 MB attention output projection took 1.5x its time.)"""
 import itertools
 
 import torch
