@@ -33,6 +33,7 @@ constexpr int64_t kStreamAhead = 4096;                  // bytes prefetched ahea
 constexpr int64_t kChunkXBytes = int64_t(32) << 10;    // x above this goes by in chunks of K (gemv_rows)
 constexpr int64_t kChunkBytes = 384;                    // bytes of a weight row a chunk of K covers
 constexpr int64_t kChunkBytesFew = 256;                 // the same for up to 4 rows of x
+constexpr int64_t kChunkBytesInt = 768;                 // the same for int8 weights with VNNI (any rows of x)
 constexpr int64_t kChunkBlocks = 2;                     // blocks a chunk of x is used for before the next
 constexpr int64_t kChunkAhead = 1152;                   // bytes prefetched ahead along each row of a chunked group
 constexpr int64_t kL1Bytes = int64_t(48) << 10;        // a core's L1 data cache (Zen 4: 32 KiB, Zen 5 and Intel: 48)
@@ -77,6 +78,29 @@ __attribute__((always_inline)) inline __m512i sum_lanes_8(const __m512i* v) {
     u[i] = _mm512_add_epi64(_mm512_shuffle_i64x2(t[2 * i], t[2 * i + 1], 0x88),
                             _mm512_shuffle_i64x2(t[2 * i], t[2 * i + 1], 0xDD));
   return _mm512_add_epi64(_mm512_shuffle_i64x2(u[0], u[1], 0x88), _mm512_shuffle_i64x2(u[0], u[1], 0xDD));
+}
+
+// Where dot_block_i8 with 8 rows of x (C = 8) over whole rows of K writes its results itself, as gemv_rows' store
+// would, rounded in the same order: out[c * n_out + o] = (dot + b_offset[c]) * x_scale[c] * scale[o] + bias[o] (1 and
+// 0 where null) for the weight row a + r * a_step of block i, o = o0 + i + r * o_step; block i's rows are block 0's
+// i rows on (a + i * n), as the pairs of gemv_rows' two streams are.
+struct I8Out {
+  float* out;
+  int64_t n_out, o0, o_step, blocks;
+  const float *x_scale, *scale, *bias;
+};
+
+// out[c * n_out + o] for the 8 rows c of x from the int32 lane sums of their dot products with weight row o, as
+// I8Out says: the sums of lanes at once (sum_lanes_8), scaled as vectors.
+__attribute__((always_inline)) inline void store_i8_8(const __m512i* sums, const int64_t* b_offset, const I8Out& to,
+                                                      int64_t o) {
+  const __m256 dots = _mm512_cvtepi64_ps(_mm512_add_epi64(sum_lanes_8(sums), _mm512_loadu_si512(b_offset)));
+  const __m256 scaled = _mm256_mul_ps(_mm256_mul_ps(dots, _mm256_loadu_ps(to.x_scale)),
+                                      _mm256_set1_ps(to.scale ? to.scale[o] : 1.0f));
+  alignas(32) float y[8];
+  _mm256_store_ps(y, _mm256_add_ps(scaled, _mm256_set1_ps(to.bias ? to.bias[o] : 0.0f)));
+#pragma GCC unroll 8
+  for (int c = 0; c < 8; ++c) to.out[c * to.n_out + o] = y[c];
 }
 
 #pragma GCC push_options
@@ -233,16 +257,6 @@ __attribute__((always_inline)) inline __m512i dpbusd(__m512i acc, __m512i a, __m
   return acc;
 }
 
-// Where dot_block_i8 with 8 rows of x (C = 8) over whole rows of K writes its results itself, as gemv_rows' store
-// would, rounded in the same order: out[c * n_out + o] = (dot + b_offset[c]) * x_scale[c] * scale[o] + bias[o] (1 and
-// 0 where null) for the weight row a + r * a_step of block i, o = o0 + i + r * o_step; block i's rows are block 0's
-// i rows on (a + i * n), as the pairs of gemv_rows' two streams are.
-struct I8Out {
-  float* out;
-  int64_t n_out, o0, o_step, blocks;
-  const float *x_scale, *scale, *bias;
-};
-
 // part[c * part_m + r] = dot(a row r, b row c) + b_offset[c] over n elements, exactly, rounded once to float32, for R
 // int8 rows a + r * a_step and C rows b + c * b_step of x quantized to xq_t (kLanes: the 16 int32 lane sums at
 // part + (c * part_m + r) * 16, as bits, added to, for a caller that takes K in chunks and adds b_offset itself;
@@ -311,20 +325,12 @@ __attribute__((noinline)) void dot_block_i8(const int8_t* a_first, int64_t a_ste
     steps_of<kWidth, kTwoSets>(n, prefetch != 0, lines_ahead, step);
     if constexpr (!kLanes && C == 8) {
       if (fused) {  // a weight row's 8 sums at once, scaled as vectors
-        const __m256 x_scale = _mm256_loadu_ps(fused->x_scale);
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           __m512i sums[C];
 #pragma GCC unroll 8
           for (int c = 0; c < C; ++c) sums[c] = kTwoSets ? _mm512_add_epi32(acc[r][c], acc2[r][c]) : acc[r][c];
-          const int64_t o = fused->o0 + block + r * fused->o_step;
-          const __m256 dots = _mm512_cvtepi64_ps(_mm512_add_epi64(sum_lanes_8(sums), _mm512_loadu_si512(b_offset)));
-          const __m256 scaled =
-              _mm256_mul_ps(_mm256_mul_ps(dots, x_scale), _mm256_set1_ps(fused->scale ? fused->scale[o] : 1.0f));
-          alignas(32) float y[C];
-          _mm256_store_ps(y, _mm256_add_ps(scaled, _mm256_set1_ps(fused->bias ? fused->bias[o] : 0.0f)));
-#pragma GCC unroll 8
-          for (int c = 0; c < C; ++c) fused->out[c * fused->n_out + o] = y[c];
+          store_i8_8(sums, b_offset, *fused, fused->o0 + block + r * fused->o_step);
         }
         continue;
       }
@@ -471,11 +477,16 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   const int64_t block_bytes = block * K * static_cast<int64_t>(sizeof(w_t));
   // ~32 KiB of weight per task at least: fewer tasks than that cost more in scheduling than they save.
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, block_bytes));
-  // Chunks of 256 bytes for up to 4 rows of x (only bfloat16 is chunked there), single calls in turns with F.linear and
+  // Chunks of 256 bytes for up to 4 rows of x (bfloat16 is chunked there), single calls in turns with F.linear and
   // the read, three runs at 43-48 GB/s, fraction of the read against 384: K 11008 4 rows 79-80% -> 87-88, 3 rows 91-92
   // -> 94-95, K 6144 4 rows 71-75 -> 78-81; with 5-8 rows 256 bytes lost (float32 6 rows K 4096 85-89 -> 78-83,
   // bfloat16 6 rows K 11008 93-97 -> 86-92), and so did 576 and 768 (float32 8 rows K 2048-11008 3-12 points).
-  const int64_t chunk_bytes = M <= 4 ? kChunkBytesFew : kChunkBytes;
+  // Integer dot products take 768 bytes (768 elements of K) at any row count: they are compute-bound in chunks, and a
+  // chunk's sums loaded and stored are fewer a line. The kernel alone, called from C++, 2 threads, median of 3-5 A/B
+  // runs, 384 -> 768: weights in cache, 8 rows N 768 K 3072 77.8 -> 68.1 us; cold, K 11008 N 4096, 8 rows 1550 ->
+  // 1341 us, 8-bit x 1584 -> 1171, 4 rows 986 -> 889, 6 rows 8-bit 1020 -> 870; 1024 bytes did the same as 768, 576
+  // and 1536 worse. (The chunks' sums of 8 rows of x are written as dot_block_i8 writes whole rows: 68.1 -> 64.8 us.)
+  const int64_t chunk_bytes = kIntTypes && int_dots ? kChunkBytesInt : M <= 4 ? kChunkBytesFew : kChunkBytes;
   const int64_t chunk = chunk_bytes / static_cast<int64_t>(sizeof(w_t));  // elements of K a chunk
   constexpr int64_t kVec = at::vec::Vectorized<acc_t>::size();
   // Integer dot products over whole rows of K for 8 (or 16) rows of x: dot_block_i8 reduces a weight row's 8 sums at
@@ -538,6 +549,18 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
     // out for the nb weight rows n + r * step from their sums (written by dot_block_i8 itself where fused_i8)
     const auto store = [&](auto lanes, int64_t n, int64_t nb, int64_t step, const acc_t* sums) {
       if (fused_i8 && !decltype(lanes)::value) return;
+#if defined(CPU_CAPABILITY_AVX512)
+      if constexpr (kIntTypes && decltype(lanes)::value)
+        if (fused_i8) {  // int32 lanes of 8 rows of x (in chunks): as dot_block_i8 writes them over whole rows
+          const I8Out to{out, N, 0, 0, 1, x_scale.data(), scale, bias};
+          for (int64_t r = 0; r < nb; ++r) {
+            __m512i v[8];
+            for (int m = 0; m < 8; ++m) v[m] = _mm512_loadu_si512(sums + (m * kGemvBlock + r) * kVec);
+            store_i8_8(v, x_offset.data(), to, n + r * step);
+          }
+          return;
+        }
+#endif
       for (int64_t m = 0; m < M; ++m)
         for (int64_t r = 0; r < nb; ++r) {
           acc_t dot_mr;

@@ -52,15 +52,17 @@ def best_time(fn, device="cpu", runs: int = 10, warmup: int = 3) -> float:
     return min(median_time(fn, device, runs=1, warmup=0) for _ in range(runs))
 
 
-def interleaved_median_times(fns, device="cpu", runs: int = 20, warmup: int = 3) -> list[float]:
-    """Median wall time of each fn() in seconds, timed in turns so that changes in machine load hit all of them alike."""
+def interleaved_median_times(fns, device="cpu", runs: int = 20, warmup: int = 3, lead: int = 0) -> list[float]:
+    """Median wall time of each fn() in seconds, timed in turns so that changes in machine load hit all of them alike;
+    each turn first makes `lead` untimed calls of the same fn, so that the call timed follows its own kind, as the
+    layers of a model follow each other, not the other fns."""
     for fn in fns:
         for _ in range(warmup):
             fn()
     times = [[] for _ in fns]
     for _ in range(runs):
         for t, fn in zip(times, fns):
-            t.append(median_time(fn, device, runs=1, warmup=0))
+            t.append(median_time(fn, device, runs=1, warmup=lead))
     return [statistics.median(t) for t in times]
 
 

@@ -8,7 +8,8 @@ cycles through copies of its weight that together exceed the cache many times (C
 from memory, as in a model, rather than from a cache that a single small layer fits in. Throughput counts the weight
 bytes (plus x and out). "Of ceiling" is the roofline: at one row the product is memory-bound, held to the bandwidth of
 PyTorch's own read stream over the same weight bytes (a sum of their float32 view), timed in turns with the two ops so
-that the memory bandwidth a shared host gives at that moment is in both; with more rows it does 2 M FLOPs per weight
+that the memory bandwidth a shared host gives at that moment is in both (each timed call after an untimed one of the
+same op on the next copy, as a model's layers follow each other: LEAD); with more rows it does 2 M FLOPs per weight
 and can be compute-bound, held to the matmul ceiling of its dtype (float32 for the int8 rows, which compute in
 float32). The record's notes also hold every case of ROWS against the copy bandwidth (read + write) measured just
 before the case, per dtype, with what bounds it besides memory: the fraction that our fixed cost of a call leaves (the
@@ -37,6 +38,10 @@ CROSSOVER_ROWS = (2, 3, 4, 5, 8, 16, 28, 29, 32, 33, 64)
 # Weight bytes each case cycles through: 32x a 32 MiB last-level cache (through 256 MiB, an AMD EPYC's L3 still served
 # part of the reads: float32 M1 N3072 K768 read 82 GB/s against 70 at 1 GiB, measured).
 COLD_BYTES = 1 << 30
+# Untimed calls (each on the next cold copy) before each timed one, in every turn: a call right after F.linear's GEMM
+# at 8 rows took 6-27 us longer (int8 M8 N3072 K768, 59-64 us back to back; after an idle millisecond alone, no
+# longer), a state that F.linear leaves behind for the next op and that a model's back-to-back layers never see.
+LEAD = 1
 FIXED_N, FIXED_RUNS = 4, 200  # the output features and runs of the call that gives a case's fixed cost
 CACHED_BYTES = 1 << 19  # the weight bytes of the call that gives a case's time with its weight in cache
 _pools = {}  # (dtype, device) -> one random tensor that the weight copies of every case are views of
@@ -91,7 +96,7 @@ def bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes=CO
     read = itertools.cycle([lambda v=v: v.sum() for v in views[quarter:] + views[:quarter]])
     with torch.no_grad():
         t_ours, t_theirs, t_read = interleaved_median_times(
-            [lambda: next(ours)(), lambda: next(theirs)(), lambda: next(read)()], device, runs)
+            [lambda: next(ours)(), lambda: next(theirs)(), lambda: next(read)()], device, runs, lead=LEAD)
         cached_rows = max(FIXED_N, min(n, CACHED_BYTES * n // weight_bytes))
         small, cached = first(FIXED_N), first(cached_rows)
         fixed, part = interleaved_median_times([lambda: call(*small), lambda: call(*cached)], device, FIXED_RUNS)
