@@ -5,7 +5,8 @@ to overlap the memory reads. This probe times, on every thread (torch.get_num_th
 part of the rows:
 
 - fma peak: independent 512-bit FMAs with every operand in registers (the compute ceiling; ATen's float32 GEMM reaches
-  a fraction of it, printed beside it);
+  a fraction of it, printed beside it), and the same for the dot products of the other weight dtypes (vdpbf16ps,
+  vpdpwssd, vpdpbusd, where the CPU has them) with the weight bytes per second that each allows at 8 rows of x;
 - read: a sum over a float32 weight of 3072 x 768 (GPT-2's MLP up, 9 MiB), cycled through copies spanning 1 GiB
   (--pool-mib) so that it comes from memory;
 - the same read with 8 FMAs per weight vector, the work of an 8-row linear layer, with the 8 vectors of x that they
@@ -39,24 +40,36 @@ SOURCE = r"""
 namespace {
 constexpr long kK = 768, kN = 3072, kWeights = kN * kK;  // one weight copy, float32
 constexpr int kCases = 4;                                   // read, x in registers, x 24 KiB, x 8 KiB
-constexpr long kFmaIters = 50000000;                        // 12 FMAs each, per thread
+constexpr long kDotIters = 25000000;                        // 12 instructions each, per thread and kind
+constexpr int kDots = 4;  // vfmadd231ps, vdpbf16ps, vpdpwssd, vpdpbusd: dot_rate
 alignas(64) float x_rows[8 * kK];
 volatile float sink;  // keeps the sums alive
 
-// FMA instructions per second on one thread: 12 independent chains, all operands in registers.
-double fma_rate(long iters) {
-  asm volatile("vxorps %%zmm14, %%zmm14, %%zmm14\n vxorps %%zmm15, %%zmm15, %%zmm15" ::: "xmm14", "xmm15");
+// Instructions per second on one thread of one kind of 512-bit multiply-add, KIND an index into kDots: 12 independent
+// chains, every operand in a register (zeros).
+#define PT_TWELVE(I)                                                                                                   \
+  I " %%zmm14, %%zmm15, %%zmm0\n " I " %%zmm14, %%zmm15, %%zmm1\n " I " %%zmm14, %%zmm15, %%zmm2\n "                  \
+  I " %%zmm14, %%zmm15, %%zmm3\n " I " %%zmm14, %%zmm15, %%zmm4\n " I " %%zmm14, %%zmm15, %%zmm5\n "                  \
+  I " %%zmm14, %%zmm15, %%zmm6\n " I " %%zmm14, %%zmm15, %%zmm7\n " I " %%zmm14, %%zmm15, %%zmm8\n "                  \
+  I " %%zmm14, %%zmm15, %%zmm9\n " I " %%zmm14, %%zmm15, %%zmm10\n " I " %%zmm14, %%zmm15, %%zmm11\n"
+#define PT_CLOBBERS "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11"
+template <int KIND>
+double dot_rate(long iters) {
+  asm volatile("vpxord %%zmm14, %%zmm14, %%zmm14\n vpxord %%zmm15, %%zmm15, %%zmm15" ::: "xmm14", "xmm15");
   const auto t0 = std::chrono::steady_clock::now();
-  for (long i = 0; i < iters; ++i)
-    asm volatile(
-        "vfmadd231ps %%zmm14, %%zmm15, %%zmm0\n vfmadd231ps %%zmm14, %%zmm15, %%zmm1\n"
-        "vfmadd231ps %%zmm14, %%zmm15, %%zmm2\n vfmadd231ps %%zmm14, %%zmm15, %%zmm3\n"
-        "vfmadd231ps %%zmm14, %%zmm15, %%zmm4\n vfmadd231ps %%zmm14, %%zmm15, %%zmm5\n"
-        "vfmadd231ps %%zmm14, %%zmm15, %%zmm6\n vfmadd231ps %%zmm14, %%zmm15, %%zmm7\n"
-        "vfmadd231ps %%zmm14, %%zmm15, %%zmm8\n vfmadd231ps %%zmm14, %%zmm15, %%zmm9\n"
-        "vfmadd231ps %%zmm14, %%zmm15, %%zmm10\n vfmadd231ps %%zmm14, %%zmm15, %%zmm11\n" ::
-            : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11");
+  for (long i = 0; i < iters; ++i) {
+    if constexpr (KIND == 0) asm volatile(PT_TWELVE("vfmadd231ps") ::: PT_CLOBBERS);
+    if constexpr (KIND == 1) asm volatile(PT_TWELVE("vdpbf16ps") ::: PT_CLOBBERS);
+    if constexpr (KIND == 2) asm volatile(PT_TWELVE("vpdpwssd") ::: PT_CLOBBERS);
+    if constexpr (KIND == 3) asm volatile(PT_TWELVE("vpdpbusd") ::: PT_CLOBBERS);
+  }
   return 12.0 * iters / std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Whether this CPU has dot kind KIND (AVX-512 F is checked by the caller).
+bool has_dot(int kind) {
+  return kind == 0 || (kind == 1 && __builtin_cpu_supports("avx512bf16")) ||
+         (kind >= 2 && __builtin_cpu_supports("avx512vnni"));
 }
 
 // Rows [r0, r1) of one weight copy: CASE 0 sums them; 1-3 do 8 FMAs per 16-float vector w (two sets of 8 sums on
@@ -94,18 +107,24 @@ float stream(const float* w, long r0, long r1) {
 }
 }  // namespace
 
-// [FMA instructions/s over all threads, then the median seconds of stream<0..3> over `iters` turns each, the weight
-// copies spanning pool_bytes]
+// [instructions/s of each of the kDots kinds over all threads (0 where the CPU lacks it), then the median seconds of
+// stream<0..3> over `iters` turns each, the weight copies spanning pool_bytes]
 std::vector<double> probe(int64_t threads, int64_t iters, int64_t pool_bytes) {
   const long copies = std::max<long>(2, pool_bytes / (kWeights * 4));
   std::vector<float> pool(copies * kWeights, 0.5f);
   std::fill(x_rows, x_rows + 8 * kK, 0.25f);
-  std::vector<double> rates(threads);
+  std::vector<std::vector<double>> rates(threads, std::vector<double>(kDots));
   std::vector<std::vector<double>> times(kCases);
   std::barrier sync(threads);
   const auto body = [&](int t) {
+    sync.arrive_and_wait();  // each kind on all threads at once
+    if (has_dot(0)) rates[t][0] = dot_rate<0>(kDotIters);
     sync.arrive_and_wait();
-    rates[t] = fma_rate(kFmaIters);
+    if (has_dot(1)) rates[t][1] = dot_rate<1>(kDotIters);
+    sync.arrive_and_wait();
+    if (has_dot(2)) rates[t][2] = dot_rate<2>(kDotIters);
+    sync.arrive_and_wait();
+    if (has_dot(3)) rates[t][3] = dot_rate<3>(kDotIters);
     const long r0 = kN * t / threads, r1 = kN * (t + 1) / threads;
     float sum = 0;
     for (long it = 0; it < iters * kCases; ++it) {  // the cases in turns, each on the next copy
@@ -124,8 +143,9 @@ std::vector<double> probe(int64_t threads, int64_t iters, int64_t pool_bytes) {
   for (int t = 1; t < threads; ++t) others.emplace_back(body, t);
   body(0);
   for (auto& th : others) th.join();
-  std::vector<double> out{0.0};
-  for (double r : rates) out[0] += r;
+  std::vector<double> out(kDots);
+  for (const auto& r : rates)
+    for (int k = 0; k < kDots; ++k) out[k] += r[k];
   for (auto& v : times) {
     std::sort(v.begin(), v.end());
     out.push_back(v[v.size() / 2]);
@@ -134,6 +154,10 @@ std::vector<double> probe(int64_t threads, int64_t iters, int64_t pool_bytes) {
 }
 """
 
+# The kinds of dot_rate: (instruction, the weights and x of linear's 8-row kernel that use it, instructions per 64-byte
+# line of weights with 8 rows of x: the line's weights times 8 over the products one instruction does)
+DOTS = [("vfmadd231ps", "float32", 16 * 8 // 16), ("vdpbf16ps", "bfloat16 (AVX-512 BF16)", 32 * 8 // 32),
+        ("vpdpwssd", "int8, x of 16 bits (VNNI)", 64 * 8 // 32), ("vpdpbusd", "int8, x of 8 bits (VNNI)", 64 * 8 // 64)]
 CASES = ["read (a sum)", "read + 8 FMAs per vector, x in registers", "read + 8 FMAs per vector, x from L1 (24 KiB)",
          "read + 8 FMAs per vector, x from L1 (8 KiB)"]
 
@@ -152,7 +176,9 @@ def main(argv=None):
     ext = load_inline("pytransformer_cpu_stream_probe", cpp_sources=SOURCE, functions=["probe"],
                       extra_cflags=["-O3", "-std=c++20", "-march=native"])
     threads = torch.get_num_threads()
-    fma_s, *times = ext.probe(threads, args.iters, args.pool_mib << 20)
+    out = ext.probe(threads, args.iters, args.pool_mib << 20)
+    rates, times = out[:len(DOTS)], out[len(DOTS):]
+    fma_s = rates[0]
     gemm = matmul_ceiling("cpu")
     peak = fma_s * 32  # FLOP/s: 16 float32 lanes, multiply and add
     weight_bytes = 3072 * 768 * 4
@@ -165,6 +191,14 @@ def main(argv=None):
     for i, (case, t) in enumerate(zip(CASES, times)):
         use = f"{flops / t / peak:.0%}" if i else "-"
         lines.append(f"| {case} | {t * 1e6:.1f} | {weight_bytes / t / 1e9:.1f} | {times[0] / t:.0%} | {use} |")
+    lines += ["", "The dot products' own ceiling on weight streaming with 8 rows of x (all threads, operands in registers):",
+              "", "| instruction | weights | G instructions/s | per 64-byte line of weights, 8 rows | weights GB/s at most |",
+              "|---|---|---|---|---|"]
+    for (name, weights, per_line), rate in zip(DOTS, rates):
+        if rate:
+            lines.append(f"| {name} | {weights} | {rate / 1e9:.1f} | {per_line} | {rate / per_line * 64 / 1e9:.1f} |")
+        else:
+            lines.append(f"| {name} | {weights} | not on this CPU | {per_line} | - |")
     text = "# CPU stream probe: 8 FMAs per weight while streaming\n\n" + "\n".join(lines) + "\n"
     print(text)
     if args.record:

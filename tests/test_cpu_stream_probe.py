@@ -25,3 +25,9 @@ def test_probe_records_every_case(tmp_path):
         time_us, gbs = (float(v) for v in row.split(" | ")[1:3])
         assert time_us > 0 and gbs > 0
     assert rows[0].split(" | ")[3] == "100%"
+    dots = [line.split(" | ") for line in text.splitlines() if line.startswith("| vp") or line.startswith("| vf")
+            or line.startswith("| vd")]
+    assert [d[0][2:] for d in dots] == [name for name, _, _ in probe.DOTS]
+    fma = dots[0]  # every AVX-512 CPU has it: its rate is the peak's, its ceiling 64 bytes per 8 of them
+    assert float(fma[2]) == pytest.approx(float(peak.group(1)), abs=0.051)
+    assert float(fma[4].rstrip(" |")) == pytest.approx(float(fma[2]) / 8 * 64, rel=0.01)
