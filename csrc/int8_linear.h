@@ -15,8 +15,9 @@ struct Int8LinearParams {
 };
 
 // The CPU kernels (csrc/cpu/int8_linear_kernel.cpp) compute in the accumulation type `acc` (float32, float64 for
-// float64 x); every array is contiguous. Few rows: out [M, N] = (x [M, K] @ weight^T) * scale [N] + bias [N] (bias may
-// be nullptr); x_8_bits: x quantized to 8 bits (with VNNI; otherwise the glue has rounded it, round_x_to_8_bits).
+// float64 x); every array is contiguous. Few rows (any number with VNNI, called on blocks of rows): out [M, N] =
+// (x [M, K] @ weight^T) * scale [N] + bias [N] (bias may be nullptr); x_8_bits: x quantized to 8 bits (with VNNI;
+// otherwise the glue has rounded it, round_x_to_8_bits).
 // Many rows: deq [n, K] = weight[:n] * scale[:n, None], a block of dequantized weight rows for a GEMM.
 using Int8GemvCpuFn = void (*)(const Int8LinearParams& p, at::ScalarType acc, const void* x, const int8_t* weight,
                                const void* scale, const void* bias, void* out, bool x_8_bits);

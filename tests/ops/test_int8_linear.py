@@ -7,8 +7,8 @@ import pytransformer
 from pytransformer import ops
 from pytransformer.ops import reference
 
-from tests.helpers import (CPU_ISA_LEVELS, TRACING_ERROR, compiled, run_under_isa, tolerance, x_quant_max,
-                           x_quantization_bound)
+from tests.helpers import (CPU_ISA_LEVELS, TRACING_ERROR, compiled, run_under_isa, skip_unsupported, tolerance,
+                           x_quant_max, x_quantization_bound)
 from pytransformer import check as kc
 
 
@@ -38,9 +38,9 @@ def check(x, weight, scale, bias, x_bits=16):
     assert bool((err <= allowed).all()), f"{(err - allowed).amax().item()} over the tolerance"
 
 
-# CPU: <= 16 rows the row-by-row kernel, more dequantize + GEMM; CUDA: <= 64 rows the GEMV, more the tiled GEMM. K 3072
-# and 3100: x of 1 or 2 rows fits in L1 (with AVX-512, each thread's weight rows read as two streams), of 5 or more
-# does not (blocks of 4 weight rows; csrc/cpu/gemv.h)
+# CPU: <= 16 rows the row-by-row kernel, more dequantize + GEMM (with AVX-512 VNNI the kernel, 8 rows a call); CUDA:
+# <= 64 rows the GEMV, more the tiled GEMM. K 3072 and 3100: x of 1 or 2 rows fits in L1 (with AVX-512, each thread's
+# weight rows read as two streams), of 5 or more does not (blocks of 4 weight rows; csrc/cpu/gemv.h)
 @pytest.mark.parametrize("rows", [1, 2, 5, 16, 17, 64, 65])
 @pytest.mark.parametrize("k,n", [(64, 48), (37, 5), (1, 3), (300, 129), (3072, 7), (3100, 7)])
 @pytest.mark.parametrize("bias", [True, False])
@@ -57,10 +57,11 @@ def test_each_cpu_isa_level_agrees(isa):
     """The few-rows kernel is compiled per ISA level, with narrower blocks of x rows below AVX-512: 7 rows of x and
     13 weight rows (AVX-512: over 2 threads, 8 and 5, two streams of 4, and of 2 and the last row alone; below it
     blocks of 4, the next one prefetched a line at a time) reach every block shape, and 8 rows (AVX-512: 8 at once
-    over 2 weight rows, x in L1) the widest; K 1100 spans whole 64-byte lines, a vector and a tail."""
+    over 2 weight rows, x in L1) the widest; K 1100 spans whole 64-byte lines, a vector and a tail. 20 rows: without
+    VNNI (every level here) dequantized weights and ATen's GEMM."""
     run_under_isa(isa, (
         "w=torch.randint(-127,128,(13,1100),dtype=torch.int8); s=torch.rand(13)*0.01; b=torch.randn(13)\n"
-        "for m in (7, 8):\n"
+        "for m in (7, 8, 20):\n"
         "  x=torch.randn(m,1100); torch.testing.assert_close(pt.ops.int8_linear(x,w,s,b).double(),"
         " ref.int8_linear(x.double(),w,s.double(),b.double()), atol=2e-5, rtol=2e-5)\n"
         "  torch.testing.assert_close(pt.ops.int8_linear(x,w,s,b,x_bits=8).double(),"
@@ -83,14 +84,15 @@ def quantized_x_reference(x, weight, scale, bias, bits=16):
 
 
 @pytest.mark.skipif(not VNNI, reason="the processor has no AVX-512 VNNI (or ATEN_CPU_CAPABILITY caps the level)")
-@pytest.mark.parametrize("rows", [1, 3, 8, 13, 16])
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 16, 17, 30])
 @pytest.mark.parametrize("k", [1, 33, 100, 773, 3072, 11008])
 @pytest.mark.parametrize("bits", [16, 8])
 def test_x_quantized_exactly(rows, k, bits):
-    """With AVX-512 VNNI the few-rows kernel is exact integer arithmetic on x quantized per row, so it equals its
+    """With AVX-512 VNNI the row-by-row kernel is exact integer arithmetic on x quantized per row, so it equals its
     emulation bit for bit, whatever the row count (each row as if alone) and path: 8 rows of K 3072 (16 bits) and 3 or
-    more of K 11008 go by in chunks of K, others as two streams or in blocks; K 11008 quantizes to at most 24385 with
-    16 bits; K 33, 100 and 773 end in a partial vector of both widths (32 and 64 elements)."""
+    more of K 11008 go by in chunks of K, others as two streams or in blocks; more than 16 rows in calls of 8 (17: 8, 8
+    and 1; 30: 8, 8, 8 and 6); K 11008 quantizes to at most 24385 with 16 bits; K 33, 100 and 773 end in a partial
+    vector of both widths (32 and 64 elements)."""
     weight, scale, b = make(37, k, "cpu")
     weight[0] = -128  # the weight 8 bits shift to 0
     weight[1] = 127   # and to 255
@@ -129,12 +131,16 @@ def test_x_quantized_edge_rows(bits):
 
 
 @pytest.mark.parametrize("bias", [True, False])
-def test_many_weight_blocks(device, bias):
-    """Many rows of x with a weight of two dequantization blocks (16 MiB of float32 each on the CPU)."""
-    weight, scale, b = make(4500, 1024, device, bias=bias)
-    check(torch.randn(17, 1024, device=device), weight, scale, b)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_many_weight_blocks(device, bias, dtype):
+    """Many rows of x with a weight of several dequantization blocks on the CPU (16 MiB each: 2 of float32, 3 of
+    float64), the path of float64 x everywhere and of float32 x without AVX-512 VNNI (with it, 17 rows go through the
+    row-by-row kernel, 8 at a time)."""
+    skip_unsupported(dtype, device)
+    weight, scale, b = make(4500, 1024, device, dtype=dtype, bias=bias)
+    check(torch.randn(17, 1024, device=device, dtype=dtype), weight, scale, b)
     with torch.inference_mode():
-        check(torch.randn(17, 1024, device=device), weight, scale, b)
+        check(torch.randn(17, 1024, device=device, dtype=dtype), weight, scale, b)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
