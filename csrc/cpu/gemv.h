@@ -493,7 +493,8 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   // once and writes the outputs itself (I8Out), instead of a sum of lanes each and the store below; for 8 rows, all the
   // pairs of a thread's two streams in one call. Weights in cache (L2), N 2304 K 768, 8 rows, the kernel alone called
   // from C++, 3 A/B runs: one thread, 16-bit x 91.5-94.0 -> 69.3-71.1 us, 8-bit 70.1-72.1 -> 49.2-49.4; two threads
-  // 47.7-51.5 -> 37.1-38.7 and 37.0-41.6 -> 26.3-28.7.
+  // 47.7-51.5 -> 37.1-38.7 and 37.0-41.6 -> 26.3-28.7. In chunks of K (8 rows: chunked takes at most 8) the store
+  // does the same from the lane sums (store_i8_8).
   const bool fused_i8 = kIntTypes && int_dots && M % 8 == 0;
   at::parallel_for(0, items, grain, [&](int64_t i0, int64_t i1) {
     // The sums [M, 4] of a block, or with x in chunks those of a group of blocks, each as kVec partial sums.
