@@ -92,6 +92,10 @@ def test_copy_task_learns():
         src = torch.randint(3, V, (n, length))
         return src, torch.cat([torch.full((n, 1), BOS), src, torch.full((n, 1), EOS)], 1)
     start = time.perf_counter()
+    # Stops when the mean loss of the last 5 batches is below 0.01: one batch below it stopped some runs early, their
+    # accuracy 0.988-1.0 over seeds 0-3 and shifted by the rounding of the float32 GEMM alone; with the mean of 5, seeds
+    # 0-5 reached 0.993-1.0 with ATen's GEMM and with ours.
+    recent = []
     for step in range(300):
         src, tgt = batch(64)
         loss = F.cross_entropy(model(src, tgt[:, :-1]).flatten(0, 1), tgt[:, 1:].flatten())
@@ -99,7 +103,8 @@ def test_copy_task_learns():
         loss.backward()
         opt.step()
         warmup.step()
-        if loss.item() < 0.01:
+        recent = (recent + [loss.item()])[-5:]
+        if len(recent) == 5 and sum(recent) / 5 < 0.01:
             break
     src, tgt = batch(256)
     out = model.eval().generate(src, max_new_tokens=length + 1, bos_id=BOS, eos_id=EOS)

@@ -1,6 +1,9 @@
 """ops.linear against a float64 reference, each output element within the dot-product error bound of its dtype (both
-CPU paths: the weight-streaming kernel up to gemv_rows rows, ATen's GEMM above), dtypes, layouts, edge shapes, every
-CPU ISA level, opcheck, gradcheck, torch.compile, bad input, and the CUDA glue's cases."""
+CPU paths: the weight-streaming kernel up to gemv_rows rows, ATen's GEMM above; float32 and float16 the kernel at every
+row count, in calls of 32 rows), dtypes, layouts, edge shapes, every CPU ISA level, opcheck, gradcheck, torch.compile,
+bad input, and the CUDA glue's cases."""
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -18,11 +21,12 @@ REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3, torch
 
 
 def gemv_rows(dtype, k):
-    """The most rows of x of k features that take the CPU kernel (csrc/cpu/linear.cpp: use_gemv); float64 none."""
+    """The most rows of x of k features that take the CPU kernel (csrc/cpu/linear.cpp: use_gemv); float64 none, float32
+    and float16 every count (math.inf)."""
     if dtype == torch.float64:
         return 0
     if dtype != torch.bfloat16:
-        return 32
+        return math.inf
     if not pytransformer._C.cpu_bf16_dot_products():
         return 2
     return 8 if k > 2048 else min(28, (64 << 10) // (2 * k))  # x of at most 64 KiB in rows of at most 4 KiB
@@ -45,7 +49,8 @@ def check(x, weight, bias):
     assert worst <= REL_TOL[x.dtype], f"worst error {worst:.3g} x its bound; per element: {err}"
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13, 16, 32, 33, 40])
+# 33, 40 and 70 rows: calls of 32 and the rest (32 + 32 + 6)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13, 16, 32, 33, 40, 70])
 @pytest.mark.parametrize("k,n", [(64, 48), (37, 5), (1, 3), (300, 129), (17, 1)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_matches_reference(device, rows, k, n, bias):
@@ -59,7 +64,9 @@ def test_matches_reference(device, rows, k, n, bias):
 def test_dtypes(device, dtype, rows, k, n):
     if dtype == torch.float64 and device == "cuda":
         pytest.skip("float64 is CPU-only")
-    rows = {"one": 1, "last kernel": max(1, gemv_rows(dtype, k)), "first gemm": gemv_rows(dtype, k) + 1}[rows]
+    last = gemv_rows(dtype, k)  # float16: no gemm, so 32 rows and 70 (calls of 32, 32 and 6)
+    rows = {"one": 1, "last kernel": 32 if last == math.inf else max(1, last),
+            "first gemm": 70 if last == math.inf else last + 1}[rows]
     weight, b = make(n, k, device, dtype)
     check(torch.randn(2, rows, k, device=device).to(dtype), weight, b)
     check(torch.randn(rows, k, device=device).to(dtype), weight, None)
@@ -69,10 +76,11 @@ def test_dtypes(device, dtype, rows, k, n):
                                      (torch.bfloat16, 2048), (torch.bfloat16, 1024), (torch.bfloat16, 16),
                                      (torch.float64, 16)])
 def test_cpu_path_by_rows(dtype, k):
-    """The kernel takes up to gemv_rows(dtype, k) rows and ATen's GEMM (aten::linear in the profile) the rest."""
+    """The kernel takes up to gemv_rows(dtype, k) rows and ATen's GEMM (aten::linear in the profile) the rest; float32
+    and float16 every row count."""
     weight = torch.randn(7, k).to(dtype)
     last = gemv_rows(dtype, k)
-    for rows in {1, last, last + 1} - {0}:
+    for rows in ({1, 32, 33, 100} if last == math.inf else {1, last, last + 1} - {0}):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             ops.linear(torch.randn(rows, k).to(dtype), weight)
         assert ("aten::linear" in {e.name for e in prof.events()}) == (rows > last), (rows, last)
