@@ -57,9 +57,9 @@ DECODE_SHAPES_QUICK = [(3, 8, 2, 1, 128, 128, 700, None), (2, 6, 1, 3, 37, 37, 9
 # 4096 take 16-byte weight loads (4096: several K slices), K = 1, 15 and 4104 byte loads with a tail.
 INT8_SHAPES = [(m, k, n) for m in (1, 3, 64, 200) for k in (1, 15, 16, 4096, 4104) for n in (1, 7, 512)]
 INT8_SHAPES_QUICK = [(1, 4104, 512), (3, 15, 7), (1, 1, 1), (64, 16, 512), (16, 4096, 7), (200, 100, 130)]
-# linear (M, K, N): on the CPU M reaches the streaming kernel's blocks of x rows (1, 3, 8) up to the switch to GEMM
-# (float32 and float16 above 32; bfloat16 above 28 rows at small K, 8 rows at large K, or 2 rows without AVX-512 BF16);
-# K and N full vectors and tails of both ISA widths.
+# linear (M, K, N): on the CPU M reaches the streaming kernel's blocks of x rows (1, 3, 8), its calls of 32 rows
+# (float32 and float16 above 32) and bfloat16's switch to GEMM (above 28 rows at small K, 8 rows at large K, or 2 rows
+# without AVX-512 BF16); K and N full vectors and tails of both ISA widths.
 LINEAR_SHAPES = [(m, k, n) for m in (1, 2, 3, 4, 5, 8, 32, 33) for k in (1, 15, 16, 768, 1100) for n in (1, 7, 130)]
 LINEAR_SHAPES_QUICK = [(1, 1100, 130), (3, 15, 7), (1, 1, 1), (8, 768, 7), (32, 16, 130), (33, 100, 130)]
 

@@ -32,7 +32,8 @@ SHAPES = [("gpt2", "qkv", 2304, 768), ("gpt2", "attn out", 768, 768), ("gpt2", "
 ROWS = (1, 8)
 DTYPES = ("float32", "bfloat16", "int8", "int8-x8")  # int8-x8: int8_linear with x_bits=8
 # The crossover: rows of x at one layer shape (GPT-2's MLP up) around the CPU's switch to GEMM (csrc/cpu/linear.cpp:
-# above 32 rows in float32; in bfloat16 with AVX-512 BF16 above 28 at this K, else above 2).
+# in bfloat16 with AVX-512 BF16 above 28 at this K, else above 2; float32 takes the kernel at every row count, above 32
+# in calls of 32).
 CROSSOVER_SHAPE = ("gpt2", "mlp up", 3072, 768)
 CROSSOVER_ROWS = (2, 3, 4, 5, 8, 16, 28, 29, 32, 33, 64)
 # Weight bytes each case cycles through: 32x a 32 MiB last-level cache (through 256 MiB, an AMD EPYC's L3 still served
