@@ -47,12 +47,11 @@ at::Tensor int8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
     const int64_t block = p.rows <= kMaxGemvRows ? p.rows : kVnniRowBlock;
     const auto* xp = static_cast<const char*>(xa.const_data_ptr());
     auto* op = static_cast<char*>(out.mutable_data_ptr());
-    for (int64_t m0 = 0; m0 < p.rows; m0 += block) {  // rows [m0, m0 + mb) of x and out
-      const int64_t mb = std::min(block, p.rows - m0);
+    for_row_blocks(p.rows, block, [&](int64_t m0, int64_t mb) {  // rows [m0, m0 + mb) of x and out
       int8_gemv_kernel.get()({mb, p.out_features, p.in_features}, acc, xp + m0 * p.in_features * xa.element_size(),
                              w.const_data_ptr<int8_t>(), s.const_data_ptr(), b ? b->const_data_ptr() : nullptr,
                              op + m0 * p.out_features * out.element_size(), x_bits == 8);
-    }
+    });
   } else {  // out^T [N, M] = deq @ x^T, block by block of weight rows (few blocks: each is two parallel regions)
     const at::Tensor out_t = at::empty({p.out_features, p.rows}, xa.options());
     const int64_t block = std::max<int64_t>(16, kDequantizeBytes / (std::max<int64_t>(1, p.in_features) *

@@ -11,6 +11,8 @@
 // Everything a kernel file defines outside namespace CPU_CAPABILITY exists once per level under the same name, and
 // the linker keeps one copy for all callers: code that differs by level (anything using PT_ISA_LEVEL included) must
 // sit in that namespace or be expanded at the call site, as PT_REGISTER_CPU_KERNEL is.
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -83,6 +85,13 @@ struct KernelTable {
     return nullptr;
   }
 };
+
+// Calls f(m0, mb) for the blocks of rows [m0, m0 + mb) that cover `rows` rows, `block` at a time (the last one the
+// rest): the glue's calls of a row-by-row kernel on more rows than one call takes.
+template <class F>
+void for_row_blocks(int64_t rows, int64_t block, F&& f) {
+  for (int64_t m0 = 0; m0 < rows; m0 += block) f(m0, std::min(block, rows - m0));
+}
 
 // The registered (table, level) pairs, for tests of the build (pytransformer._C.cpu_kernels()).
 struct KernelRegistration {

@@ -4,7 +4,6 @@
 #include <ATen/ops/linear.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <vector>
 
 #include "../linear.h"
@@ -50,13 +49,12 @@ at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::
   const auto* xp = static_cast<const char*>(x2.const_data_ptr());
   auto* op = static_cast<char*>(out.mutable_data_ptr());
   if (out.numel() > 0)
-    for (int64_t m0 = 0; m0 < p.rows; m0 += kRowBlock) {  // rows [m0, m0 + mb) of x and out
-      const int64_t mb = std::min(kRowBlock, p.rows - m0);
+    for_row_blocks(p.rows, kRowBlock, [&](int64_t m0, int64_t mb) {  // rows [m0, m0 + mb) of x and out
       linear_gemv_kernel.get()({mb, p.out_features, p.in_features}, x.scalar_type(),
                                xp + m0 * p.in_features * x2.element_size(), w.const_data_ptr(),
                                b.defined() ? b.const_data_ptr() : nullptr,
                                op + m0 * p.out_features * out.element_size());
-    }
+    });
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = p.out_features;
   return out.view(shape);
