@@ -31,11 +31,12 @@ SHAPES = [("gpt2", "qkv", 2304, 768), ("gpt2", "attn out", 768, 768), ("gpt2", "
           ("llama124m", "down", 768, 2048), ("llama124m", "lm head", 32000, 768), ("llama7b", "down", 4096, 11008)]
 ROWS = (1, 8)
 DTYPES = ("float32", "bfloat16", "int8", "int8-x8")  # int8-x8: int8_linear with x_bits=8
-# The crossover: rows of x at one layer shape (GPT-2's MLP up) around the CPU's switch to GEMM (csrc/cpu/linear.cpp:
-# in bfloat16 with AVX-512 BF16 above 28 at this K, else above 2; float32 takes the kernel at every row count, above 32
-# in calls of 32).
-CROSSOVER_SHAPE = ("gpt2", "mlp up", 3072, 768)
-CROSSOVER_ROWS = (2, 3, 4, 5, 8, 16, 28, 29, 32, 33, 64)
+# The crossovers: rows of x at a layer shape around the CPU's switch from the kernel to ATen's GEMM
+# (csrc/cpu/linear.cpp), as (shape, dtypes, rows). GPT-2's MLP up: in bfloat16 with AVX-512 BF16 above 28 at this K,
+# else above 2; float32 takes the kernel at every row count at this K, above 32 in calls of 32. The 7B MLP down
+# projection (K 11008): float32 with rows of more than 6144 features above 128.
+CROSSOVERS = [(("gpt2", "mlp up", 3072, 768), ("float32", "bfloat16"), (2, 3, 4, 5, 8, 16, 28, 29, 32, 33, 64)),
+              (("llama7b", "down", 4096, 11008), ("float32",), (64, 128, 129, 256))]
 # Weight bytes each case cycles through: 32x a 32 MiB last-level cache (through 256 MiB, an AMD EPYC's L3 still served
 # part of the reads: float32 M1 N3072 K768 read 82 GB/s against 70 at 1 GiB, measured).
 COLD_BYTES = 1 << 30
@@ -107,10 +108,9 @@ def bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes=CO
     return fixed, fixed + max(0.0, part - fixed) * n / cached_rows
 
 
-def bench(report, device, shapes=SHAPES, rows=ROWS, dtypes=DTYPES, crossover_rows=CROSSOVER_ROWS, runs=15,
-          cold_bytes=None):
-    """Every (shape, rows, dtype) case, then the crossover rows at CROSSOVER_SHAPE in float32 and bfloat16; weights
-    cycle through `cold_bytes` (default COLD_BYTES on the CPU, one copy on a GPU, whose cache is small)."""
+def bench(report, device, shapes=SHAPES, rows=ROWS, dtypes=DTYPES, crossovers=CROSSOVERS, runs=15, cold_bytes=None):
+    """Every (shape, rows, dtype) case, then the crossovers' rows (see CROSSOVERS); weights cycle through `cold_bytes`
+    (default COLD_BYTES on the CPU, one copy on a GPU, whose cache is small)."""
     if cold_bytes is None:
         cold_bytes = COLD_BYTES if torch.device(device).type == "cpu" else 0
     if cold_bytes:
@@ -127,7 +127,7 @@ def bench(report, device, shapes=SHAPES, rows=ROWS, dtypes=DTYPES, crossover_row
     ceilings = {"bfloat16": bf16_flops_s}
     cases = list(itertools.product(shapes, dtypes, rows))
     measured = len(cases)  # those whose notes say what bounds them (the crossover repeats some of them)
-    cases += [(CROSSOVER_SHAPE, dtype, m) for dtype, m in itertools.product(("float32", "bfloat16"), crossover_rows)]
+    cases += [(shape, dtype, m) for shape, types, counts in crossovers for dtype, m in itertools.product(types, counts)]
     bounds = {}  # case -> (the copy bandwidth measured just before it, our fixed and cached times: see bench_case)
     for i, ((model, layer, n, k), dtype, m) in enumerate(cases):
         # the host's bandwidth can move within a run (seen: 40 -> 68 GB/s), so each case has its own measurement

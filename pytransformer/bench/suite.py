@@ -37,8 +37,9 @@ def run(device, dtype=torch.float32, families=FAMILIES, runs: int | None = None,
         int8_linear.bench(report, device, cases=[(1, 64, 32, dtype)] if quick else int8_linear.OP_CASES, runs=n(20))
     if "linear" in families:
         if quick:
-            linear.bench(report, device, shapes=[("tiny", "layer", 64, 32)], crossover_rows=(17,), runs=n(15),
-                         cold_bytes=0)
+            tiny = ("tiny", "layer", 64, 32)
+            linear.bench(report, device, shapes=[tiny], crossovers=[(tiny, ("float32", "bfloat16"), (17,))],
+                         runs=n(15), cold_bytes=0)
         else:
             linear.bench(report, device, runs=n(15))
     return report

@@ -1,7 +1,7 @@
 """ops.linear against a float64 reference, each output element within the dot-product error bound of its dtype (both
-CPU paths: the weight-streaming kernel up to gemv_rows rows, ATen's GEMM above; float32 and float16 the kernel at every
-row count, in calls of 32 rows), dtypes, layouts, edge shapes, every CPU ISA level, opcheck, gradcheck, torch.compile,
-bad input, and the CUDA glue's cases."""
+CPU paths: the weight-streaming kernel up to gemv_rows rows, ATen's GEMM above; float16, and float32 up to K 6144, the
+kernel at every row count, in calls of 32 rows), dtypes, layouts, edge shapes, every CPU ISA level, opcheck,
+gradcheck, torch.compile, bad input, and the CUDA glue's cases."""
 import math
 
 import pytest
@@ -21,10 +21,12 @@ REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3, torch
 
 
 def gemv_rows(dtype, k):
-    """The most rows of x of k features that take the CPU kernel (csrc/cpu/linear.cpp: use_gemv); float64 none, float32
-    and float16 every count (math.inf)."""
+    """The most rows of x of k features that take the CPU kernel (csrc/cpu/linear.cpp: use_gemv); float64 none, float16
+    every count (math.inf), float32 every count up to K 6144 and 128 rows above."""
     if dtype == torch.float64:
         return 0
+    if dtype == torch.float32:
+        return math.inf if k <= 6144 else 128
     if dtype != torch.bfloat16:
         return math.inf
     if not pytransformer._C.cpu_bf16_dot_products():
@@ -72,12 +74,13 @@ def test_dtypes(device, dtype, rows, k, n):
     check(torch.randn(rows, k, device=device).to(dtype), weight, None)
 
 
-@pytest.mark.parametrize("dtype,k", [(torch.float32, 16), (torch.float16, 16), (torch.bfloat16, 3072),
+@pytest.mark.parametrize("dtype,k", [(torch.float32, 16), (torch.float32, 6144), (torch.float32, 6145),
+                                     (torch.float16, 6145), (torch.bfloat16, 3072),
                                      (torch.bfloat16, 2048), (torch.bfloat16, 1024), (torch.bfloat16, 16),
                                      (torch.float64, 16)])
 def test_cpu_path_by_rows(dtype, k):
-    """The kernel takes up to gemv_rows(dtype, k) rows and ATen's GEMM (aten::linear in the profile) the rest; float32
-    and float16 every row count."""
+    """The kernel takes up to gemv_rows(dtype, k) rows and ATen's GEMM (aten::linear in the profile) the rest; float16
+    every row count, float32 too up to K 6144."""
     weight = torch.randn(7, k).to(dtype)
     last = gemv_rows(dtype, k)
     for rows in ({1, 32, 33, 100} if last == math.inf else {1, last, last + 1} - {0}):
