@@ -3,19 +3,19 @@ and the widest layer input of a 7B Llama (its MLP down projection, K = 11008), o
 int8 (weight-only, and int8-x8 with x quantized to 8 bits too, both against F.linear on the float32 weight), and the
 rows around the CPU's switch from the weight-streaming kernel to ATen's GEMM.
 
-Decoding reads every weight of the model once per token, far more than the last-level cache holds, so each case
-cycles through copies of its weight that together exceed the cache many times (COLD_BYTES): both ops read their weight
-from memory, as in a model, rather than from a cache that a single small layer fits in. Throughput counts the weight
-bytes (plus x and out). "Of ceiling" is the roofline: at one row the product is memory-bound, held to the bandwidth of
+Decoding reads every weight of the model once per token, far more than the last-level cache holds, so each case cycles
+through copies of its weight that together exceed the cache many times (COLD_BYTES): both ops read their weight from
+memory, as in a model, rather than from a cache that a single small layer fits in. Throughput counts the weight bytes
+(plus x and out). "Of ceiling" is the roofline: at one row the product is memory-bound, held to the bandwidth of
 PyTorch's own read stream over the same weight bytes (a sum of their float32 view), timed in turns with the two ops so
 that the memory bandwidth a shared host gives at that moment is in both (each timed call after an untimed one of the
-same op on the next copy, as a model's layers follow each other: LEAD); with more rows it does 2 M FLOPs per weight
-and can be compute-bound, held to the matmul ceiling of its dtype (float32 for the int8 rows, which compute in
-float32). The record's notes also hold every case of ROWS against the copy bandwidth (read + write) measured just
-before the case, per dtype, with what bounds it besides memory: the fraction that our fixed cost of a call leaves (the
-same call with 4 output features) and the one that the call's time with its weight in cache leaves (its compute). On a
-host whose bandwidth moves within a case, only the read anchor, timed in turns, holds. (A 256 MiB copy timed in turns
-instead slowed the case after it: GPT-2's 2.4 MB attention output projection took 1.5x its time.)"""
+same op on the next copy, as a model's layers follow each other: LEAD); with more rows it does 2 M FLOPs per weight and
+can be compute-bound, held to the matmul ceiling of its dtype (float32 for the int8 rows, which compute in float32). The
+record's notes also hold every case of ROWS against the copy bandwidth (read + write) measured just before the case, per
+dtype, with what bounds it besides memory: the fraction that our fixed cost of a call leaves (the same call with 4
+output features) and the one that the call's time with its weight in cache leaves (its compute), and against the read
+anchor: on a host whose bandwidth moves within a case, only the read anchor, timed in turns, holds. (A 256 MiB copy
+timed in turns instead slowed the case after it: GPT-2's 2.4 MB attention output projection took 1.5x its time.)"""
 import itertools
 
 import torch
@@ -68,10 +68,10 @@ def weight_copies(n, k, dtype, device, cold_bytes):
 def bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes=COLD_BYTES, ceiling_flops_s=0.0):
     """One row: ours vs F.linear, each cycling through weight copies that span `cold_bytes` (0: one copy); int8 rows
     time ops.int8_linear on int8 copies against F.linear on float32 copies. `ceiling_flops_s`: the row's compute
-    ceiling when not the report's. Returns (fixed, cached), our times of the case's call besides reading its weight
-    from memory: fixed, the same call with FIXED_N output features; cached, the call with its weight in cache,
-    estimated from the first rows of one copy (CACHED_BYTES of them, called repeatedly, so in L2) as fixed plus their
-    time beyond it scaled to all rows."""
+    ceiling when not the report's. Returns (read, fixed, cached): the read anchor's time (timed in turns with the
+    case), and our times of the case's call besides reading its weight from memory: fixed, the same call with FIXED_N
+    output features; cached, the call with its weight in cache, estimated from the first rows of one copy
+    (CACHED_BYTES of them, called repeatedly, so in L2) as fixed plus their time beyond it scaled to all rows."""
     float_dtype = torch.float32 if dtype.startswith("int8") else getattr(torch, dtype)
     weights = weight_copies(n, k, float_dtype, device, cold_bytes)
     bias = torch.zeros(n, device=device, dtype=float_dtype)
@@ -105,7 +105,7 @@ def bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes=CO
     report.add(Row("linear", f"{model} {layer} M{m} N{n} K{k} {dtype}", t_ours, t_theirs,
                    bytes=weight_bytes + x.element_size() * (x.numel() + m * n), flops=2 * m * n * k, variant=dtype,
                    ceiling_flops_s=ceiling_flops_s, ceiling_bytes_s=weight_bytes / t_read))
-    return fixed, fixed + max(0.0, part - fixed) * n / cached_rows
+    return t_read, fixed, fixed + max(0.0, part - fixed) * n / cached_rows
 
 
 def bench(report, device, shapes=SHAPES, rows=ROWS, dtypes=DTYPES, crossovers=CROSSOVERS, runs=15, cold_bytes=None):
@@ -128,7 +128,7 @@ def bench(report, device, shapes=SHAPES, rows=ROWS, dtypes=DTYPES, crossovers=CR
     cases = list(itertools.product(shapes, dtypes, rows))
     measured = len(cases)  # those whose notes say what bounds them (the crossover repeats some of them)
     cases += [(shape, dtype, m) for shape, types, counts in crossovers for dtype, m in itertools.product(types, counts)]
-    bounds = {}  # case -> (the copy bandwidth measured just before it, our fixed and cached times: see bench_case)
+    bounds = {}  # case -> (the copy bandwidth measured just before it, the read's, our fixed and cached times)
     for i, ((model, layer, n, k), dtype, m) in enumerate(cases):
         # the host's bandwidth can move within a run (seen: 40 -> 68 GB/s), so each case has its own measurement
         copy_bytes_s = copy_bandwidth(device) if report.ceiling_bytes_s and i < measured else 0.0
@@ -142,18 +142,19 @@ def bench(report, device, shapes=SHAPES, rows=ROWS, dtypes=DTYPES, crossovers=CR
             fractions = {}  # layer -> fractions (see the note)
             for r in report.rows:
                 if r.op == "linear" and r.variant == dtype and f" M{m} " in r.case and bounds[r.case][0]:
-                    copy_bytes_s, fixed, cached = bounds[r.case]
+                    copy_bytes_s, t_read, fixed, cached = bounds[r.case]
                     at_copy = r.bytes / copy_bytes_s  # the call's time at the copy bandwidth
                     fractions[r.case.split(f" M{m} ")[0]] = (at_copy / r.ours_s, at_copy / (at_copy + fixed),
-                                                             min(1.0, at_copy / cached))
+                                                             min(1.0, at_copy / cached), t_read / r.ours_s)
             if fractions:
                 report.notes.append(
                     f"{dtype}, {m} row{'s' if m > 1 else ''}, of the copy bandwidth measured just before the case (in "
                     f"brackets, the most that our time besides the weight's reads leaves: the call's time at that "
                     f"bandwidth over it plus the fixed cost of the call, the same call at N = {FIXED_N}; and over the "
-                    f"call's time with its weight in cache): " +
-                    ", ".join(f"{layer} {f:.0%} ({fixed:.0%}, {cached:.0%})"
-                              for layer, (f, fixed, cached) in fractions.items()))
+                    f"call's time with its weight in cache; after the semicolon, the read anchor's time over ours, "
+                    f"the read timed in turns with the case): " +
+                    ", ".join(f"{layer} {f:.0%} ({fixed:.0%}, {cached:.0%}; {read:.0%})"
+                              for layer, (f, fixed, cached, read) in fractions.items()))
 
 
 def main(argv=None):
