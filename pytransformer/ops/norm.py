@@ -1,4 +1,6 @@
-"""layer_norm and rms_norm: wrappers, fake kernels and autograd over the pytransformer norm kernels."""
+"""layer_norm and rms_norm: wrappers and fake kernels over the pytransformer norm kernels. Their autograd (the
+backward ops, from the saved statistics) is C++ (csrc/registration.cpp), as linear's is: a decoding step calls a norm
+twice per layer, and a Python autograd kernel costs microseconds a call."""
 import torch
 from torch import Tensor
 
@@ -38,34 +40,6 @@ def _(grad_out, x, rstd, weight):
     _checks.norm(x, weight, None, 0.0)
     _checks.same_shape(grad_out, "grad_out", x, "x")
     return torch.empty_like(x, memory_format=torch.contiguous_format), x.new_empty(x.shape[-1] if weight is not None else 0)
-
-
-def _layer_norm_setup(ctx, inputs, output):
-    x, weight, bias, _ = inputs
-    _, mean, rstd = output
-    ctx.save_for_backward(x, weight, mean, rstd)
-    ctx.has_bias = bias is not None
-
-
-def _layer_norm_backward(ctx, grad_out, _grad_mean, _grad_rstd):
-    x, weight, mean, rstd = ctx.saved_tensors
-    dx, dw, db = _ops.layer_norm_backward(grad_out, x, mean, rstd, weight, ctx.has_bias)
-    return dx, (dw if weight is not None else None), (db if ctx.has_bias else None), None
-
-
-def _rms_norm_setup(ctx, inputs, output):
-    x, weight, _ = inputs
-    ctx.save_for_backward(x, weight, output[1])
-
-
-def _rms_norm_backward(ctx, grad_out, _grad_rstd):
-    x, weight, rstd = ctx.saved_tensors
-    dx, dw = _ops.rms_norm_backward(grad_out, x, rstd, weight)
-    return dx, (dw if weight is not None else None), None
-
-
-torch.library.register_autograd("pytransformer::layer_norm", _layer_norm_backward, setup_context=_layer_norm_setup)
-torch.library.register_autograd("pytransformer::rms_norm", _rms_norm_backward, setup_context=_rms_norm_setup)
 
 
 def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:

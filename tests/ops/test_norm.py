@@ -130,6 +130,25 @@ def test_gradcheck(affine, bias):
     assert torch.autograd.gradcheck(lambda x, w: pt.ops.rms_norm(x, w), args[:2])
 
 
+def test_autograd_records_history_only_where_needed():
+    """The C++ autograd (csrc/registration.cpp): no graph under no_grad or for inputs without grad, and the
+    statistics are outputs without gradients."""
+    x, w, b = _inputs((3, 8), torch.float32, "cpu")
+    ops = torch.ops.pytransformer
+    assert ops.layer_norm(x, w, b, 1e-5)[0].grad_fn is None and ops.rms_norm(x, w, 1e-6)[0].grad_fn is None
+    for t in (x, w, b):
+        t.requires_grad_(True)
+    with torch.no_grad():
+        assert ops.layer_norm(x, w, b, 1e-5)[0].grad_fn is None and ops.rms_norm(x, w, 1e-6)[0].grad_fn is None
+    out, mean, rstd = ops.layer_norm(x, w, b, 1e-5)
+    rms_out, rms_rstd = ops.rms_norm(x, w, 1e-6)
+    assert out.requires_grad and rms_out.requires_grad
+    assert not (mean.requires_grad or rstd.requires_grad or rms_rstd.requires_grad)
+    w_only = ops.layer_norm(x.detach(), w, None, 1e-5)[0]  # grad for the weight alone
+    w_only.sum().backward()
+    assert x.grad is None and w.grad is not None
+
+
 def test_opcheck(device):
     x, w, b = _inputs((4, 33), torch.float32, device)
     x.requires_grad_(True)
