@@ -46,8 +46,10 @@ class MultiHeadAttention(nn.Module):
     def _qkv(self, x: Tensor, context: Tensor | None, positions: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         if context is not None:  # cross-attention
             return (self._project_q(x), *self.project_kv(context))
-        q, k, v = self.qkv_proj(x).split([self.q_dim, self.kv_dim, self.kv_dim], -1)
-        q, k, v = self._heads(q, self.n_heads), self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
+        # [B, L, (Hq + 2 Hkv) * D] -> [B, Hq + 2 Hkv, L, D], split into q, k, v: the same views as splitting first,
+        # in three torch calls instead of seven (each a microsecond or so, per layer per decoded token)
+        heads = (self.n_heads, self.n_kv_heads, self.n_kv_heads)
+        q, k, v = self._heads(self.qkv_proj(x), sum(heads)).split(heads, 1)
         if self.rotary is not None:
             q, k = self.rotary.rotate_pair(q, k, positions)
         return q, k, v  # [B, Hq, L, D], [B, Hkv, Lk, D], [B, Hkv, Lk, D]
