@@ -5,7 +5,10 @@
 // and all T queries (M = G * T query rows), so every key and value row is read once per item, and runs an online
 // softmax over its chunk in blocks of kBlock keys. Items write a partial result (running max, sum of exponentials,
 // unnormalised output) per query row; a second pass merges the chunks of a row (log-sum-exp) into the output.
-// float16/bfloat16 blocks are widened to float32 once per item and block; float64 stays float64.
+// float16/bfloat16 blocks are widened to float32 once per item and block; float64 stays float64. With AVX-512, float32
+// caches of head dims up to 128 go a block at a time through attend_block: the scores of 16 keys in one vector, the
+// softmax update in registers, and the rows read next (this item's next block, or the next item's first) asked for
+// line by line as the block's own are read.
 #include "isa.h"
 #include "vec_util.h"
 
@@ -15,6 +18,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -31,6 +35,7 @@ using at::vec::Vectorized;
 
 constexpr int64_t kBlock = 32;     // keys scored together before the softmax update
 constexpr int64_t kMinChunk = 256;  // fewest keys in a work item when a row is split along the sequence
+constexpr int kMaxVectorsD = 8;      // the most vectors of 16 in a key row that attend_block takes (D <= 128)
 
 // For the R rows y_r = y + r * y_step: y_r[i] = y_r[i] * alpha[r] + sum_k w_r[k] * x_k[i] over n elements, with
 // w_r = w + r * w_step and the `count` rows x_k = x + k * x_step; each load of x serves every row.
@@ -88,6 +93,169 @@ void prefetch_rows(const scalar_t* base, int64_t step, int64_t j0, int64_t n, in
   }
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// Lane i of the result: the sum of the 16 lanes of v[i], for 16 vectors (a tree of unpacks and 128-bit shuffles:
+// 45 instructions, where a sum of lanes takes about 8 a vector).
+__attribute__((always_inline)) inline __m512 sum_lanes_16(const __m512* v) {
+  __m512 t[8], u[4], w[2];
+  // t[i], each 128-bit lane: that lane's elements 0 + 2 and 1 + 3 of v[2i] and v[2i + 1], interleaved
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  // u[i], each 128-bit lane: that lane's sums of v[4i], ..., v[4i + 3]
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
+    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  // w[i]: 128-bit lanes 0 and 1 the halves (lanes 0 + 1, 2 + 3) of u[2i], lanes 2 and 3 those of u[2i + 1]
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i)
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88), _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
+}
+
+// Lane j < count: the dot product of query row q with key row j of k (row stride k_step) over D elements, in ND
+// vectors (ND = ceil(D / 16), the query's vectors held in registers); lanes from count on: 0. 16 keys at once, each a
+// vector of partial sums, then their lanes summed together (sum_lanes_16). As key row j is read, row j of `ahead`
+// (the same stride) is asked for when j < ahead_count: the rows read next, a request per line read, where a burst of
+// requests for a whole block held the loads up behind them.
+template <int ND>
+inline __m512 scores_16(const float* q, int64_t D, const float* k, int64_t k_step, int64_t count, const float* ahead,
+                        int64_t ahead_count) {
+  const int64_t tail = D - 16 * (ND - 1);  // elements in the last vector, 1 to 16
+  const __mmask16 last = tail >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << tail) - 1);
+  const auto load = [&](const float* p, int i) __attribute__((always_inline)) {
+    return i + 1 < ND ? _mm512_loadu_ps(p + 16 * i) : _mm512_maskz_loadu_ps(last, p + 16 * i);
+  };
+  __m512 qv[ND], acc[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < ND; ++i) qv[i] = load(q, i);
+#pragma GCC unroll 16
+  for (int j = 0; j < 16; ++j) {
+    acc[j] = _mm512_setzero_ps();
+    if (j >= count) continue;
+    if (j < ahead_count)
+#pragma GCC unroll 8
+      for (int i = 0; i < ND; ++i) __builtin_prefetch(ahead + j * k_step + 16 * i);
+#pragma GCC unroll 8
+    for (int i = 0; i < ND; ++i) acc[j] = _mm512_fmadd_ps(load(k + j * k_step, i), qv[i], acc[j]);
+  }
+  return sum_lanes_16(acc);
+}
+
+// For the R query rows m of acc (row stride Dv): acc[m] = acc[m] * alpha[m] + sum_{j < n} p[m * kBlock + j] * v_j over
+// Dv elements, v_j = v + j * v_step; each value vector loaded once for the R rows, 4 vectors of Dv at a time.
+// As value row j is read, the lines it reads of row j of `ahead` are asked for, for j < ahead_count (see scores_16).
+template <int R>
+void accumulate_block(float* acc, int64_t Dv, const float* alpha, const float* p, const float* v, int64_t v_step,
+                      int64_t n, const float* ahead, int64_t ahead_count) {
+  for (int64_t d0 = 0; d0 < Dv; d0 += 64) {
+    __mmask16 mask[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      const int64_t left = Dv - d0 - 16 * i;
+      mask[i] = left >= 16 ? __mmask16(0xFFFF) : left > 0 ? static_cast<__mmask16>((1u << left) - 1) : __mmask16(0);
+    }
+    __m512 a[R][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i)
+        a[r][i] = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask[i], acc + r * Dv + d0 + 16 * i), _mm512_set1_ps(alpha[r]));
+    for (int64_t j = 0; j < n; ++j) {
+      __m512 vv[4];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) vv[i] = _mm512_maskz_loadu_ps(mask[i], v + j * v_step + d0 + 16 * i);
+      if (j < ahead_count)
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i)
+          if (mask[i]) __builtin_prefetch(ahead + j * v_step + d0 + 16 * i);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m512 pj = _mm512_set1_ps(p[r * kBlock + j]);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) a[r][i] = _mm512_fmadd_ps(pj, vv[i], a[r][i]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) _mm512_mask_storeu_ps(acc + r * Dv + d0 + 16 * i, mask[i], a[r][i]);
+  }
+}
+
+// f(std::integral_constant<int, ND>) for ND = ceil(D / 16), 1 <= ND <= kMaxVectorsD.
+template <class F>
+void with_vectors(int64_t D, F&& f) {
+  switch ((D + 15) / 16) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    default: return f(std::integral_constant<int, 8>{});
+  }
+}
+
+// The key and value rows that attend_block asks for as it reads a block's: the next block of the work item, or the
+// first block of the thread's next item (count 0: none).
+struct NextRows {
+  const float *k, *v;
+  int64_t count;
+};
+
+// One block of n <= kBlock keys for all M query rows (float32 rows; the scaled queries qs [M, D]): the scores of each
+// row (16 keys a vector, scores_16), the online softmax update in those vectors (keys outside [lo[t], hi[t]) of query
+// t = m % T score -inf), then the values weighted into acc [M, Dv] (accumulate_block). State and results as in
+// decode_attention_typed's generic loop: mx, sum [M]; alpha and probs (kBlock a row) are scratch.
+template <int ND>
+void attend_block(const float* qs, int64_t M, int64_t T, int64_t D, int64_t Dv, const float* k, int64_t k_step,
+                  const float* v, int64_t v_step, int64_t n, const NextRows& next, const int64_t* lo,
+                  const int64_t* hi, float* mx, float* sum, float* acc, float* alpha, float* probs) {
+  static_assert(kBlock == 32, "attend_block takes a block as two vectors of 16 scores");
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t t = m % T;
+    const uint64_t below_hi = (uint64_t(1) << hi[t]) - 1, below_lo = (uint64_t(1) << lo[t]) - 1;
+    const uint32_t visible = lo[t] < hi[t] ? static_cast<uint32_t>(below_hi & ~below_lo) : 0;  // bit j: key j
+    float* pm = probs + m * kBlock;
+    if (visible == 0) {
+      alpha[m] = 1.0f;
+      std::fill(pm, pm + kBlock, 0.0f);
+      continue;
+    }
+    const __mmask16 vis0 = static_cast<__mmask16>(visible), vis1 = static_cast<__mmask16>(visible >> 16);
+    // the next keys asked for by the first row's pass over the keys
+    const int64_t pf = m == 0 ? next.count : 0;
+    __m512 s0 = scores_16<ND>(qs + m * D, D, k, k_step, std::min<int64_t>(n, 16), next.k, std::min<int64_t>(pf, 16));
+    __m512 s1 = n > 16 ? scores_16<ND>(qs + m * D, D, k + 16 * k_step, k_step, n - 16, next.k + 16 * k_step, pf - 16)
+                       : neg_inf;
+    const bool nan = (_mm512_mask_cmp_ps_mask(vis0, s0, s0, _CMP_UNORD_Q) |
+                      _mm512_mask_cmp_ps_mask(vis1, s1, s1, _CMP_UNORD_Q)) != 0;
+    s0 = _mm512_mask_blend_ps(vis0, neg_inf, s0);
+    s1 = _mm512_mask_blend_ps(vis1, neg_inf, s1);
+    const float block_max = nan ? std::numeric_limits<float>::quiet_NaN()
+                                : _mm512_reduce_max_ps(_mm512_max_ps(s0, s1));
+    const float new_max = max_nan(mx[m], block_max);  // NaN (in q or a visible key) stays NaN
+    alpha[m] = std::exp(mx[m] - new_max);              // 0 while the row was empty
+    const Vectorized<float> nm(new_max);
+    const __m512 p0 = (Vectorized<float>(s0) - nm).exp(), p1 = (Vectorized<float>(s1) - nm).exp();
+    _mm512_storeu_ps(pm, p0);
+    _mm512_storeu_ps(pm + 16, p1);
+    sum[m] = sum[m] * alpha[m] + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+    mx[m] = new_max;
+  }
+  for_blocks<4>(M, [&](auto R, int64_t r) {
+    accumulate_block<decltype(R)::value>(acc + r * Dv, Dv, alpha + r, probs + r * kBlock, v, v_step, n, next.v,
+                                         r == 0 ? next.count : 0);
+  });
+}
+#endif
+
 // The key range [first, end) that row b's queries can see, split into chunks of `chunk` keys.
 struct RowPlan {
   int64_t first, end, chunks, item_base;
@@ -127,16 +295,39 @@ void decode_attention_typed(const DecodeAttentionParams& p, const void* q, const
   const scalar_t* kp = static_cast<const scalar_t*>(k);
   const scalar_t* vp = static_cast<const scalar_t*>(v);
 
+  // float32 caches with AVX-512: a block at a time by attend_block (head dims up to 16 * kMaxVectorsD). Against the
+  // blocks below (dot_rows' sums of lanes a key, the softmax through memory, the next block requested all at once),
+  // 2 threads, caches cycled from memory, one query a row, alternating processes, three runs: GPT-2 small's B1 Hq12
+  // L256 D64 64-67 -> 42-43 us, B8 446-463 -> 252-260; B8 Hq12 Hkv4 L256 D64 187-195 -> 112-118; B1 Hq32 Hkv8 L4096
+  // D128 1157-1221 -> 784-789; B8 L1024 2315-2423 -> 1567-1581. (Requesting the next item's first block too took
+  // B1 Hq12 L256 from 45-48 to 42-43 us.) float16 and bfloat16 caches, widened a block at a time, keep the blocks
+  // below: attend_block took 0.91-0.96x their time with one query head a cache head (D 64, 256 keys) but 1.03-1.13x
+  // with 4 (D 128, 1024-4096 keys).
+#if defined(CPU_CAPABILITY_AVX512)
+  constexpr bool kVectorBlock = std::is_same_v<scalar_t, float>;
+#else
+  constexpr bool kVectorBlock = false;
+#endif
+  const bool vector_block = kVectorBlock && D <= 16 * kMaxVectorsD;
+
+  // Row b, cache head h and key range [j0, j1) of a work item.
+  const auto locate = [&](int64_t item) {
+    const int64_t b = std::upper_bound(rows.begin(), rows.end(), item,
+                                       [](int64_t i, const RowPlan& r) { return i < r.item_base; }) - rows.begin() - 1;
+    const RowPlan& row = rows[b];
+    const int64_t h = (item - row.item_base) / row.chunks, c = (item - row.item_base) % row.chunks;
+    const int64_t j0 = row.first + c * chunk;
+    return std::array<int64_t, 4>{b, h, j0, std::min(row.end, j0 + chunk)};
+  };
+
   at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> qs(M * D), scores(M * kBlock), probs(M * kBlock), alpha(M);
     constexpr bool widen = !std::is_same_v<scalar_t, acc_t>;
     std::vector<acc_t> kbuf(widen ? kBlock * D : 0), vbuf(widen ? kBlock * Dv : 0);
+    std::vector<int64_t> lo(T), hi(T);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = std::upper_bound(rows.begin(), rows.end(), item,
-                                         [](int64_t i, const RowPlan& r) { return i < r.item_base; }) - rows.begin() - 1;
+      const auto [b, h, j0, j1] = locate(item);
       const RowPlan& row = rows[b];
-      const int64_t h = (item - row.item_base) / row.chunks, c = (item - row.item_base) % row.chunks;
-      const int64_t j0 = row.first + c * chunk, j1 = std::min(row.end, j0 + chunk);
       // Scaled queries as acc_t rows [M, D].
       for (int64_t g = 0; g < G; ++g)
         for (int64_t t = 0; t < T; ++t) {
@@ -155,24 +346,48 @@ void decode_attention_typed(const DecodeAttentionParams& p, const void* q, const
       const scalar_t* vh = vp + b * p.v_stride[0] + h * p.v_stride[1];
       for (int64_t jb = j0; jb < j1; jb += kBlock) {
         const int64_t n = std::min(kBlock, j1 - jb);
+        const int64_t next = std::clamp<int64_t>(j1 - jb - kBlock, 0, kBlock);  // keys in the next block
         int64_t k_step, v_step;
         const acc_t* krows = rows_as_acc(kh, p.k_stride[2], jb, n, D, kbuf.data(), k_step);
-        if (jb + kBlock < j1) {  // the next block's key and value rows
-          const int64_t next = std::min(kBlock, j1 - jb - kBlock);
+        // The next block's key and value rows are asked for: all at once here, once this block's keys are read, or
+        // line by line as attend_block reads this block's rows.
+        if (next > 0 && !vector_block) {
           prefetch_rows(kh, p.k_stride[2], jb + kBlock, next, D);
           prefetch_rows(vh, p.v_stride[2], jb + kBlock, next, Dv);
         }
-        // Scores [M, kBlock]: query t (position row.end - T + t) sees the keys in (pos - window, pos], one range of
-        // the block scored by one dot_rows call (its G query heads by blocks of keys); invisible keys and the unused
-        // tail of the block score -inf.
-        std::fill(scores.begin(), scores.end(), kNegInf);
+        // Query t (position row.end - T + t) sees the keys in (pos - window, pos]: those of the block [lo, hi).
         for (int64_t t = 0; t < T; ++t) {
           const int64_t pos = row.end - T + t;
-          const int64_t lo = std::max(jb, p.window > 0 ? pos - p.window + 1 : jb), hi = std::min(jb + n, pos + 1);
-          if (lo < hi)
-            dot_rows(qs.data() + t * D, T * D, G, krows + (lo - jb) * k_step, k_step, hi - lo, D,
-                     scores.data() + t * kBlock + (lo - jb), T * kBlock, 1);
+          lo[t] = std::max(jb, p.window > 0 ? pos - p.window + 1 : jb) - jb;
+          hi[t] = std::min(jb + n, pos + 1) - jb;
         }
+#if defined(CPU_CAPABILITY_AVX512)
+        if constexpr (kVectorBlock) {
+          if (vector_block) {
+            const acc_t* vrows = rows_as_acc(vh, p.v_stride[2], jb, n, Dv, vbuf.data(), v_step);
+            NextRows ahead{nullptr, nullptr, 0};
+            if (next > 0) {
+              ahead = {kh + (jb + kBlock) * k_step, vh + (jb + kBlock) * v_step, next};
+            } else if (item + 1 < end) {  // the thread's next item, whose first block would otherwise start cold
+              const auto [nb, nh, nj0, nj1] = locate(item + 1);
+              ahead = {kp + nb * p.k_stride[0] + nh * p.k_stride[1] + nj0 * k_step,
+                       vp + nb * p.v_stride[0] + nh * p.v_stride[1] + nj0 * v_step, std::min(kBlock, nj1 - nj0)};
+            }
+            with_vectors(D, [&](auto nd) {
+              attend_block<decltype(nd)::value>(qs.data(), M, T, D, Dv, krows, k_step, vrows, v_step, n, ahead,
+                                                lo.data(), hi.data(), mx, sum, acc, alpha.data(), probs.data());
+            });
+            continue;
+          }
+        }
+#endif
+        // Scores [M, kBlock]: each query's visible range scored by one dot_rows call (its G query heads by blocks of
+        // keys); invisible keys and the unused tail of the block score -inf.
+        std::fill(scores.begin(), scores.end(), kNegInf);
+        for (int64_t t = 0; t < T; ++t)
+          if (lo[t] < hi[t])
+            dot_rows(qs.data() + t * D, T * D, G, krows + lo[t] * k_step, k_step, hi[t] - lo[t], D,
+                     scores.data() + t * kBlock + lo[t], T * kBlock, 1);
         // Online softmax update of each query row with this block: rescale by alpha = e^(old max - new max) and
         // add the block's probabilities probs = e^(score - new max) (a row with no visible key here: alpha 1, probs 0).
         for (int64_t m = 0; m < M; ++m) {

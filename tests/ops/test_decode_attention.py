@@ -24,7 +24,7 @@ def _check_decode(q, k, v, lengths, window=None, scale=None):
 
 
 # (B, Hq, Hkv, T, D, Dv, capacity, window): MHA/GQA/MQA, T = 1 and T > 1, Dv != D, windows, long caches that are
-# split into several chunks.
+# split into several chunks, partial blocks of keys (random lengths).
 CASES = [
     (3, 4, 4, 1, 64, 64, 300, None),
     (2, 8, 2, 1, 128, 128, 700, None),
@@ -33,6 +33,8 @@ CASES = [
     (1, 4, 1, 1, 128, 128, 3000, None),
     (2, 8, 4, 4, 64, 32, 2500, 300),
     (1, 2, 2, 5, 40, 40, 9, 1),
+    (2, 8, 1, 2, 17, 72, 150, None),  # 16 query rows a cache head, a head dim of one vector and 1, Dv of 4.5 vectors
+    (2, 4, 4, 9, 160, 96, 120, 50),  # a head dim over 128 (the CPU's AVX-512 kernel takes it by its generic blocks)
 ]
 
 
