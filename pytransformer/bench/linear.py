@@ -22,7 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
-from . import Row, copy_bandwidth, interleaved_median_times, matmul_ceiling, read_bandwidth, script_main
+from . import (COLD_BYTES, Row, cold_copies, copy_bandwidth, interleaved_median_times, matmul_ceiling,
+               read_bandwidth, script_main)
 
 # (model, layer, out features N, in features K)
 SHAPES = [("gpt2", "qkv", 2304, 768), ("gpt2", "attn out", 768, 768), ("gpt2", "mlp up", 3072, 768),
@@ -37,34 +38,12 @@ DTYPES = ("float32", "bfloat16", "int8", "int8-x8")  # int8-x8: int8_linear with
 # projection (K 11008): float32 with rows of more than 6144 features above 128.
 CROSSOVERS = [(("gpt2", "mlp up", 3072, 768), ("float32", "bfloat16"), (2, 3, 4, 5, 8, 16, 28, 29, 32, 33, 64)),
               (("llama7b", "down", 4096, 11008), ("float32",), (64, 128, 129, 256))]
-# Weight bytes each case cycles through: 32x a 32 MiB last-level cache (through 256 MiB, an AMD EPYC's L3 still served
-# part of the reads: float32 M1 N3072 K768 read 82 GB/s against 70 at 1 GiB, measured).
-COLD_BYTES = 1 << 30
 # Untimed calls (each on the next cold copy) before each timed one, in every turn: a call right after F.linear's GEMM
 # at 8 rows took 6-27 us longer (int8 M8 N3072 K768, 59-64 us back to back; after an idle millisecond alone, no
 # longer), a state that F.linear leaves behind for the next op and that a model's back-to-back layers never see.
 LEAD = 1
 FIXED_N, FIXED_RUNS = 4, 200  # the output features and runs of the call that gives a case's fixed cost
 CACHED_BYTES = 1 << 19  # the weight bytes of the call that gives a case's time with its weight in cache
-_pools = {}  # (dtype, device) -> one random tensor that the weight copies of every case are views of
-
-
-def weight_copies(n, k, dtype, device, cold_bytes):
-    """[n, k] weights of `dtype` (int8: random int8 values) that together span at least `cold_bytes`, at least two
-    (one when cold_bytes is 0): views of one pool per dtype and device, filled once for all cases."""
-    per_copy = n * k
-    count = max(2, -(-cold_bytes // (per_copy * torch.empty((), dtype=dtype).element_size()))) if cold_bytes else 1
-    pool = _pools.get((dtype, device))
-    if pool is None or pool.numel() < count * per_copy:
-        _pools.pop((dtype, device), None)  # free the old pool before filling a larger one
-        if dtype == torch.int8:
-            pool = torch.randint(-127, 128, (count * per_copy,), dtype=dtype, device=device)
-        else:
-            pool = torch.randn(count * per_copy, dtype=dtype, device=device).mul_(0.02)
-        _pools[(dtype, device)] = pool
-    return [pool[i * per_copy:(i + 1) * per_copy].view(n, k) for i in range(count)]
-
-
 def bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes=COLD_BYTES, ceiling_flops_s=0.0):
     """One row: ours vs F.linear, each cycling through weight copies that span `cold_bytes` (0: one copy); int8 rows
     time ops.int8_linear on int8 copies against F.linear on float32 copies. `ceiling_flops_s`: the row's compute
@@ -73,12 +52,12 @@ def bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes=CO
     output features; cached, the call with its weight in cache, estimated from the first rows of one copy
     (CACHED_BYTES of them, called repeatedly, so in L2) as fixed plus their time beyond it scaled to all rows."""
     float_dtype = torch.float32 if dtype.startswith("int8") else getattr(torch, dtype)
-    weights = weight_copies(n, k, float_dtype, device, cold_bytes)
+    weights = cold_copies((n, k), float_dtype, device, cold_bytes)
     bias = torch.zeros(n, device=device, dtype=float_dtype)
     x = torch.randn(m, k, device=device, dtype=float_dtype)
     if dtype.startswith("int8"):
         scale, x_bits = torch.rand(n, device=device) * 1e-3, 8 if dtype == "int8-x8" else 16
-        ours_weights = weight_copies(n, k, torch.int8, device, cold_bytes)
+        ours_weights = cold_copies((n, k), torch.int8, device, cold_bytes)
         call = lambda q, s=scale, b=bias: ops.int8_linear(x, q, s, b, x_bits=x_bits)  # noqa: E731
         ours = itertools.cycle([lambda q=q: call(q) for q in ours_weights])
         first = lambda rows: (ours_weights[0][:rows], scale[:rows], bias[:rows])  # noqa: E731

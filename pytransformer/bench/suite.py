@@ -29,7 +29,8 @@ def run(device, dtype=torch.float32, families=FAMILIES, runs: int | None = None,
                                             if not cpu or length <= CPU_MAX_ATTENTION_LENGTH)
         attention.bench_attention(report, device, dtype, lengths=lengths, runs=n(10 if cpu else 20))
     if "decode_attention" in families:
-        decode_attention.bench(report, device, dtype, cases=[(1, 4, 2, 32, 16)] if quick else None, runs=n(30))
+        decode_attention.bench(report, device, dtype, cases=[("tiny", 1, 4, 2, 32, 16)] if quick else None,
+                               runs=n(30), cold_bytes=0 if quick else None)
     if "kv_cache_append" in families:
         kv_cache_append.bench(report, device, dtype, cases=[(1, 2, 4, 16)] if quick else kv_cache_append.APPEND_CASES,
                               runs=n(30))
