@@ -295,7 +295,7 @@ void decode_attention_typed(const DecodeAttentionParams& p, const void* q, const
   const scalar_t* kp = static_cast<const scalar_t*>(k);
   const scalar_t* vp = static_cast<const scalar_t*>(v);
 
-  // float32 caches with AVX-512: a block at a time by attend_block (head dims up to 16 * kMaxVectorsD). Against the
+  // float32 caches with AVX-512: a block at a time by attend_block (head dims 1 to 16 * kMaxVectorsD). Against the
   // blocks below (dot_rows' sums of lanes a key, the softmax through memory, the next block requested all at once),
   // 2 threads, caches cycled from memory, one query a row, alternating processes, three runs: GPT-2 small's B1 Hq12
   // L256 D64 64-67 -> 42-43 us, B8 446-463 -> 252-260; B8 Hq12 Hkv4 L256 D64 187-195 -> 112-118; B1 Hq32 Hkv8 L4096
@@ -308,7 +308,7 @@ void decode_attention_typed(const DecodeAttentionParams& p, const void* q, const
 #else
   constexpr bool kVectorBlock = false;
 #endif
-  const bool vector_block = kVectorBlock && D <= 16 * kMaxVectorsD;
+  const bool vector_block = kVectorBlock && D >= 1 && D <= 16 * kMaxVectorsD;
 
   // Row b, cache head h and key range [j0, j1) of a work item.
   const auto locate = [&](int64_t item) {

@@ -64,6 +64,14 @@ def test_decode_attention_equals_attention_over_each_prefix(device, dtype):
         torch.testing.assert_close(out[b:b + 1].double(), expected, atol=atol * 10, rtol=rtol)
 
 
+@pytest.mark.parametrize("d, dv", [(0, 8), (8, 0), (0, 0)])
+def test_empty_head_dims(device, d, dv):
+    """D = 0 (every score 0: the mean of the visible values) and Dv = 0 (an empty output) are shapes like any other."""
+    q = randn(2, 4, 2, d, device=device)
+    k, v = caches(2, 2, 40, d, dv, torch.float32, device)
+    _check_decode(q, k, v, torch.tensor([40, 7], device=device), scale=0.5)
+
+
 def test_zero_length_rows_give_zeros(device):
     q = randn(3, 4, 2, 16, device=device)
     k, v = caches(3, 2, 10, 16, 16, torch.float32, device)
