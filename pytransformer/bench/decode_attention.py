@@ -60,8 +60,8 @@ def bench(report, device, dtype=torch.float32, cases=None, runs=30, cold_bytes=N
     if cold_bytes is None:
         cold_bytes = COLD_BYTES if torch.device(device).type == "cpu" else 0
     if cold_bytes:
-        report.notes.append(f"of ceiling: of a PyTorch sum over the same cache bytes, timed in turns with the case "
-                            f"(each cycles through cache copies spanning {cold_bytes >> 20} MiB)")
+        report.notes.append(f"decode_attention, of ceiling: of a PyTorch sum over the same cache bytes, timed in turns "
+                            f"with the case (each cycles through cache copies spanning {cold_bytes >> 20} MiB)")
     for case in cases:
         bench_decode(report, case, dtype, device, runs, cold_bytes)
 
