@@ -70,6 +70,23 @@ def test_bench_quick_json_and_plot(tmp_path):
     assert png.read_bytes().startswith(PNG_MAGIC)
 
 
+def test_bench_cold_copies_and_the_decode_cases_held_to_a_read():
+    """The copies a case cycles through are distinct memory spanning the bytes asked for, and a decode_attention case
+    with copies is held to the read timed with it (its own bandwidth ceiling), not the report's copy bandwidth."""
+    from pytransformer.bench import Report, cold_copies, decode_attention
+    copies = cold_copies((2, 3), torch.float32, "cpu", cold_bytes=100)
+    assert len(copies) == 5 and all(c.shape == (2, 3) for c in copies)  # ceil(100 / 24 bytes)
+    starts = sorted(c.data_ptr() for c in copies)
+    assert all(b - a >= 24 for a, b in zip(starts, starts[1:]))
+    assert len(cold_copies((2, 3), torch.float32, "cpu", cold_bytes=0)) == 1
+    report = Report("cpu", ceiling_bytes_s=1.0)
+    decode_attention.bench(report, "cpu", cases=[("tiny", 2, 4, 2, 40, 16)], runs=2, cold_bytes=1 << 16)
+    (row,) = report.rows
+    assert row.bytes == 2 * 2 * 2 * 40 * 16 * 4 and row.ceiling_bytes_s > 1.0
+    assert report.fraction(row) == pytest.approx(row.bytes / row.ceiling_bytes_s / row.ours_s)
+    assert any(note.startswith("decode_attention, of ceiling") for note in report.notes)
+
+
 def test_demo_few_steps_end_to_end(tmp_path, capsys, keep_threads):
     out_dir = tmp_path / "demo"
     assert main(["demo", "--steps", "3", "--held-out", "8", "--no-progress", "--out-dir", str(out_dir)]) == 0
