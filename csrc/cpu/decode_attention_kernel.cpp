@@ -6,7 +6,7 @@
 // softmax over its chunk in blocks of kBlock keys. Items write a partial result (running max, sum of exponentials,
 // unnormalised output) per query row; a second pass merges the chunks of a row (log-sum-exp) into the output.
 // float16/bfloat16 blocks are widened to float32 once per item and block; float64 stays float64. With AVX-512, float32
-// caches of head dims up to 128 go a block at a time through attend_block: the scores of 16 keys in one vector, the
+// caches of head dims 1 to 128 go a block at a time through attend_block: the scores of 16 keys in one vector, the
 // softmax update in registers, and the rows read next (this item's next block, or the next item's first) asked for
 // line by line as the block's own are read.
 #include "isa.h"
