@@ -94,31 +94,9 @@ void prefetch_rows(const scalar_t* base, int64_t step, int64_t j0, int64_t n, in
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
-// Lane i of the result: the sum of the 16 lanes of v[i], for 16 vectors (a tree of unpacks and 128-bit shuffles:
-// 45 instructions, where a sum of lanes takes about 8 a vector).
-__attribute__((always_inline)) inline __m512 sum_lanes_16(const __m512* v) {
-  __m512 t[8], u[4], w[2];
-  // t[i], each 128-bit lane: that lane's elements 0 + 2 and 1 + 3 of v[2i] and v[2i + 1], interleaved
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i)
-    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  // u[i], each 128-bit lane: that lane's sums of v[4i], ..., v[4i + 3]
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a = _mm512_castps_pd(t[2 * i]), b = _mm512_castps_pd(t[2 * i + 1]);
-    u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  // w[i]: 128-bit lanes 0 and 1 the halves (lanes 0 + 1, 2 + 3) of u[2i], lanes 2 and 3 those of u[2i + 1]
-#pragma GCC unroll 2
-  for (int i = 0; i < 2; ++i)
-    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88), _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
-}
-
 // Lane j < count: the dot product of query row q with key row j of k (row stride k_step) over D elements, in ND
 // vectors (ND = ceil(D / 16), the query's vectors held in registers); lanes from count on: 0. 16 keys at once, each a
-// vector of partial sums, then their lanes summed together (sum_lanes_16). As key row j is read, row j of `ahead`
+// vector of partial sums, then their lanes summed together (sum_lanes_of<16>). As key row j is read, row j of `ahead`
 // (the same stride) is asked for when j < ahead_count: the rows read next, a request per line read, where a burst of
 // requests for a whole block held the loads up behind them.
 template <int ND>
@@ -142,7 +120,7 @@ inline __m512 scores_16(const float* q, int64_t D, const float* k, int64_t k_ste
 #pragma GCC unroll 8
     for (int i = 0; i < ND; ++i) acc[j] = _mm512_fmadd_ps(load(k + j * k_step, i), qv[i], acc[j]);
   }
-  return sum_lanes_16(acc);
+  return sum_lanes_of<16>(acc);
 }
 
 // For the R query rows m of acc (row stride Dv): acc[m] = acc[m] * alpha[m] + sum_{j < n} p[m * kBlock + j] * v_j over

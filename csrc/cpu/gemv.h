@@ -80,27 +80,11 @@ __attribute__((always_inline)) inline __m512i sum_lanes_8(const __m512i* v) {
   return _mm512_add_epi64(_mm512_shuffle_i64x2(u[0], u[1], 0x88), _mm512_shuffle_i64x2(u[0], u[1], 0xDD));
 }
 
-// Where dot_block_i8 with 8 rows of x (C = 8) over whole rows of K writes its results itself, as gemv_rows' store
-// would, rounded in the same order: out[c * n_out + o] = (dot + b_offset[c]) * x_scale[c] * scale[o] + bias[o] (1 and
-// 0 where null) for the weight row a + r * a_step of block i, o = o0 + i + r * o_step; block i's rows are block 0's
-// i rows on (a + i * n), as the pairs of gemv_rows' two streams are.
-struct I8Out {
-  float* out;
-  int64_t n_out, o0, o_step, blocks;
-  const float *x_scale, *scale, *bias;
-};
-
 // out[c * n_out + o] for the 8 rows c of x from the int32 lane sums of their dot products with weight row o, as
-// I8Out says: the sums of lanes at once (sum_lanes_8), scaled as vectors.
-__attribute__((always_inline)) inline void store_i8_8(const __m512i* sums, const int64_t* b_offset, const I8Out& to,
+// Out8 says: the sums of lanes at once (sum_lanes_8), scaled as vectors.
+__attribute__((always_inline)) inline void store_i8_8(const __m512i* sums, const int64_t* b_offset, const Out8& to,
                                                       int64_t o) {
-  const __m256 dots = _mm512_cvtepi64_ps(_mm512_add_epi64(sum_lanes_8(sums), _mm512_loadu_si512(b_offset)));
-  const __m256 scaled = _mm256_mul_ps(_mm256_mul_ps(dots, _mm256_loadu_ps(to.x_scale)),
-                                      _mm256_set1_ps(to.scale ? to.scale[o] : 1.0f));
-  alignas(32) float y[8];
-  _mm256_store_ps(y, _mm256_add_ps(scaled, _mm256_set1_ps(to.bias ? to.bias[o] : 0.0f)));
-#pragma GCC unroll 8
-  for (int c = 0; c < 8; ++c) to.out[c * to.n_out + o] = y[c];
+  store_8(_mm512_cvtepi64_ps(_mm512_add_epi64(sum_lanes_8(sums), _mm512_loadu_si512(b_offset))), to, o);
 }
 
 #pragma GCC push_options
@@ -269,12 +253,12 @@ __attribute__((always_inline)) inline __m512i dpbusd(__m512i acc, __m512i a, __m
 // Built as dot_block is (x vectors pinned to registers, two sets of sums for small blocks, never inlined). R x C up to
 // 2 x 8 or 4 x 4: the sums, C vectors of x and a weight vector in at most 25 of the 32 registers.
 // fused (8 rows of x, not kLanes): fused->blocks blocks of R weight rows in one call, each row's 8 sums reduced together
-// (sum_lanes_8) and written to out scaled (I8Out) instead of to part: per pair of rows of K 768 the sums of lanes, the
+// (sum_lanes_8) and written to out scaled (Out8) instead of to part: per pair of rows of K 768 the sums of lanes, the
 // caller's store and the call took as many instructions as the dot products.
 template <int R, int C, bool kLanes, typename xq_t>
 __attribute__((noinline)) void dot_block_i8(const int8_t* a_first, int64_t a_step, const xq_t* b, int64_t b_step,
                                             int64_t n, const int64_t* b_offset, float* part, int64_t part_m,
-                                            int64_t prefetch, const I8Out* fused = nullptr) {
+                                            int64_t prefetch, const Out8* fused = nullptr) {
   constexpr bool kBytes = std::is_same_v<xq_t, int8_t>;
   constexpr int kWidth = 64 / sizeof(xq_t);  // elements of K a step: a vector of x
   constexpr bool kTwoSets = kTwoSumSets<R, C>;
@@ -490,12 +474,18 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   const int64_t chunk = chunk_bytes / static_cast<int64_t>(sizeof(w_t));  // elements of K a chunk
   constexpr int64_t kVec = at::vec::Vectorized<acc_t>::size();
   // Integer dot products over whole rows of K for 8 (or 16) rows of x: dot_block_i8 reduces a weight row's 8 sums at
-  // once and writes the outputs itself (I8Out), instead of a sum of lanes each and the store below; for 8 rows, all the
+  // once and writes the outputs itself (Out8), instead of a sum of lanes each and the store below; for 8 rows, all the
   // pairs of a thread's two streams in one call. Weights in cache (L2), N 2304 K 768, 8 rows, the kernel alone called
   // from C++, 3 A/B runs: one thread, 16-bit x 91.5-94.0 -> 69.3-71.1 us, 8-bit 70.1-72.1 -> 49.2-49.4; two threads
   // 47.7-51.5 -> 37.1-38.7 and 37.0-41.6 -> 26.3-28.7. In chunks of K (8 rows: chunked takes at most 8) the store
   // does the same from the lane sums (store_i8_8).
+  // The same for float32 x, bias and out where 8 rows of x go to dot_block (whole rows or chunks). 2 threads, K 768,
+  // 8 rows, 6 A/B runs (alternating processes), medians: weights in cache (L2), N 768-3072 32.7-119.3 -> 27.7-100.9
+  // us; cold, at 40-50 GB/s, fraction of the read timed in turns 82.5-92.5% -> 84.5-92.5 (memory-bound there).
+  constexpr bool kFloatIo = std::is_same_v<io_t, float> && std::is_same_v<acc_t, float>;
   const bool fused_i8 = kIntTypes && int_dots && M % 8 == 0;
+  const bool fused_f32 = kFloatIo && !int_dots && M % 8 == 0 && (chunked || streams);
+  const bool fused = fused_i8 || fused_f32;
   at::parallel_for(0, items, grain, [&](int64_t i0, int64_t i1) {
     // The sums [M, 4] of a block, or with x in chunks those of a group of blocks, each as kVec partial sums.
     std::vector<acc_t> part(chunked ? kChunkBlocks * M * kGemvBlock * kVec : M * kGemvBlock);
@@ -523,7 +513,7 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
       if constexpr (kIntTypes) {
         if (int_dots)
           return for_x_blocks(M, nb, [&](auto R, auto C, int64_t r, int64_t m) {
-            const I8Out to_out{out + m * N, N, n + r * step, step, blocks, x_scale.data() + m, scale, bias};
+            const Out8 to_out{out + m * N, N, n + r * step, step, blocks, x_scale.data() + m, scale, bias};
             const auto block = [&](const auto* xq) {
               dot_block_i8<decltype(R)::value, decltype(C)::value, kLanes>(
                   rows + r * step * K, step * K, xq + m * K + c0, K, cn, x_offset.data() + m,
@@ -540,24 +530,34 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
       // weights in cache, 1 thread: float32 K 768 8% less time.
       if (M >= 8 && (chunked || streams))
         return for_x_blocks(M, nb, [&](auto R, auto C, int64_t r, int64_t m) {
+          Out8 to_out{};
+          if constexpr (kFloatIo) to_out = {out + m * N, N, n + r * step, step, blocks, nullptr, scale, bias};
           dot_block<decltype(R)::value, decltype(C)::value, kLanes>(rows + r * step * K, step * K, xa + m * K + c0, K,
                                                                     cn, sums + (m * kGemvBlock + r) * kSum, 1,
-                                                                    kGemvBlock, ahead);
+                                                                    kGemvBlock, ahead,
+                                                                    fused_f32 && !kLanes ? &to_out : nullptr);
         });
 #endif
       dot_rows<kLanes>(rows, step * K, nb, xa + c0, K, M, cn, sums, 1, kGemvBlock, ahead);
     };
-    // out for the nb weight rows n + r * step from their sums (written by dot_block_i8 itself where fused_i8)
+    // out for the nb weight rows n + r * step from their sums (written by the dot block itself where fused)
     const auto store = [&](auto lanes, int64_t n, int64_t nb, int64_t step, const acc_t* sums) {
-      if (fused_i8 && !decltype(lanes)::value) return;
+      if (fused && !decltype(lanes)::value) return;
 #if defined(CPU_CAPABILITY_AVX512)
-      if constexpr (kIntTypes && decltype(lanes)::value)
-        if (fused_i8) {  // int32 lanes of 8 rows of x (in chunks): as dot_block_i8 writes them over whole rows
-          const I8Out to{out, N, 0, 0, 1, x_scale.data(), scale, bias};
+      if constexpr (kFloatIo && decltype(lanes)::value)
+        if (fused) {  // the lanes of 8 rows of x (in chunks): as the dot blocks write them over whole rows
+          const Out8 to{out, N, 0, 0, 1, int_dots ? x_scale.data() : nullptr, scale, bias};
           for (int64_t r = 0; r < nb; ++r) {
-            __m512i v[8];
-            for (int m = 0; m < 8; ++m) v[m] = _mm512_loadu_si512(sums + (m * kGemvBlock + r) * kVec);
-            store_i8_8(v, x_offset.data(), to, n + r * step);
+            const acc_t* lanes_r = sums + r * kVec;  // row m's lanes at lanes_r + m * kGemvBlock * kVec
+            if (int_dots) {  // int32 lanes (dot_block_i8)
+              __m512i v[8];
+              for (int m = 0; m < 8; ++m) v[m] = _mm512_loadu_si512(lanes_r + m * kGemvBlock * kVec);
+              store_i8_8(v, x_offset.data(), to, n + r * step);
+            } else {
+              __m512 v[8];
+              for (int m = 0; m < 8; ++m) v[m] = _mm512_loadu_ps(lanes_r + m * kGemvBlock * kVec);
+              store_8(_mm512_castps512_ps256(sum_lanes_of<8>(v)), to, n + r * step);
+            }
           }
           return;
         }
@@ -587,7 +587,7 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
       // rows r0 + j and r0 + h + j together, then the last one of an odd count alone (the prefetches of the last rows
       // reach up to kStreamAhead past the range or w: a prefetch never faults)
       const int64_t r0 = i0 * block, r1 = std::min(N, i1 * block), h = (r1 - r0) / 2;
-      if (fused_i8 && M == 8 && h > 0)  // all h pairs in one call (I8Out::blocks)
+      if (fused && M == 8 && h > 0)  // all h pairs in one call (Out8::blocks)
         dot(std::false_type{}, r0, 2, h, 0, K, kStreamAhead, part.data(), h);
       else
         for (int64_t j = 0; j < h; ++j) {

@@ -57,12 +57,13 @@ def test_each_cpu_isa_level_agrees(isa):
     """The few-rows kernel is compiled per ISA level, with narrower blocks of x rows below AVX-512: 7 rows of x and
     13 weight rows (AVX-512: over 2 threads, 8 and 5, two streams of 4, and of 2 and the last row alone; below it
     blocks of 4, the next one prefetched a line at a time) reach every block shape, and 8 rows (AVX-512: 8 at once
-    over 2 weight rows, x in L1) the widest; K 1100 spans whole 64-byte lines, a vector and a tail. 20 rows: without
-    VNNI (every level here) dequantized weights and ATen's GEMM."""
+    over 2 weight rows, each pair's 8 results written by its dot block, x in L1 at K 1000, in blocks at 1100) the
+    widest; K 1100 spans whole 64-byte lines, a vector and a tail. 20 rows: without VNNI (every level here) dequantized
+    weights and ATen's GEMM."""
     run_under_isa(isa, (
-        "w=torch.randint(-127,128,(13,1100),dtype=torch.int8); s=torch.rand(13)*0.01; b=torch.randn(13)\n"
-        "for m in (7, 8, 20):\n"
-        "  x=torch.randn(m,1100); torch.testing.assert_close(pt.ops.int8_linear(x,w,s,b).double(),"
+        "for k, m in ((1100, 7), (1100, 8), (1000, 8), (1100, 20)):\n"
+        "  w=torch.randint(-127,128,(13,k),dtype=torch.int8); s=torch.rand(13)*0.01; b=torch.randn(13)\n"
+        "  x=torch.randn(m,k); torch.testing.assert_close(pt.ops.int8_linear(x,w,s,b).double(),"
         " ref.int8_linear(x.double(),w,s.double(),b.double()), atol=2e-5, rtol=2e-5)\n"
         "  torch.testing.assert_close(pt.ops.int8_linear(x,w,s,b,x_bits=8).double(),"
         " ref.int8_linear(ref.round_x_to_8_bits(x).double(),w,s.double(),b.double()), atol=2e-5, rtol=2e-5)"))
