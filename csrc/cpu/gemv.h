@@ -486,6 +486,13 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   const bool fused_i8 = kIntTypes && int_dots && M % 8 == 0;
   const bool fused_f32 = kFloatIo && !int_dots && M % 8 == 0 && (chunked || streams);
   const bool fused = fused_i8 || fused_f32;
+  // Where the 8 rows of x from m write the outputs o0 + i + r * o_step of block i (Out8; float32 out only)
+  const auto out8 = [&](int64_t m, int64_t o0, int64_t o_step, int64_t blocks) {
+    Out8 to{};
+    if constexpr (kFloatIo)
+      to = {out + m * N, N, o0, o_step, blocks, int_dots ? x_scale.data() + m : nullptr, scale, bias};
+    return to;
+  };
   at::parallel_for(0, items, grain, [&](int64_t i0, int64_t i1) {
     // The sums [M, 4] of a block, or with x in chunks those of a group of blocks, each as kVec partial sums.
     std::vector<acc_t> part(chunked ? kChunkBlocks * M * kGemvBlock * kVec : M * kGemvBlock);
@@ -513,7 +520,7 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
       if constexpr (kIntTypes) {
         if (int_dots)
           return for_x_blocks(M, nb, [&](auto R, auto C, int64_t r, int64_t m) {
-            const Out8 to_out{out + m * N, N, n + r * step, step, blocks, x_scale.data() + m, scale, bias};
+            const Out8 to_out = out8(m, n + r * step, step, blocks);
             const auto block = [&](const auto* xq) {
               dot_block_i8<decltype(R)::value, decltype(C)::value, kLanes>(
                   rows + r * step * K, step * K, xq + m * K + c0, K, cn, x_offset.data() + m,
@@ -530,8 +537,7 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
       // weights in cache, 1 thread: float32 K 768 8% less time.
       if (M >= 8 && (chunked || streams))
         return for_x_blocks(M, nb, [&](auto R, auto C, int64_t r, int64_t m) {
-          Out8 to_out{};
-          if constexpr (kFloatIo) to_out = {out + m * N, N, n + r * step, step, blocks, nullptr, scale, bias};
+          const Out8 to_out = out8(m, n + r * step, step, blocks);
           dot_block<decltype(R)::value, decltype(C)::value, kLanes>(rows + r * step * K, step * K, xa + m * K + c0, K,
                                                                     cn, sums + (m * kGemvBlock + r) * kSum, 1,
                                                                     kGemvBlock, ahead,
@@ -546,7 +552,7 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
 #if defined(CPU_CAPABILITY_AVX512)
       if constexpr (kFloatIo && decltype(lanes)::value)
         if (fused) {  // the lanes of 8 rows of x (in chunks): as the dot blocks write them over whole rows
-          const Out8 to{out, N, 0, 0, 1, int_dots ? x_scale.data() : nullptr, scale, bias};
+          const Out8 to = out8(0, 0, 0, 1);
           for (int64_t r = 0; r < nb; ++r) {
             const acc_t* lanes_r = sums + r * kVec;  // row m's lanes at lanes_r + m * kGemvBlock * kVec
             if (int_dots) {  // int32 lanes (dot_block_i8)
