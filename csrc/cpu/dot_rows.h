@@ -70,24 +70,27 @@ inline at::vec::Vectorized<acc_t> load_widened(const T* p, int64_t count) {
 }
 
 // Where a dot block with 8 rows of x (C = 8) over whole rows of K writes its results itself, rounded in the same order
-// as gemv_rows' store: out[c * n_out + o] = dot * x_scale[c] * scale[o] + bias[o] (1, 1 and 0 where null) for the
-// weight row a + r * a_step of block i, o = o0 + i + r * o_step; block i's rows are block 0's i rows on (a + i * n), as
-// the pairs of gemv_rows' two streams are.
+// as gemv_rows' store: out[c * n_out + o] = dot * x_scale[c] * scale[o] + bias[o] (1, 1 and 0 where null), computed in
+// float32 and rounded once to T (float32 or bfloat16), for the weight row a + r * a_step of block i, o = o0 + i + r *
+// o_step; block i's rows are block 0's i rows on (a + i * n), as the pairs of gemv_rows' two streams are.
+template <typename T>
 struct Out8 {
-  float* out;
+  T* out;
   int64_t n_out, o0, o_step, blocks;
-  const float *x_scale, *scale, *bias;
+  const float *x_scale, *scale;
+  const T* bias;
 };
 
 #if defined(CPU_CAPABILITY_AVX512)
 // out[c * n_out + o] for the 8 rows c of x from their dot products with weight row o, as Out8 says.
-__attribute__((always_inline)) inline void store_8(__m256 dots, const Out8& to, int64_t o) {
+template <typename T>
+__attribute__((always_inline)) inline void store_8(__m256 dots, const Out8<T>& to, int64_t o) {
   if (to.x_scale) dots = _mm256_mul_ps(dots, _mm256_loadu_ps(to.x_scale));
   const __m256 scaled = _mm256_mul_ps(dots, _mm256_set1_ps(to.scale ? to.scale[o] : 1.0f));
   alignas(32) float y[8];
-  _mm256_store_ps(y, _mm256_add_ps(scaled, _mm256_set1_ps(to.bias ? to.bias[o] : 0.0f)));
+  _mm256_store_ps(y, _mm256_add_ps(scaled, _mm256_set1_ps(to.bias ? static_cast<float>(to.bias[o]) : 0.0f)));
 #pragma GCC unroll 8
-  for (int c = 0; c < 8; ++c) to.out[c * to.n_out + o] = y[c];
+  for (int c = 0; c < 8; ++c) to.out[c * to.n_out + o] = static_cast<T>(y[c]);
 }
 
 // Lane i < N of the result: the sum of the 16 lanes of v[i], for N = 8 or 16 vectors, by a tree of unpacks and 128-bit
@@ -115,6 +118,13 @@ __attribute__((always_inline)) inline __m512 sum_lanes_of(const __m512* v) {
   const __m512 hi = w[N / 8 - 1];
   return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], hi, 0x88), _mm512_shuffle_f32x4(w[0], hi, 0xDD));
 }
+
+// out[c * n_out + o] for the 8 rows c of x from the 16 float32 lane sums v[c] of their dot products with weight row o
+// (reduced together by sum_lanes_of), as Out8 says.
+template <typename T>
+__attribute__((always_inline)) inline void store_sums_8(const __m512* v, const Out8<T>& to, int64_t o) {
+  store_8(_mm512_castps512_ps256(sum_lanes_of<8>(v)), to, o);
+}
 #endif
 
 // out[r * out_r + c * out_c] = sum_i a_r[i] * b_c[i] over n elements for the R rows a_r = a + r * a_step (of a_t,
@@ -130,7 +140,7 @@ __attribute__((always_inline)) inline __m512 sum_lanes_of(const __m512* v) {
 template <int R, int C, bool kLanes = false, typename acc_t, typename a_t>
 __attribute__((noinline)) void dot_block(const a_t* a_first, int64_t a_step, const acc_t* b, int64_t b_step, int64_t n,
                                          acc_t* out, int64_t out_r, int64_t out_c, int64_t prefetch = 0,
-                                         const Out8* fused = nullptr) {
+                                         const Out8<acc_t>* fused = nullptr) {
 #if defined(CPU_CAPABILITY_AVX512)
   constexpr bool kFusable = !kLanes && C == 8 && std::is_same_v<acc_t, float>;
 #else
@@ -207,7 +217,7 @@ __attribute__((noinline)) void dot_block(const a_t* a_first, int64_t a_step, con
           __m512 sums[C];
 #pragma GCC unroll 8
           for (int c = 0; c < C; ++c) sums[c] = kTwoSets ? acc[r][c] + acc2[r][c] : acc[r][c];
-          store_8(_mm512_castps512_ps256(sum_lanes_of<8>(sums)), *fused, fused->o0 + block + r * fused->o_step);
+          store_sums_8(sums, *fused, fused->o0 + block + r * fused->o_step);
         }
         continue;
       }

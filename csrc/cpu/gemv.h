@@ -82,7 +82,7 @@ __attribute__((always_inline)) inline __m512i sum_lanes_8(const __m512i* v) {
 
 // out[c * n_out + o] for the 8 rows c of x from the int32 lane sums of their dot products with weight row o, as
 // Out8 says: the sums of lanes at once (sum_lanes_8), scaled as vectors.
-__attribute__((always_inline)) inline void store_i8_8(const __m512i* sums, const int64_t* b_offset, const Out8& to,
+__attribute__((always_inline)) inline void store_i8_8(const __m512i* sums, const int64_t* b_offset, const Out8<float>& to,
                                                       int64_t o) {
   store_8(_mm512_cvtepi64_ps(_mm512_add_epi64(sum_lanes_8(sums), _mm512_loadu_si512(b_offset))), to, o);
 }
@@ -125,46 +125,62 @@ __attribute__((always_inline)) inline void steps_of(int64_t n, bool prefetching,
 // are unrolled by pragma: GCC 12 at -O3 otherwise unrolled them too late to keep the sums in registers and stored every
 // one to the stack at every step (seen in the object code; N 3072 K 768, 8 rows: 135 -> 72 us). R x C up to 2 x 8 or
 // 4 x 4: the sums, C rows of x and a weight vector in at most 25 of the 32 registers.
+// fused (8 rows of x, not kLanes): fused->blocks blocks of R weight rows in one call, each row's 8 sums reduced together
+// and written to out (store_sums_8), as in dot_block.
 template <int R, int C, bool kLanes>
-void dot_block_bf16(const c10::BFloat16* a, int64_t a_step, const c10::BFloat16* b, int64_t b_step, int64_t n,
-                    float* part, int64_t part_m, int64_t prefetch) {
+void dot_block_bf16(const c10::BFloat16* a_first, int64_t a_step, const c10::BFloat16* b, int64_t b_step, int64_t n,
+                    float* part, int64_t part_m, int64_t prefetch, const Out8<c10::BFloat16>* fused = nullptr) {
   constexpr bool kTwoSets = kTwoSumSets<R, C>;
-  __m512 acc[R][C], acc2[R][C];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) acc[r][c] = acc2[r][c] = _mm512_setzero_ps();
-  if constexpr (kLanes)
+  const int64_t blocks = !kLanes && C == 8 && fused ? fused->blocks : 1;
+  for (int64_t block = 0; block < blocks; ++block) {
+    const c10::BFloat16* a = a_first + block * n;  // the next block: the weight rows after these (n: whole rows)
+    __m512 acc[R][C], acc2[R][C];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_loadu_ps(part + (c * part_m + r) * 16);
-  // 32 elements from k (a 64-byte line of each row; prefetch: see dot_block) into acc (set 0) or acc2 (set 1); mask:
-  // the elements loaded, zeros past them (see steps_of).
-  const auto step = [&](auto set, int64_t k, __mmask32 mask) __attribute__((always_inline)) {
-    __m512bh bv[C];
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) bv[c] = (__m512bh)_mm512_maskz_loadu_epi16(mask, b + c * b_step + k);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      if (prefetch != 0) prefetch_line(a + r * a_step + k, prefetch);
-      const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(mask, a + r * a_step + k);
-#pragma GCC unroll 8
       for (int c = 0; c < C; ++c) {
-        if constexpr (decltype(set)::value == 0) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], av, bv[c]);
-        else acc2[r][c] = _mm512_dpbf16_ps(acc2[r][c], av, bv[c]);
+        acc[r][c] = kLanes ? _mm512_loadu_ps(part + (c * part_m + r) * 16) : _mm512_setzero_ps();
+        acc2[r][c] = _mm512_setzero_ps();
+      }
+    // 32 elements from k (a 64-byte line of each row; prefetch: see dot_block) into acc (set 0) or acc2 (set 1);
+    // mask: the elements loaded, zeros past them (see steps_of).
+    const auto step = [&](auto set, int64_t k, __mmask32 mask) __attribute__((always_inline)) {
+      __m512bh bv[C];
+#pragma GCC unroll 8
+      for (int c = 0; c < C; ++c) bv[c] = (__m512bh)_mm512_maskz_loadu_epi16(mask, b + c * b_step + k);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        if (prefetch != 0) prefetch_line(a + r * a_step + k, prefetch);
+        const __m512bh av = (__m512bh)_mm512_maskz_loadu_epi16(mask, a + r * a_step + k);
+#pragma GCC unroll 8
+        for (int c = 0; c < C; ++c) {
+          if constexpr (decltype(set)::value == 0) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], av, bv[c]);
+          else acc2[r][c] = _mm512_dpbf16_ps(acc2[r][c], av, bv[c]);
+        }
+      }
+    };
+    steps_of<32, kTwoSets>(n, false, [](int64_t) {}, step);
+    if constexpr (!kLanes && C == 8) {
+      if (fused) {  // a weight row's 8 sums at once, scaled as a vector
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          __m512 sums[C];
+#pragma GCC unroll 8
+          for (int c = 0; c < C; ++c) sums[c] = kTwoSets ? _mm512_add_ps(acc[r][c], acc2[r][c]) : acc[r][c];
+          store_sums_8(sums, *fused, fused->o0 + block + r * fused->o_step);
+        }
+        continue;
       }
     }
-  };
-  steps_of<32, kTwoSets>(n, false, [](int64_t) {}, step);
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) {
-      const __m512 sum = kTwoSets ? _mm512_add_ps(acc[r][c], acc2[r][c]) : acc[r][c];
-      if constexpr (kLanes) _mm512_storeu_ps(part + (c * part_m + r) * 16, sum);
-      else part[c * part_m + r] = _mm512_reduce_add_ps(sum);
-    }
+      for (int c = 0; c < C; ++c) {
+        const __m512 sum = kTwoSets ? _mm512_add_ps(acc[r][c], acc2[r][c]) : acc[r][c];
+        if constexpr (kLanes) _mm512_storeu_ps(part + (c * part_m + r) * 16, sum);
+        else part[c * part_m + r] = _mm512_reduce_add_ps(sum);
+      }
+  }
 }
 
 // The largest magnitude of x quantized to xq_t for a K: 32767 (int16_t) or 127 (int8_t), or less where an int32 lane
@@ -258,7 +274,7 @@ __attribute__((always_inline)) inline __m512i dpbusd(__m512i acc, __m512i a, __m
 template <int R, int C, bool kLanes, typename xq_t>
 __attribute__((noinline)) void dot_block_i8(const int8_t* a_first, int64_t a_step, const xq_t* b, int64_t b_step,
                                             int64_t n, const int64_t* b_offset, float* part, int64_t part_m,
-                                            int64_t prefetch, const Out8* fused = nullptr) {
+                                            int64_t prefetch, const Out8<float>* fused = nullptr) {
   constexpr bool kBytes = std::is_same_v<xq_t, int8_t>;
   constexpr int kWidth = 64 / sizeof(xq_t);  // elements of K a step: a vector of x
   constexpr bool kTwoSets = kTwoSumSets<R, C>;
@@ -331,6 +347,13 @@ __attribute__((noinline)) void dot_block_i8(const int8_t* a_first, int64_t a_ste
 }
 #pragma GCC pop_options
 #endif
+
+// &to for a dot block that writes T where it writes its results itself (on), else nullptr.
+template <typename T, typename U>
+const Out8<T>* fused_out(bool on, const Out8<U>& to) {
+  if constexpr (std::is_same_v<T, U>) return on ? &to : nullptr;
+  return nullptr;
+}
 
 // Calls f(R, C, r, m) for blocks of C rows of x from m (8 while 8 are left, then 4, 2, 1) by R weight rows from r (2
 // for 8 rows of x, else up to 4) that cover M rows of x and nb weight rows: the blocks of the AVX-512 dot products.
@@ -482,14 +505,22 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   // The same for float32 x, bias and out where 8 rows of x go to dot_block (whole rows or chunks). 2 threads, K 768,
   // 8 rows, 6 A/B runs (alternating processes), medians: weights in cache (L2), N 768-3072 32.7-119.3 -> 27.7-100.9
   // us; cold, at 40-50 GB/s, fraction of the read timed in turns 82.5-92.5% -> 84.5-92.5 (memory-bound there).
+  // The same for bfloat16 x, bias and out with AVX-512 BF16 dot products (dot_block_bf16, whole rows or chunks), where
+  // 16 sums of lanes and the store took about a third of a pair of rows' instructions at K 768: 2 threads, 8 rows,
+  // 3 A/B runs (alternating processes), weights in cache (L2), 8.4-8.6 -> 7.1-7.2 cycles a line at K 768, 7.1-7.2 ->
+  // 6.3-6.5 at K 2048 (chunks of K 3072 unchanged, 11.9); cold at about 45 GB/s, memory-bound either way (fraction of
+  // the read timed in turns, K 768 the same, K 2048 85% -> 88-89); GPT-2 bfloat16 greedy, batch 8: 630-637 ->
+  // 653-662 tokens/s.
   constexpr bool kFloatIo = std::is_same_v<io_t, float> && std::is_same_v<acc_t, float>;
+  constexpr bool kFusedIo = kFloatIo || (std::is_same_v<io_t, c10::BFloat16> && std::is_same_v<acc_t, float>);
   const bool fused_i8 = kIntTypes && int_dots && M % 8 == 0;
   const bool fused_f32 = kFloatIo && !int_dots && M % 8 == 0 && (chunked || streams);
-  const bool fused = fused_i8 || fused_f32;
-  // Where the 8 rows of x from m write the outputs o0 + i + r * o_step of block i (Out8; float32 out only)
+  const bool fused_bf16 = bf16_dots && M % 8 == 0 && (chunked || streams);
+  const bool fused = fused_i8 || fused_f32 || fused_bf16;
+  // Where the 8 rows of x from m write the outputs o0 + i + r * o_step of block i (Out8; float32 or bfloat16 out)
   const auto out8 = [&](int64_t m, int64_t o0, int64_t o_step, int64_t blocks) {
-    Out8 to{};
-    if constexpr (kFloatIo)
+    Out8<io_t> to{};
+    if constexpr (kFusedIo)
       to = {out + m * N, N, o0, o_step, blocks, int_dots ? x_scale.data() + m : nullptr, scale, bias};
     return to;
   };
@@ -511,20 +542,20 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
         // K 3072 0.94-0.97x)
         if (bf16_dots)
           return for_x_blocks(M, nb, [&](auto R, auto C, int64_t r, int64_t m) {
-            dot_block_bf16<decltype(R)::value, decltype(C)::value, kLanes>(rows + r * step * K, step * K,
-                                                                           x + m * K + c0, K, cn,
-                                                                           sums + (m * kGemvBlock + r) * kSum,
-                                                                           kGemvBlock, ahead);
+            const auto to_out = out8(m, n + r * step, step, blocks);
+            dot_block_bf16<decltype(R)::value, decltype(C)::value, kLanes>(
+                rows + r * step * K, step * K, x + m * K + c0, K, cn, sums + (m * kGemvBlock + r) * kSum, kGemvBlock,
+                ahead, fused_out<c10::BFloat16>(fused_bf16 && !kLanes, to_out));
           });
       }
       if constexpr (kIntTypes) {
         if (int_dots)
           return for_x_blocks(M, nb, [&](auto R, auto C, int64_t r, int64_t m) {
-            const Out8 to_out = out8(m, n + r * step, step, blocks);
+            const auto to_out = out8(m, n + r * step, step, blocks);
             const auto block = [&](const auto* xq) {
               dot_block_i8<decltype(R)::value, decltype(C)::value, kLanes>(
                   rows + r * step * K, step * K, xq + m * K + c0, K, cn, x_offset.data() + m,
-                  sums + (m * kGemvBlock + r) * kSum, kGemvBlock, ahead, fused_i8 && !kLanes ? &to_out : nullptr);
+                  sums + (m * kGemvBlock + r) * kSum, kGemvBlock, ahead, fused_out<float>(fused_i8 && !kLanes, to_out));
             };
             x_8_bits ? block(x_int8.data()) : block(x_int16.data());
           });
@@ -537,11 +568,11 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
       // weights in cache, 1 thread: float32 K 768 8% less time.
       if (M >= 8 && (chunked || streams))
         return for_x_blocks(M, nb, [&](auto R, auto C, int64_t r, int64_t m) {
-          const Out8 to_out = out8(m, n + r * step, step, blocks);
+          const auto to_out = out8(m, n + r * step, step, blocks);
           dot_block<decltype(R)::value, decltype(C)::value, kLanes>(rows + r * step * K, step * K, xa + m * K + c0, K,
                                                                     cn, sums + (m * kGemvBlock + r) * kSum, 1,
                                                                     kGemvBlock, ahead,
-                                                                    fused_f32 && !kLanes ? &to_out : nullptr);
+                                                                    fused_out<acc_t>(fused_f32 && !kLanes, to_out));
         });
 #endif
       dot_rows<kLanes>(rows, step * K, nb, xa + c0, K, M, cn, sums, 1, kGemvBlock, ahead);
@@ -550,20 +581,22 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
     const auto store = [&](auto lanes, int64_t n, int64_t nb, int64_t step, const acc_t* sums) {
       if (fused && !decltype(lanes)::value) return;
 #if defined(CPU_CAPABILITY_AVX512)
-      if constexpr (kFloatIo && decltype(lanes)::value)
+      if constexpr (kFusedIo && decltype(lanes)::value)
         if (fused) {  // the lanes of 8 rows of x (in chunks): as the dot blocks write them over whole rows
-          const Out8 to = out8(0, 0, 0, 1);
+          const auto to = out8(0, 0, 0, 1);
           for (int64_t r = 0; r < nb; ++r) {
             const acc_t* lanes_r = sums + r * kVec;  // row m's lanes at lanes_r + m * kGemvBlock * kVec
-            if (int_dots) {  // int32 lanes (dot_block_i8)
-              __m512i v[8];
-              for (int m = 0; m < 8; ++m) v[m] = _mm512_loadu_si512(lanes_r + m * kGemvBlock * kVec);
-              store_i8_8(v, x_offset.data(), to, n + r * step);
-            } else {
-              __m512 v[8];
-              for (int m = 0; m < 8; ++m) v[m] = _mm512_loadu_ps(lanes_r + m * kGemvBlock * kVec);
-              store_8(_mm512_castps512_ps256(sum_lanes_of<8>(v)), to, n + r * step);
+            if constexpr (kIntTypes) {
+              if (int_dots) {  // int32 lanes (dot_block_i8)
+                __m512i v[8];
+                for (int m = 0; m < 8; ++m) v[m] = _mm512_loadu_si512(lanes_r + m * kGemvBlock * kVec);
+                store_i8_8(v, x_offset.data(), to, n + r * step);
+                continue;
+              }
             }
+            __m512 v[8];
+            for (int m = 0; m < 8; ++m) v[m] = _mm512_loadu_ps(lanes_r + m * kGemvBlock * kVec);
+            store_sums_8(v, to, n + r * step);
           }
           return;
         }
