@@ -487,7 +487,9 @@ void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, con
   // Chunks of 256 bytes for up to 4 rows of x (bfloat16 is chunked there), single calls in turns with F.linear and
   // the read, three runs at 43-48 GB/s, fraction of the read against 384: K 11008 4 rows 79-80% -> 87-88, 3 rows 91-92
   // -> 94-95, K 6144 4 rows 71-75 -> 78-81; with 5-8 rows 256 bytes lost (float32 6 rows K 4096 85-89 -> 78-83,
-  // bfloat16 6 rows K 11008 93-97 -> 86-92), and so did 576 and 768 (float32 8 rows K 2048-11008 3-12 points).
+  // bfloat16 6 rows K 11008 93-97 -> 86-92), and so did 576 and 768 (float32 8 rows K 2048-11008 3-12 points); 768
+  // with the prefetch along the rows twice as far (2304 bytes) too, though it took 15-20% less time in cache (8 rows,
+  // float32 and bfloat16, K 3072-11008, 3 A/B runs at about 45 GB/s: 75-80% of the read against 86-97%).
   // Integer dot products take 768 bytes (768 elements of K) at any row count: they are compute-bound in chunks, and a
   // chunk's sums loaded and stored are fewer a line. The kernel alone, called from C++, 2 threads, median of 3-5 A/B
   // runs, 384 -> 768: weights in cache, 8 rows N 768 K 3072 77.8 -> 68.1 us; cold, K 11008 N 4096, 8 rows 1550 ->
