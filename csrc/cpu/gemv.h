@@ -82,8 +82,8 @@ __attribute__((always_inline)) inline __m512i sum_lanes_8(const __m512i* v) {
 
 // out[c * n_out + o] for the 8 rows c of x from the int32 lane sums of their dot products with weight row o, as
 // Out8 says: the sums of lanes at once (sum_lanes_8), scaled as vectors.
-__attribute__((always_inline)) inline void store_i8_8(const __m512i* sums, const int64_t* b_offset, const Out8<float>& to,
-                                                      int64_t o) {
+__attribute__((always_inline)) inline void store_i8_8(const __m512i* sums, const int64_t* b_offset,
+                                                      const Out8<float>& to, int64_t o) {
   store_8(_mm512_cvtepi64_ps(_mm512_add_epi64(sum_lanes_8(sums), _mm512_loadu_si512(b_offset))), to, o);
 }
 
@@ -125,8 +125,8 @@ __attribute__((always_inline)) inline void steps_of(int64_t n, bool prefetching,
 // are unrolled by pragma: GCC 12 at -O3 otherwise unrolled them too late to keep the sums in registers and stored every
 // one to the stack at every step (seen in the object code; N 3072 K 768, 8 rows: 135 -> 72 us). R x C up to 2 x 8 or
 // 4 x 4: the sums, C rows of x and a weight vector in at most 25 of the 32 registers.
-// fused (8 rows of x, not kLanes): fused->blocks blocks of R weight rows in one call, each row's 8 sums reduced together
-// and written to out (store_sums_8), as in dot_block.
+// fused (8 rows of x, not kLanes): fused->blocks blocks of R weight rows in one call, each row's 8 sums reduced
+// together and written to out (store_sums_8), as in dot_block.
 template <int R, int C, bool kLanes>
 void dot_block_bf16(const c10::BFloat16* a_first, int64_t a_step, const c10::BFloat16* b, int64_t b_step, int64_t n,
                     float* part, int64_t part_m, int64_t prefetch, const Out8<c10::BFloat16>* fused = nullptr) {
