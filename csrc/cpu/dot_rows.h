@@ -71,14 +71,15 @@ inline at::vec::Vectorized<acc_t> load_widened(const T* p, int64_t count) {
 
 // Where a dot block with 8 rows of x (C = 8) over whole rows of K writes its results itself, rounded in the same order
 // as gemv_rows' store: out[c * n_out + o] = dot * x_scale[c] * scale[o] + bias[o] (1, 1 and 0 where null), computed in
-// float32 and rounded once to T (float32 or bfloat16), for the weight row a + r * a_step of block i, o = o0 + i + r *
-// o_step; block i's rows are block 0's i rows on (a + i * n), as the pairs of gemv_rows' two streams are.
+// float32 and rounded once to T (float32 or bfloat16), for the weight row a + r * a_step of block i, o = row(i, r);
+// block i's rows are block 0's i rows on (a + i * n), as the pairs of gemv_rows' two streams are.
 template <typename T>
 struct Out8 {
   T* out;
   int64_t n_out, o0, o_step, blocks;
   const float *x_scale, *scale;
   const T* bias;
+  int64_t row(int64_t block, int r) const { return o0 + block + r * o_step; }  // the output of block's weight row r
 };
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -217,7 +218,7 @@ __attribute__((noinline)) void dot_block(const a_t* a_first, int64_t a_step, con
           __m512 sums[C];
 #pragma GCC unroll 8
           for (int c = 0; c < C; ++c) sums[c] = kTwoSets ? acc[r][c] + acc2[r][c] : acc[r][c];
-          store_sums_8(sums, *fused, fused->o0 + block + r * fused->o_step);
+          store_sums_8(sums, *fused, fused->row(block, r));
         }
         continue;
       }

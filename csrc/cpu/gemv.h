@@ -167,7 +167,7 @@ void dot_block_bf16(const c10::BFloat16* a_first, int64_t a_step, const c10::BFl
           __m512 sums[C];
 #pragma GCC unroll 8
           for (int c = 0; c < C; ++c) sums[c] = kTwoSets ? _mm512_add_ps(acc[r][c], acc2[r][c]) : acc[r][c];
-          store_sums_8(sums, *fused, fused->o0 + block + r * fused->o_step);
+          store_sums_8(sums, *fused, fused->row(block, r));
         }
         continue;
       }
@@ -330,7 +330,7 @@ __attribute__((noinline)) void dot_block_i8(const int8_t* a_first, int64_t a_ste
           __m512i sums[C];
 #pragma GCC unroll 8
           for (int c = 0; c < C; ++c) sums[c] = kTwoSets ? _mm512_add_epi32(acc[r][c], acc2[r][c]) : acc[r][c];
-          store_i8_8(sums, b_offset, *fused, fused->o0 + block + r * fused->o_step);
+          store_i8_8(sums, b_offset, *fused, fused->row(block, r));
         }
         continue;
       }
