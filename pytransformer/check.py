@@ -544,7 +544,7 @@ class KernelChecks:
                     if variant == "misaligned":
                         x, weight, scale, bias = misaligned(x), misaligned(weight), misaligned(scale), misaligned(bias)
                     x_bits = 8 if variant == "x8" else 16
-                    x64 = (reference.round_x_to_8_bits(x.cpu()) if x_bits == 8 else x.cpu()).double()
+                    x64 = reference.int8_linear_x(x, x_bits)  # as the op's path on this processor sees it
                     w64 = weight.double().cpu() * scale.double().cpu()[:, None]
                     b64 = torch.zeros(n, dtype=torch.float64) if bias is None else bias.double().cpu()
                     ref = x64 @ w64.t() + b64  # [M, N]
