@@ -219,11 +219,12 @@ def layouts(t: torch.Tensor, extra: int = 3):
 
 
 class KernelChecks:
-    """The cases of every CUDA kernel run against `ops` (torch.ops.pytransformer on a GPU, or the emulator's
-    namespace) on `device`; the names of failed cases collect in `failures`."""
+    """The cases of every kernel run against `ops` (torch.ops.pytransformer, or the emulator's namespace) on tensors
+    of `device`, the kernels being those of `kernel_device` (default `device`; "cuda" for the emulator's, which run on
+    CPU tensors); the names of failed cases collect in `failures`."""
 
-    def __init__(self, ops, device: str):
-        self.ops, self.device, self.failures = ops, device, []
+    def __init__(self, ops, device: str, kernel_device: str | None = None):
+        self.ops, self.device, self.kernel_device, self.failures = ops, device, kernel_device or device, []
         self.stats = {}  # (op, dtype) -> [cases, failed, worst row error / its bound]
 
     def record(self, name: str, ok: bool, row_ratio: float = 0.0) -> None:
@@ -547,7 +548,7 @@ class KernelChecks:
                     if variant == "misaligned":
                         x, weight, scale, bias = misaligned(x), misaligned(weight), misaligned(scale), misaligned(bias)
                     x_bits = 8 if variant == "x8" else 16
-                    x64 = reference.int8_linear_x(x, x_bits)  # as the op's path on this processor sees it
+                    x64 = reference.int8_linear_x(x, x_bits, self.kernel_device)  # as the op's path sees it
                     w64 = weight.double().cpu() * scale.double().cpu()[:, None]
                     b64 = torch.zeros(n, dtype=torch.float64) if bias is None else bias.double().cpu()
                     ref = x64 @ w64.t() + b64  # [M, N]

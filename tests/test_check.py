@@ -1,7 +1,7 @@
 """pytransformer.check on the CPU: int8_linear's cases pass on whatever path this processor takes (x quantized to 16
-bits with AVX-512 VNNI, as is without it), and fail on planted errors of the size of real bugs: a bias dropped, the
-last product of every dot product dropped (a tail bug), x quantized to 15 bits instead of 16. The command's table and
-exit status are tested in test_cli.py."""
+bits with AVX-512 VNNI, as is without it; as is in the CUDA kernels, which the host emulator runs on CPU tensors), and
+fail on planted errors of the size of real bugs: a bias dropped, the last product of every dot product dropped (a tail
+bug), x quantized to 15 bits instead of 16. The command's table and exit status are tested in test_cli.py."""
 import pytest
 import torch
 
@@ -26,10 +26,11 @@ class Planted:
         return getattr(OPS, name)
 
 
-def failed_cases(int8_linear) -> set[str]:
-    """The names of the int8_linear cases of SHAPES that fail with this int8_linear, from a fixed seed."""
+def failed_cases(int8_linear, kernel_device="cpu") -> set[str]:
+    """The names of the int8_linear cases of SHAPES that fail with this int8_linear as the kernel of `kernel_device`,
+    on CPU tensors, from a fixed seed."""
     torch.manual_seed(0)
-    checks = check.KernelChecks(Planted(int8_linear), "cpu")
+    checks = check.KernelChecks(Planted(int8_linear), "cpu", kernel_device)
     checks.check_int8_linear(SHAPES)
     return {f.split(":")[0] for f in checks.failures}
 
@@ -57,6 +58,12 @@ def x_on_15_bits(x, weight, scale, bias, x_bits):
     return OPS.int8_linear(x, weight, scale, bias, x_bits)
 
 
+def as_cuda_kernels(x, weight, scale, bias, x_bits):
+    """What the CUDA kernels compute: x as it is (rounded to 8 bits with x_bits=8), float32 sums."""
+    xf = reference.round_x_to_8_bits(x) if x_bits == 8 else x.float()
+    return reference.int8_linear(xf, weight, scale.float(), None if bias is None else bias.float()).to(x.dtype)
+
+
 def test_int8_linear_cases_pass():
     assert failed_cases(OPS.int8_linear) == set()
 
@@ -66,6 +73,10 @@ def test_int8_linear_cases_pass_without_vnni():
     is; the levels below run these cases in test_int8_linear.py's test_each_cpu_isa_level_agrees)."""
     run_under_isa("avx512", "from tests.test_check import failed_cases\n"
                             "assert failed_cases(torch.ops.pytransformer.int8_linear) == set()")
+
+
+def test_int8_linear_cases_of_cuda_kernels_on_cpu_tensors():
+    assert failed_cases(as_cuda_kernels, kernel_device="cuda") == set()
 
 
 @pytest.mark.parametrize("planted,expected", [

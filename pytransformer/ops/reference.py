@@ -112,15 +112,17 @@ def quantize_x_rows(x, bits: int = 16) -> tuple[Tensor, Tensor]:
     return q, torch.where(amax.isfinite(), big / q_max / pre, torch.nan)
 
 
-def int8_linear_x(x, x_bits: int = 16) -> Tensor:
-    """x [..., K] as ops.int8_linear multiplies it on x's device and this processor, in float64 on the CPU: rounded to
-    8 bits with x_bits=8 on every path (round_x_to_8_bits); with x_bits=16 quantized per row to 16 bits where the CPU
-    kernel does it (x not float64, a processor with AVX-512 VNNI: pytransformer._C.cpu_vnni_dot_products(), which
-    ATEN_CPU_CAPABILITY turns off; csrc/cpu/int8_linear.cpp), else x itself. The references of int8_linear take
-    this x, so that their bounds are those of float32 sums on every path."""
+def int8_linear_x(x, x_bits: int = 16, kernel_device=None) -> Tensor:
+    """x [..., K] as int8_linear's kernels for `kernel_device` (default x's device; "cuda" for the CUDA kernels that
+    the host emulator runs on CPU tensors) multiply it on this processor, in float64 on the CPU: rounded to 8 bits with
+    x_bits=8 on every path (round_x_to_8_bits); with x_bits=16 quantized per row to 16 bits where the CPU kernel does
+    it (x not float64, a processor with AVX-512 VNNI: pytransformer._C.cpu_vnni_dot_products(), which
+    ATEN_CPU_CAPABILITY turns off; csrc/cpu/int8_linear.cpp), else x itself. The references of int8_linear take this
+    x, so that their bounds are those of float32 sums on every path."""
     if x_bits == 8:
         return round_x_to_8_bits(x.cpu()).double()
-    if x.device.type == "cpu" and x.dtype != torch.float64 and _C.cpu_vnni_dot_products():
+    cpu_kernel = torch.device(kernel_device or x.device).type == "cpu"
+    if cpu_kernel and x.dtype != torch.float64 and _C.cpu_vnni_dot_products():
         q, x_scale = quantize_x_rows(x, 16)
         return q.double() * x_scale.double()
     return x.double().cpu()
