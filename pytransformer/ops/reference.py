@@ -5,7 +5,7 @@ import math
 import torch
 from torch import Tensor
 
-from .. import _C
+from .._C import cpu_vnni_dot_products
 from .visibility import visible_keys
 
 
@@ -122,7 +122,7 @@ def int8_linear_x(x, x_bits: int = 16, kernel_device=None) -> Tensor:
     if x_bits == 8:
         return round_x_to_8_bits(x.cpu()).double()
     cpu_kernel = torch.device(kernel_device or x.device).type == "cpu"
-    if cpu_kernel and x.dtype != torch.float64 and _C.cpu_vnni_dot_products():
+    if cpu_kernel and x.dtype != torch.float64 and cpu_vnni_dot_products():
         q, x_scale = quantize_x_rows(x, 16)
         return q.double() * x_scale.double()
     return x.double().cpu()
