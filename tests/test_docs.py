@@ -45,7 +45,6 @@ NAMES = {
         transformers.LlamaConfig(**TINY_LLAMA))),
     "bert_dir": lambda tmp: _saved(tmp, "bert", transformers.BertModel(transformers.BertConfig(**TINY_BERT))),
     "hf_gpt2": lambda tmp: transformers.GPT2LMHeadModel(transformers.GPT2Config(**TINY_GPT2)).eval(),
-    "tiny_ids": lambda tmp: torch.randint(0, 100, (2, 12)),
 }
 
 
