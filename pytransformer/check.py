@@ -8,6 +8,9 @@ split-KV decode, int8_linear (GEMV rows per block, split-K, tiled GEMM, 16-byte 
 (on the CPU the streaming kernel's blocks of rows and the switch to GEMM; on CUDA it is ATen's). Outputs
 are allocated over freed NaN-filled memory so unwritten elements show up as NaN.
 
+int8_linear's references use x as the op's path on this processor sees it (reference.int8_linear_x: quantized
+per row to 16 bits by the CPU kernel with AVX-512 VNNI), so its bounds are those of float32 sums on every path.
+
 Every compared output is checked as a whole (relative error within TOL) and row by row (each row of the last dim
 within ROW_TOL, relative to its own size but not below the tensor's RMS row size), so that one wrong row among
 thousands fails. The tests of tests/ops/test_<op>.py run these cases against the op namespace of the `kernel_target`
@@ -216,11 +219,12 @@ def layouts(t: torch.Tensor, extra: int = 3):
 
 
 class KernelChecks:
-    """The cases of every CUDA kernel run against `ops` (torch.ops.pytransformer on a GPU, or the emulator's
-    namespace) on `device`; the names of failed cases collect in `failures`."""
+    """The cases of every kernel run against `ops` (torch.ops.pytransformer, or the emulator's namespace) on tensors
+    of `device`, the kernels being those of `kernel_device` (default `device`; "cuda" for the emulator's, which run on
+    CPU tensors); the names of failed cases collect in `failures`."""
 
-    def __init__(self, ops, device: str):
-        self.ops, self.device, self.failures = ops, device, []
+    def __init__(self, ops, device: str, kernel_device: str | None = None):
+        self.ops, self.device, self.kernel_device, self.failures = ops, device, kernel_device or device, []
         self.stats = {}  # (op, dtype) -> [cases, failed, worst row error / its bound]
 
     def record(self, name: str, ok: bool, row_ratio: float = 0.0) -> None:
@@ -544,7 +548,7 @@ class KernelChecks:
                     if variant == "misaligned":
                         x, weight, scale, bias = misaligned(x), misaligned(weight), misaligned(scale), misaligned(bias)
                     x_bits = 8 if variant == "x8" else 16
-                    x64 = (reference.round_x_to_8_bits(x.cpu()) if x_bits == 8 else x.cpu()).double()
+                    x64 = reference.int8_linear_x(x, x_bits, self.kernel_device)  # as the op's path sees it
                     w64 = weight.double().cpu() * scale.double().cpu()[:, None]
                     b64 = torch.zeros(n, dtype=torch.float64) if bias is None else bias.double().cpu()
                     ref = x64 @ w64.t() + b64  # [M, N]

@@ -92,7 +92,7 @@ class KernelTarget:
         `each_device_size` (persistent grids looping over many rows, or many row groups and split-K partial sums);
         returns the names of the failed cases."""
         torch.manual_seed(0)
-        checks = KernelChecks(self.ops, self.device)
+        checks = KernelChecks(self.ops, self.device, kernel_device="cuda")
         for sms, blocks in ((2, 2), (64, 8)) if self.emulated and each_device_size else ((None, None),):
             if sms is not None:
                 self.ops.set_device(sms, blocks)

@@ -100,18 +100,3 @@ def compiled(fn):
 # when the compiled graph runs).
 TRACING_ERROR = torch._dynamo.exc.TorchRuntimeError
 
-
-def x_quant_max(k, bits=16):
-    """The largest |x| quantized by int8_linear's few-rows CPU kernel with AVX-512 VNNI, as x_quant_max in
-    csrc/cpu/gemv.h: 32767 (16 bits) or 127 (8 bits), less over K 8192 (16 bits) or about a million (8 bits) so that no
-    int32 sum can overflow."""
-    if bits == 16:
-        return min(32767, (2**31 - 1) // (128 * 2 * max(1, -(-k // 32))))
-    return min(127, (2**31 - 1) // (255 * 4 * max(1, -(-k // 64))))
-
-
-def x_quantization_bound(x, weight, scale):
-    """[..., N]: the most that int8_linear's quantization of each row of x to 16 bits (to nearest, steps of
-    max|x row| / x_quant_max(K)) can move each output: half a step times sum_k |weight[n, k]| * |scale[n]|."""
-    step = x.double().abs().amax(-1, keepdim=True) / x_quant_max(x.shape[-1]) if x.shape[-1] else x.double()[..., :1]
-    return step / 2 * (weight.double().abs().sum(-1) * scale.double().abs())

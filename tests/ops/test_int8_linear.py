@@ -7,8 +7,7 @@ import pytransformer
 from pytransformer import ops
 from pytransformer.ops import reference
 
-from tests.helpers import (CPU_ISA_LEVELS, TRACING_ERROR, compiled, run_under_isa, skip_unsupported, tolerance,
-                           x_quant_max, x_quantization_bound)
+from tests.helpers import CPU_ISA_LEVELS, TRACING_ERROR, compiled, run_under_isa, skip_unsupported, tolerance
 from pytransformer import check as kc
 
 
@@ -23,18 +22,16 @@ def make(n, k, device, dtype=torch.float32, bias=True):
 
 
 def check(x, weight, scale, bias, x_bits=16):
-    """ops.int8_linear against the float64 reference (x_bits=8: on x rounded to 8 bits in the op's own arithmetic, so
-    every path, the CPU's VNNI kernel too, sees the same values)."""
+    """ops.int8_linear against the float64 reference on x as the op's path on this processor sees it
+    (reference.int8_linear_x: rounded to 8 bits with x_bits=8, quantized to 16 bits by the CPU kernel with VNNI)."""
     got = ops.int8_linear(x, weight, scale, bias, x_bits=x_bits)
-    x64 = (reference.round_x_to_8_bits(x) if x_bits == 8 else x).double()
+    x64 = reference.int8_linear_x(x, x_bits).to(x.device)
     want = reference.int8_linear(x64, weight, scale.double(), None if bias is None else bias.double())
     assert got.dtype == x.dtype and got.shape == (*x.shape[:-1], weight.shape[0])
     atol, rtol = tolerance(x.dtype)
     magnitude = max(1.0, want.abs().amax().item()) if want.numel() else 1.0  # the half types round the result
     err = (got.double() - want).abs()
     allowed = atol * magnitude + rtol * want.abs()
-    if x_bits == 16 and x.device.type == "cpu":  # x quantized to 16 bits with AVX-512 VNNI (any CPU path may run)
-        allowed = allowed + x_quantization_bound(x, weight, scale)
     assert bool((err <= allowed).all()), f"{(err - allowed).amax().item()} over the tolerance"
 
 
@@ -74,14 +71,8 @@ def quantized_x_reference(x, weight, scale, bias, bits=16):
     quantized in float32 arithmetic as csrc/cpu/gemv.h's quantize_rows does, the integer products summed exactly
     (float64 holds integers up to 2^53), then float32 (sum * x scale) * scale + bias; rows with an inf or NaN all
     NaN."""
-    q_max = torch.tensor(float(x_quant_max(x.shape[-1], bits)))
-    amax = x.abs().amax(-1, keepdim=True)
-    pre = torch.where(amax < 2.0**-100, torch.tensor(2.0**100), torch.tensor(1.0))
-    big = amax * pre
-    x_scale = big / q_max / pre
-    q = torch.round(x * pre * torch.where(big > 0, q_max / big, torch.tensor(0.0)))
-    out = (q.double() @ weight.double().T).float() * x_scale * scale + bias
-    return torch.where(amax.isfinite(), out, torch.nan)
+    q, x_scale = reference.quantize_x_rows(x, bits)
+    return (q.double() @ weight.double().T).float() * x_scale * scale + bias
 
 
 @pytest.mark.skipif(not VNNI, reason="the processor has no AVX-512 VNNI (or ATEN_CPU_CAPABILITY caps the level)")

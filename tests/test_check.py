@@ -1,0 +1,88 @@
+"""pytransformer.check on the CPU: int8_linear's cases pass on whatever path this processor takes (x quantized to 16
+bits with AVX-512 VNNI, as is without it; as is in the CUDA kernels, which the host emulator runs on CPU tensors), and
+fail on planted errors of the size of real bugs: a bias dropped, the last product of every dot product dropped (a tail
+bug), x quantized to 15 bits instead of 16. The command's table and exit status are tested in test_cli.py."""
+import pytest
+import torch
+
+from pytransformer import check
+from pytransformer.ops import reference
+
+from tests.helpers import run_under_isa
+
+# (M, K, N): the few-rows kernel at 3 and 16 rows (K 4096: 16-byte weight loads, several K slices), more rows (with
+# VNNI the same kernel 8 rows a call, without it dequantized weights and ATen's GEMM).
+SHAPES = [(3, 15, 7), (16, 4096, 7), (40, 100, 24)]
+OPS = torch.ops.pytransformer
+
+
+class Planted:
+    """torch.ops.pytransformer with int8_linear replaced."""
+
+    def __init__(self, int8_linear):
+        self.int8_linear = int8_linear
+
+    def __getattr__(self, name):
+        return getattr(OPS, name)
+
+
+def failed_cases(int8_linear, kernel_device="cpu") -> set[str]:
+    """The names of the int8_linear cases of SHAPES that fail with this int8_linear as the kernel of `kernel_device`,
+    on CPU tensors, from a fixed seed."""
+    torch.manual_seed(0)
+    checks = check.KernelChecks(Planted(int8_linear), "cpu", kernel_device)
+    checks.check_int8_linear(SHAPES)
+    return {f.split(":")[0] for f in checks.failures}
+
+
+def cases(variants, shapes=SHAPES) -> set[str]:
+    """The names of the float32 cases of these variants (check.KernelChecks.check_int8_linear)."""
+    return {f"int8_linear [M {m}, K {k}, N {n}] float32 {v}" for m, k, n in shapes for v in variants}
+
+
+def without_bias(x, weight, scale, bias, x_bits):
+    return OPS.int8_linear(x, weight, scale, None, x_bits)
+
+
+def without_last_product(x, weight, scale, bias, x_bits):
+    weight = weight.clone()
+    weight[:, -1] = 0
+    return OPS.int8_linear(x, weight, scale, bias, x_bits)
+
+
+def x_on_15_bits(x, weight, scale, bias, x_bits):
+    """x_bits=16 with x quantized per row to every other level of the 16-bit grid."""
+    if x_bits == 16:
+        q, x_scale = reference.quantize_x_rows(x, 16)
+        x = (torch.round(q / 2) * (x_scale * 2)).to(x.dtype)
+    return OPS.int8_linear(x, weight, scale, bias, x_bits)
+
+
+def as_cuda_kernels(x, weight, scale, bias, x_bits):
+    """What the CUDA kernels compute: x as it is (rounded to 8 bits with x_bits=8), float32 sums."""
+    xf = reference.round_x_to_8_bits(x) if x_bits == 8 else x.float()
+    return reference.int8_linear(xf, weight, scale.float(), None if bias is None else bias.float()).to(x.dtype)
+
+
+def test_int8_linear_cases_pass():
+    assert failed_cases(OPS.int8_linear) == set()
+
+
+def test_int8_linear_cases_pass_without_vnni():
+    """The same cases with the kernels capped at plain AVX-512 (ATEN_CPU_CAPABILITY turns VNNI off: x is used as it
+    is; the levels below run these cases in test_int8_linear.py's test_each_cpu_isa_level_agrees)."""
+    run_under_isa("avx512", "from tests.test_check import failed_cases\n"
+                            "assert failed_cases(torch.ops.pytransformer.int8_linear) == set()")
+
+
+def test_int8_linear_cases_of_cuda_kernels_on_cpu_tensors():
+    assert failed_cases(as_cuda_kernels, kernel_device="cuda") == set()
+
+
+@pytest.mark.parametrize("planted,expected", [
+    (without_bias, cases(("bias", "misaligned"))),
+    (without_last_product, cases(("bias", "plain", "misaligned", "x8"))),
+    (x_on_15_bits, cases(("bias", "plain", "misaligned"))),
+], ids=["bias dropped", "last product dropped", "x on 15 bits"])
+def test_planted_errors_fail(planted, expected):
+    assert expected <= failed_cases(planted)

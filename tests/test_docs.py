@@ -1,0 +1,140 @@
+"""Every documented snippet runs. README.md and docs/*.md: each ```python block runs in a namespace of its own holding
+the names that its `<!-- names: a, b -->` comment (the line before the block) lists, built by NAMES below; a block
+after `<!-- signatures -->` lists signatures, not code, and is not run. Each `python -m pytransformer ...` line of the
+```bash, ```sh and ```console blocks (a usage synopsis too: `[--opt X]`) parses: its command's --help lists every
+option the line uses. Each `pt.` or
+`pytransformer.` name in inline code resolves."""
+import contextlib
+import importlib
+import io
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+
+import pytransformer
+from pytransformer.__main__ import main
+
+transformers = pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
+MARKER = re.compile(r"<!--\s*(names:(?P<names>[^>]*)|signatures)\s*-->\s*$")
+SHELL = {"bash", "sh", "console"}
+
+TINY_LLAMA = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "bos_token_id": None, "eos_token_id": None}
+TINY_GPT2 = {"vocab_size": 100, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64, "bos_token_id": None,
+             "eos_token_id": None}
+TINY_BERT = {"vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "intermediate_size": 128, "max_position_embeddings": 64}
+
+
+def _saved(tmp_path_factory, name, model):
+    path = tmp_path_factory.mktemp(name)
+    model.save_pretrained(path)
+    return str(path)
+
+
+# The names a snippet may assume: tiny objects (no download), built on first use.
+NAMES = {
+    "llama_dir": lambda tmp: _saved(tmp, "llama", transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**TINY_LLAMA))),
+    "bert_dir": lambda tmp: _saved(tmp, "bert", transformers.BertModel(transformers.BertConfig(**TINY_BERT))),
+    "hf_gpt2": lambda tmp: transformers.GPT2LMHeadModel(transformers.GPT2Config(**TINY_GPT2)).eval(),
+}
+
+
+def fenced_blocks(languages):
+    """(file:line, marker line, code) of every fenced block in DOCS whose language is in `languages`."""
+    for path in DOCS:
+        text = path.read_text()
+        for m in FENCE.finditer(text):
+            if m.group(1) in languages:
+                start = text.count("\n", 0, m.start())
+                before = text.splitlines()[start - 1] if start else ""
+                yield f"{path.relative_to(ROOT)}:{start + 1}", before, m.group(2)
+
+
+PYTHON_BLOCKS = [pytest.param(before, code, id=where) for where, before, code in fenced_blocks({"python"})]
+
+
+def cli_lines():
+    """(file:line, argv after `python -m pytransformer`) of every such line of the shell blocks (lines continued with
+    a backslash or by indentation joined; comments and a `$ ` prompt dropped)."""
+    for where, _, code in fenced_blocks(SHELL):
+        for line in re.sub(r"\n[ \t]+", " ", code.replace("\\\n", " ")).splitlines():
+            words = shlex.split(line.removeprefix("$ "), comments=True)
+            if words[:3] == ["python", "-m", "pytransformer"]:
+                yield pytest.param(words[3:], id=f"{where} {' '.join(words[3:5])}")
+
+
+@pytest.fixture(scope="module")
+def names(tmp_path_factory):
+    """name -> its object, each built once."""
+    built = {}
+
+    def get(name):
+        if name not in built:
+            built[name] = NAMES[name](tmp_path_factory)
+        return built[name]
+    return get
+
+
+@pytest.mark.parametrize("before,code", PYTHON_BLOCKS)
+def test_python_block_runs(before, code, names):
+    marker = MARKER.search(before)
+    if marker and not marker.group("names"):
+        pytest.skip("a list of signatures")
+    assumed = [n.strip() for n in marker.group("names").split(",")] if marker else []
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        exec(compile(code, "<doc block>", "exec"), {n: names(n) for n in assumed})
+
+
+def _help(command: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as exited:
+        main([command, "--help"])
+    assert exited.value.code == 0, f"python -m pytransformer {command} --help failed"
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("argv", list(cli_lines()))
+def test_cli_line_parses(argv):
+    usage = _help(argv[0])
+    options = [w.lstrip("[").split("=")[0].rstrip("]") for w in argv[1:]]
+    unknown = [o for o in options
+               if o.startswith("--") and not re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", usage)]
+    assert unknown == [], f"options not in `python -m pytransformer {argv[0]} --help`: {unknown}"
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether pytransformer.a.b... names a module or an attribute."""
+    parts = dotted.split(".")
+    obj = pytransformer
+    for i, part in enumerate(parts[1:], 1):
+        if not hasattr(obj, part):
+            try:
+                importlib.import_module(".".join(["pytransformer", *parts[1:i + 1]]))
+            except ImportError:
+                return False
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return False
+    return True
+
+
+def inline_names(text: str) -> list[str]:
+    """The dotted names after `pt.` or `pytransformer.` in the inline code spans of text, as pytransformer.x.y."""
+    spans = re.findall(r"(?<!`)`([^`\n]+)`(?!`)", text)
+    name = re.compile(r"(?<![\w.])(?:pt|pytransformer)\.([\w.]*\w)")
+    return [f"pytransformer.{m}" for span in spans for m in name.findall(span)]
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_inline_names_resolve(path):
+    assert [n for n in inline_names(path.read_text()) if not _resolves(n)] == []
