@@ -144,6 +144,18 @@ def test_causal_without_a_mask_aligns_as_sdpa_for_a_prefill_into_an_empty_static
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2))
 
 
+@pytest.mark.parametrize("lq", [1, 7], ids=["decoding step", "prefill"])
+def test_a_sliding_window_without_a_mask_is_applied(lq):
+    q, k, v = torch.randn(2, 4, lq, 8), torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 8)
+    p = torch.arange(lq)[:, None] + 7 - lq
+    j = torch.arange(7)
+    window = (j <= p) & (j > p - 3)  # a query at position p sees keys p - 3 < j <= p
+    with torch.no_grad():
+        out, _ = integration.attention_forward(torch.nn.Module(), q, k, v, None, sliding_window=3)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=window, enable_gqa=True)
+    torch.testing.assert_close(out, expected.transpose(1, 2))
+
+
 def test_dropout_reaches_the_op_in_training():
     torch.manual_seed(0)
     a = call(dropout=0.5)[0]
