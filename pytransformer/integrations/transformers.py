@@ -52,7 +52,7 @@ def _unmasked(query: Tensor, key: Tensor, value: Tensor, causal: bool, window, s
     if lq == 1 and dropout == 0.0 and not _needs_grad(query, key, value):  # a decoding step: the cache read in place
         lengths = torch.full((query.shape[0],), lk, dtype=torch.int32, device=query.device)
         return ops.decode_attention(query, key, value, lengths, scale=scale, window=window, max_length=lk)
-    if lk > lq:
+    if lq > 1 and lk > lq:
         # transformers leaves the mask out here only for a prefill into an empty static cache, whose keys past the
         # queries are unwritten: SDPA's is_causal (aligned top-left) sees keys j <= i, the first Lq keys bottom-right.
         key, value = key[:, :, :lq], value[:, :, :lq]

@@ -144,6 +144,12 @@ def test_causal_without_a_mask_aligns_as_sdpa_for_a_prefill_into_an_empty_static
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2))
 
 
+def test_a_decoding_step_that_needs_grad_sees_every_cached_key():
+    q, k, v = (torch.randn(2, 4, n, 8, requires_grad=True) for n in (1, 9, 9))
+    out, _ = integration.attention_forward(torch.nn.Module(), q, k, v, None, is_causal=True)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v).transpose(1, 2))
+
+
 @pytest.mark.parametrize("lq", [1, 7], ids=["decoding step", "prefill"])
 def test_a_sliding_window_without_a_mask_is_applied(lq):
     q, k, v = torch.randn(2, 4, lq, 8), torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 8)
