@@ -86,6 +86,14 @@ def test_greedy_generate_equals_sdpa(pairs, name):
             assert torch.equal(greedy(ours, i, m), greedy(sdpa, i, m))
 
 
+def test_greedy_generate_with_a_static_cache_equals_sdpa(pairs):
+    sdpa, ours = pairs["llama"]
+    ids, mask = batch("llama", padded=False)  # the prefill into the empty static cache comes without a mask
+    with torch.no_grad():
+        assert torch.equal(*(m.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0,
+                                        cache_implementation="static") for m in (ours, sdpa)))
+
+
 def test_unpadded_decoding_steps_read_the_cache_with_decode_attention(pairs, monkeypatch):
     calls = []
     decode = ops.decode_attention
