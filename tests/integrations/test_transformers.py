@@ -275,3 +275,17 @@ def test_bfloat16_and_int8_patches_compute_their_rounded_weights(pairs, name, ki
 def test_patch_linears_rejects_a_dtype_it_cannot_stream():
     with pytest.raises(ValueError, match=r"^dtype: expected None, torch.float32"):
         integration.patch_linears(torch.nn.Linear(4, 4), dtype=torch.int8)
+
+
+def test_the_benchmark_runs_every_variant_on_one_model(tmp_path):
+    from pytransformer.bench import transformers_backend as bench
+    torch.manual_seed(0)
+    hf = FAMILIES["llama"]().eval()
+    hf.save_pretrained(tmp_path)
+    with torch.no_grad():
+        results = bench.run(hf, tmp_path, torch.randint(1, V, (1, 6)), new_tokens=3, rounds=1)
+    names = [name for name, _, _ in bench.TRANSFORMERS_VARIANTS] + [f"DecoderLM, {d}" for d in bench.DECODERLM_VARIANTS]
+    assert list(results) == names and len(linear_layers(hf)) == 2 * 7 + 1  # put back after each patched variant
+    for name in ("transformers, pytransformer attention", "+ our linears, float32", "DecoderLM, float32"):
+        assert torch.equal(results[name][1], results["transformers, sdpa"][1]), name
+    assert "| DecoderLM, int8 |" in bench.markdown(results, "cmd", 6, 3, 1, ("0", "0"))
