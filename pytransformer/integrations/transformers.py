@@ -142,8 +142,9 @@ def _replacement(module: nn.Module, conv1d, dtype, quantize: bool) -> nn.Module:
 def patch_linears(model: nn.Module, dtype: torch.dtype | None = None, quantize: bool = False) -> nn.Module:
     """Swap every nn.Linear of `model` (and GPT-2's Conv1D) for ours in place and return the model.
 
-    dtype: the weights' dtype (None: as they are, and shared with the original layers, so training still updates
-    them; float32, float16 or bfloat16: converted copies, x cast to that dtype and the result back). quantize=True:
+    dtype: the weights' dtype (None or theirs: nn.Linear parameters shared with the original layers, so training
+    still updates them; float32, float16 or bfloat16 otherwise: converted copies, x cast to that dtype and the result
+    back). quantize=True:
     int8 weights with per-output-channel scales in that dtype (ops.int8_linear; inference only, no backward).
     Subclasses of nn.Linear (other libraries' quantized layers) stay as they are. unpatch_linears(model) undoes it."""
     if dtype is not None and dtype not in (torch.float32, torch.float16, torch.bfloat16):
