@@ -11,6 +11,7 @@ record also says where each variant's greedy tokens first differ from sdpa's.
 """
 import argparse
 import datetime
+import os
 import platform
 import statistics
 import sys
@@ -85,7 +86,7 @@ def markdown(results, command: str, prompt_len: int, new_tokens: int, rounds: in
              f"batch 1, prompt {prompt_len} tokens, {new_tokens} new tokens, greedy; median of {rounds} rounds, "
              "every variant once per round in turn; tokens/s counts the new tokens over the whole generate call, "
              "prefill included",
-             f"- load average (1 min) before and after the run: {load[0]} and {load[1]}", "",
+             f"- load average (1 min) before and after the run: {load[0]} and {load[1]}{busy(load)}", "",
              "| variant | tokens/s | vs sdpa | greedy tokens vs sdpa's |", "|---|---|---|---|"]
     for name, (seconds, toks) in results.items():
         diff = first_difference(toks, results["transformers, sdpa"][1])
@@ -96,6 +97,14 @@ def markdown(results, command: str, prompt_len: int, new_tokens: int, rounds: in
 
 def load_average() -> str:
     return open("/proc/loadavg").read().split()[0] if sys.platform == "linux" else "n/a"
+
+
+def busy(load: tuple) -> str:
+    """The record's note when the load average exceeded the CPU count: other work shared the cores."""
+    if any(x != "n/a" and float(x) > os.cpu_count() for x in load):
+        return (f" on {os.cpu_count()} CPUs: other work shared the machine, so these times are not a quiet machine's "
+                "(a rerun on one is needed before comparing variants)")
+    return ""
 
 
 def main(argv=None):
