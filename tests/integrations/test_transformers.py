@@ -152,6 +152,17 @@ def test_causal_without_a_mask_aligns_as_sdpa_for_a_prefill_into_an_empty_static
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2))
 
 
+def test_a_query_row_that_sees_no_key_gives_zeros_and_no_gradient():
+    q, k, v = (torch.randn(2, 4, 5, 8, requires_grad=True) for _ in range(3))
+    mask = torch.ones(2, 1, 5, 5, dtype=torch.bool).tril()
+    mask[1, :, :2, :3] = False  # rows 0 and 1 of batch 1: left padding hides every key they could see
+    out, _ = integration.attention_forward(torch.nn.Module(), q, k, v, mask)
+    out.sum().backward()
+    assert torch.equal(out[1, :2], torch.zeros(2, 4, 8)) and torch.equal(q.grad[1, :, :2], torch.zeros(4, 2, 8))
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)
+    torch.testing.assert_close(out, expected.nan_to_num(0.0))
+
+
 def test_a_decoding_step_that_needs_grad_sees_every_cached_key():
     q, k, v = (torch.randn(2, 4, n, 8, requires_grad=True) for n in (1, 9, 9))
     out, _ = integration.attention_forward(torch.nn.Module(), q, k, v, None, is_causal=True)
