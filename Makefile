@@ -27,7 +27,8 @@ build: $(STAMP)
 $(STAMP):
 	if $(PYTHON) -c "import torch" 2>/dev/null; then $(PYTHON) -m venv --system-site-packages $(VENV); \
 	else $(PYTHON) -m venv $(VENV) && $(VENV)/bin/pip install -q "$(TORCH_SPEC)"; fi
-	$(VENV)/bin/pip install -q numpy tqdm matplotlib pytest expecttest ninja "setuptools>=64" wheel build transformers safetensors tokenizers
+	$(VENV)/bin/pip install -q numpy tqdm matplotlib pytest expecttest ninja "setuptools>=64" wheel build \
+		"transformers>=5.24,<5.25" safetensors tokenizers  # the transformers range tests/integrations was run on
 	$(PY) -c "import site; open(site.getsitepackages()[0] + '/pytransformer-dev.pth', 'w').write('$(CURDIR)\n')"
 	touch $(STAMP)
 

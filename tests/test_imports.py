@@ -8,8 +8,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pytransformer"
 # Layer of each top-level part of the package: a module may import from its own layer and the ones below.
-LAYERS = {"_C": 0, "ops": 0, "nn": 1, "training": 1, "models": 2, "quantization": 3, "bench": 4, "demo": 4,
-          "plotting": 4, "check": 4, "__main__": 4, "": 4}  # "": the package's __init__
+LAYERS = {"_C": 0, "ops": 0, "nn": 1, "training": 1, "models": 2, "quantization": 3, "integrations": 3, "bench": 4,
+          "demo": 4, "plotting": 4, "check": 4, "__main__": 4, "": 4}  # "": the package's __init__
 
 
 def module_name(path: Path) -> str:
