@@ -1,13 +1,13 @@
 """Checks that the host code of the CUDA glue cannot be swapped for a differently compiled copy, from the object files
-of a build: nvcc compiles the host side of csrc/cuda/*.cu with its own host pass and flags, g++ the C++ sources with
-the extension's, and an inline function or template that both compile is a weak symbol of which the linker keeps one
-copy for every caller (and a weak symbol of default visibility is exported, so the dynamic linker may bind it to
-another library's copy). Fails when
+of a build: nvcc compiles the host side of csrc/cuda/*.cu through its own front end and host flags, g++ the C++
+sources with the extension's, and an inline function or template that both compile is a weak symbol of which the
+linker keeps one copy for every caller. Fails when
 
-- an nvcc-compiled object defines a weak or unique symbol of default visibility (its host code is not compiled with
-  the extension's -fvisibility=hidden), or
 - an nvcc-compiled object and a g++-compiled one both define a symbol of pytransformer's own shared host code
-  (namespace pytransformer, outside pytransformer::cuda): csrc/<op>.h compiled twice.
+  (namespace pytransformer, outside pytransformer::cuda): csrc/<op>.h compiled twice, one copy for both glues; or
+- they both define a weak symbol with different visibility: the host code is compiled with two flag sets (nvcc's host
+  pass without the extension's -fvisibility=hidden exports it, and the dynamic linker may bind it to another
+  library's copy).
 
     python tools/check_host_objects.py DIR_OR_OBJECT...    # exit 0: clean, 1: findings, 2: no objects found
 """
@@ -46,18 +46,21 @@ def weak_definitions(obj: Path) -> list[tuple[str, str, str]]:
 
 
 def findings(objs: list[Path]) -> list[str]:
-    exported, by_compiler = [], {"nvcc": defaultdict(list), "g++": defaultdict(list)}
+    # {compiler: {name: {visibility: [object names]}}}
+    seen = {"nvcc": defaultdict(lambda: defaultdict(list)), "g++": defaultdict(lambda: defaultdict(list))}
     for obj in objs:
         compiler = "nvcc" if NVCC_SECTION in sections(obj) else "g++"
-        for binding, visibility, name in weak_definitions(obj):
-            by_compiler[compiler][name].append(obj.name)
-            if compiler == "nvcc" and visibility == "DEFAULT":
-                exported.append(f"{obj.name}: {binding} {name}")
-    out = [f"exported by nvcc-compiled host code (default visibility): {e}" for e in exported]
-    both = sorted(n for n in by_compiler["nvcc"] if n in by_compiler["g++"] and n.startswith(SHARED) and
-                  not n.startswith(CUDA_OWN))
-    out += [f"compiled by nvcc ({', '.join(sorted(set(by_compiler['nvcc'][n])))}) and by g++ "
-            f"({', '.join(sorted(set(by_compiler['g++'][n])))}): {n}" for n in both]
+        for _, visibility, name in weak_definitions(obj):
+            seen[compiler][name][visibility].append(obj.name)
+    both = sorted(set(seen["nvcc"]) & set(seen["g++"]))
+
+    def where(compiler, name):
+        return ", ".join(f"{vis} in {' '.join(sorted(set(o)))}" for vis, o in sorted(seen[compiler][name].items()))
+
+    out = [f"compiled by nvcc ({where('nvcc', n)}) and by g++ ({where('g++', n)}): {n}" for n in both
+           if n.startswith(SHARED) and not n.startswith(CUDA_OWN)]
+    out += [f"visibility differs, nvcc: {where('nvcc', n)}; g++: {where('g++', n)}: {n}" for n in both
+            if set(seen["nvcc"][n]) != set(seen["g++"][n])]
     return out
 
 
@@ -72,9 +75,8 @@ def main(argv: list[str]) -> int:
         print(line)
     if len(found) > 50:
         print(f"... and {len(found) - 50} more")
-    print(f"check_host_objects: {len(objs)} objects ({nvcc} compiled by nvcc): "
-          f"{len(found)} finding(s)" if found else f"check_host_objects: {len(objs)} objects ({nvcc} compiled by nvcc): "
-          "no host code shared between nvcc and g++, none exported")
+    summary = f"{len(found)} finding(s)" if found else "no shared host code of ours in both, visibility alike"
+    print(f"check_host_objects: {len(objs)} objects ({nvcc} compiled by nvcc): {summary}")
     return 1 if found else 0
 
 
