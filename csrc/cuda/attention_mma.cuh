@@ -356,207 +356,43 @@ constexpr int dq_row_tiles(int warps, int row_tiles, int head_dim) {
   return slices > 0 && warps % (row_tiles / 2) == 0 && dq_column_slices(slices, head_dim) == slices ? 2 : 1;
 }
 
-// The dK/dV kernel's tiling (FA2's layout over 8 warps): a block has kN keys of one (b, K/V head); a warp has kRT row
-// tiles of 16 keys and shares them with kSplit - 1 other warps, each computing S^T, P^T and dS^T for kMT n-tiles of
-// the kM-query tile and dK, dV for kDT n-tiles of the head dim.
-template <int kHeadDim>
-struct BwdShape {
-  using Tiles = MmaTiles<kHeadDim>;
-  static constexpr int kWarps = Tiles::kBwdWarps, kThreads = kWarps * 32, kSplit = Tiles::kBwdDSplit;
-  static constexpr int kN = Tiles::kBwdBlockN, kM = Tiles::kBwdBlockM, kLd = Tiles::kLd, kLdS = Tiles::kLdS;
-  static constexpr int kRT = Tiles::kBwdRowTiles, kKeyGroups = kN / (16 * kRT);
-  static constexpr int kMT = kM / 8 / kSplit, kDT = kHeadDim / 8 / kSplit;
-  static_assert(kKeyGroups * kSplit == kWarps);
-  static_assert(kThreads >= kM);  // thread i < kM fetches lse and delta of query row i of a step
-};
-
-// The dK/dV kernel's shared memory (kBwdDkDvSmem bytes).
-template <typename T, int kHeadDim>
-struct BwdSmem {
-  using S = BwdShape<kHeadDim>;
-  T* k;                 // [kN][kLd] the block's keys
-  T* v;                 // [kN][kLd] and values
-  T* q_stages;          // [2][kM][kLd] this step's query tile and the next one's
-  T* d_o;               // [kM][kLd] this step's dO tile
-  float* lse_stages;    // [2][kM] lse and delta of the two query tiles
-  float* delta_stages;  // [2][kM]
-  T* ds;                // [kN][kLdS] this step's dS^T and P^T, rounded to T, for the products after
-  T* pt;                // [kN][kLdS]
-
-  __device__ __forceinline__ explicit BwdSmem(unsigned char* raw)
-      : k(reinterpret_cast<T*>(raw)),
-        v(k + S::kN * S::kLd),
-        q_stages(v + S::kN * S::kLd),
-        d_o(q_stages + 2 * S::kM * S::kLd),
-        lse_stages(reinterpret_cast<float*>(d_o + S::kM * S::kLd)),
-        delta_stages(lse_stages + 2 * S::kM),
-        ds(reinterpret_cast<T*>(delta_stages + 2 * S::kM)),
-        pt(ds + S::kN * S::kLdS) {}
-};
-
-// A warp of the dK/dV kernel: keys key_row0.. (kRT row tiles of 16); its S^T, P^T, dS^T over query columns q_col0..
-// and its dK, dV over head-dim columns d_col0..; (g, t): its thread's row and column pair in an mma fragment. Row
-// tile rt of a warp tile is at [rt * kMT..] or [rt * kDT..].
-template <int kHeadDim>
-struct BwdWarp {
-  using S = BwdShape<kHeadDim>;
-  int key_row0, q_col0, d_col0, g, t;
-
-  __device__ __forceinline__ BwdWarp() {
-    const int warp = threadIdx.x / 32, part = warp / S::kKeyGroups;
-    key_row0 = warp % S::kKeyGroups * 16 * S::kRT;
-    q_col0 = part * (S::kM / S::kSplit), d_col0 = part * (kHeadDim / S::kSplit);
-    g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  }
-};
-
-// Queries [lo, hi) of row b that may see a key of [n0, n0 + n) (before key padding and masks).
-struct QueryRange {
-  int64_t lo, hi;
-};
-__device__ __forceinline__ QueryRange queries_seeing_keys(const AttentionParams& p, int64_t b, int64_t n0, int n) {
-  const int64_t shift = p.len_k - p.len_q;
-  QueryRange r{0, n0 < key_end(p, b) ? p.len_q : 0};
-  if (p.causal) r.lo = n0 - shift > 0 ? n0 - shift : 0;
-  if (p.window > 0 && n0 + n - 1 - shift + p.window < r.hi) r.hi = n0 + n - 1 - shift + p.window;
-  return r;
-}
-
-// S^T = K Q^T of the warp's keys (block keys n0..) and query columns (tile m0.. of head h), in log2 units and masked
-// (scale_and_mask); returns the factor that P^T's exponent still applies.
-template <typename T, int kHeadDim>
-__device__ __forceinline__ float bwd_scores_t(float (*st)[4], const BwdSmem<T, kHeadDim>& sm, const T* sQ,
-                                              const BwdWarp<kHeadDim>& w, const AttentionParams& p, int64_t b,
-                                              int64_t h, int64_t n0, int64_t m0, float scale_log2) {
-  using S = BwdShape<kHeadDim>;
-  const bool clean = tile_is_clean(p, b, m0, m0 + S::kM, n0, n0 + S::kN);
-  warp_gemm_nt<S::kRT, S::kMT, kHeadDim / 16>(st, sm.k, S::kLd, w.key_row0, sQ + w.q_col0 * S::kLd, S::kLd);
-  float factor = 1.f;  // the same for every row tile (one `clean`)
-#pragma unroll
-  for (int rt = 0; rt < S::kRT; ++rt)
-    factor = scale_and_mask<true, S::kMT>(st + rt * S::kMT, p, b, h, n0 + w.key_row0 + 16 * rt, m0 + w.q_col0, clean,
-                                          scale_log2);
-  return factor;
-}
-
-// P^T = exp2(S^T * factor - lse), in place; sLse: lse (log2 units) of the warp's first query column.
-template <int kHeadDim>
-__device__ __forceinline__ void bwd_probabilities_t(float (*st)[4], float factor, const float* sLse, int t) {
-  using S = BwdShape<kHeadDim>;
-#pragma unroll
-  for (int i = 0; i < S::kRT * S::kMT; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) st[i][e] = exp2f(fmaf(st[i][e], factor, -sLse[i % S::kMT * 8 + 2 * t + e % 2]));
-}
-
-// dS^T = P^T (dP^T - delta), in place of dP^T; sDelta: delta of the warp's first query column.
-template <int kHeadDim>
-__device__ __forceinline__ void bwd_score_grads_t(float (*dpt)[4], const float (*pt)[4], const float* sDelta, int t) {
-  using S = BwdShape<kHeadDim>;
-#pragma unroll
-  for (int i = 0; i < S::kRT * S::kMT; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dpt[i][e] = pt[i][e] * (dpt[i][e] - sDelta[i % S::kMT * 8 + 2 * t + e % 2]);
-}
-
-// The warp's [16 * kRT keys][kMT * 8 queries] tile acc into shared memory s ([kN][kLdS]), rounded to T.
-template <typename T, int kHeadDim>
-__device__ __forceinline__ void bwd_stash(T* s, const float (*acc)[4], const BwdWarp<kHeadDim>& w) {
-  using S = BwdShape<kHeadDim>;
-#pragma unroll
-  for (int rt = 0; rt < S::kRT; ++rt)
-#pragma unroll
-    for (int nt = 0; nt < S::kMT; ++nt)
-#pragma unroll
-      for (int r = 0; r < 2; ++r)
-        *reinterpret_cast<uint32_t*>(s + (w.key_row0 + 16 * rt + w.g + 8 * r) * S::kLdS + w.q_col0 + nt * 8 +
-                                     2 * w.t) = pack2<T>(acc[rt * S::kMT + nt][2 * r], acc[rt * S::kMT + nt][2 * r + 1]);
-}
-
-// Atomic mode: dQ [kM][D] of query tile m0 of head h += dS K, from dS^T in shared memory: warp w computes the kRTq
-// query row tiles of group w % kQG in the column slice w / kQG (kSlices slices of the head dim when there are more
-// warps than row groups; warps past kQG * kSlices idle when the head dim does not split evenly into slices of 16
-// columns), and adds them, times the scale, into the float32 rows of dq_accum.
-template <typename T, int kHeadDim>
-__device__ __forceinline__ void bwd_add_dq(float* dq_accum, const BwdSmem<T, kHeadDim>& sm, const AttentionParams& p,
-                                           int64_t b, int64_t h, int64_t m0) {
-  using S = BwdShape<kHeadDim>;
-  constexpr int kQT = S::kM / 16, kRTq = dq_row_tiles(S::kWarps, kQT, kHeadDim), kQG = kQT / kRTq;
-  constexpr int kSlices = dq_column_slices(S::kWarps / kQG, kHeadDim), kCols = kHeadDim / kSlices;
-  static_assert(S::kWarps % kQG == 0);
-  const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-  const int qg = warp % kQG, col0 = warp / kQG * kCols;
-  if (warp >= kQG * kSlices) return;
-  float dq[kRTq * kCols / 8][4] = {};
-  warp_gemm<kRTq, kCols / 8, S::kN / 16, T>(
-      dq, [&](Frag& a, int rt, int ks) { load_a_t(a, sm.ds, S::kLdS, ks * 16, (qg * kRTq + rt) * 16); },
-      [&](Frag& bf, int ks, int n0) { load_b_kn(bf, sm.k, S::kLd, ks * 16, col0 + n0); });
-  const float scale = static_cast<float>(p.scale);
-  float* dq_rows = dq_accum + ((b * p.heads_q + h) * p.len_q + m0) * p.dim;
-#pragma unroll
-  for (int i = 0; i < 2 * kRTq; ++i) {
-    const int64_t row = (qg * kRTq + i / 2) * 16 + g + 8 * (i % 2);
-    if (m0 + row >= p.len_q) continue;
-#pragma unroll
-    for (int nt = 0; nt < kCols / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = col0 + nt * 8 + 2 * t + e;
-        if (col < p.dim) atomicAdd(dq_rows + row * p.dim + col, dq[i / 2 * (kCols / 8) + nt][2 * (i % 2) + e] * scale);
-      }
-  }
-}
-
-// The warp's dK (times the scale) and dV rows of the block's keys n0.. of (b, hk) into grad_k and grad_v.
-template <typename T, int kHeadDim>
-__device__ __forceinline__ void bwd_store_dk_dv(const AttentionBackwardParams& bp, const float (*dk)[4],
-                                                const float (*dv)[4], const BwdWarp<kHeadDim>& w, int64_t b,
-                                                int64_t hk, int64_t n0) {
-  using S = BwdShape<kHeadDim>;
-  const AttentionParams& p = bp.fwd;
-  const int64_t rows = p.len_k - n0;
-  T* gk = static_cast<T*>(bp.grad_k) + b * bp.gk_stride[0] + hk * bp.gk_stride[1] + n0 * bp.gk_stride[2] + w.d_col0;
-  T* gv = static_cast<T*>(bp.grad_v) + b * bp.gv_stride[0] + hk * bp.gv_stride[1] + n0 * bp.gv_stride[2] + w.d_col0;
-#pragma unroll
-  for (int rt = 0; rt < S::kRT; ++rt) {
-    store_tile<S::kDT>(gk, bp.gk_stride[2], dk + rt * S::kDT, w.key_row0 + 16 * rt, rows, p.dim - w.d_col0,
-                       static_cast<float>(p.scale));
-    store_tile<S::kDT>(gv, bp.gv_stride[2], dv + rt * S::kDT, w.key_row0 + 16 * rt, rows, p.dim_v - w.d_col0, 1.f);
-  }
-}
-
 #ifdef PT_ATTENTION_BWD_DEBUG
-// Debug switch, off unless defined before this header is included (tools/gpu_probes/bwd_probe.cu does): block 0 of
-// the dK/dV kernel writes its first step's parameters (BwdDebugHeader) and tiles to attention_bwd_debug, which the
-// caller points at kBwdDebugHeader + kBwdDebugPlanes * kN * kM floats; plane [kN keys][kM queries] of the block.
+// Debug switch, off unless defined before this header is included (tools/gpu_probes/attention_probe.cu does): block 0
+// of the dK/dV kernel writes its first step's parameters (BwdDebugHeader) and its S^T (log2 units, scaled and masked),
+// P^T, dP^T and dS^T tiles to attention_bwd_debug, which the caller points at kBwdDebugHeader + kBwdDebugPlanes *
+// kBwdBlockN * kBwdBlockM floats: plane [kBwdBlockN keys][kBwdBlockM queries] of the block. Off, it adds no code.
 enum BwdDebugHeader { kDbgN0, kDbgM0, kDbgHead, kDbgFactor, kDbgScaleLog2, kDbgLenQ, kDbgLenK, kDbgDim, kDbgDimV,
                       kDbgHeadsQ, kDbgHeadsKv, kDbgCausal, kDbgWindow, kDbgBlockN, kDbgBlockM, kBwdDebugHeader };
-enum BwdDebugPlane { kDbgS, kDbgP, kDbgDP, kDbgDS, kBwdDebugPlanes };  // S^T in log2 units (factor applied)
+enum BwdDebugPlane { kDbgS, kDbgP, kDbgDP, kDbgDS, kBwdDebugPlanes };
 static __device__ float* attention_bwd_debug;
 
+// A warp's tile acc [16 * kRT keys (rows key_row0..)][8 * kMT queries (columns q_col0..)] times factor into `plane`.
 template <int kHeadDim>
-__device__ void bwd_debug_tile(BwdDebugPlane plane, const float (*acc)[4], float factor, const BwdWarp<kHeadDim>& w,
+__device__ void bwd_debug_tile(BwdDebugPlane plane, const float (*acc)[4], float factor, int key_row0, int q_col0,
                                const AttentionParams& p, int64_t n0, int64_t m0, int64_t h, float scale_log2) {
-  using S = BwdShape<kHeadDim>;
+  using Tiles = MmaTiles<kHeadDim>;
+  constexpr int kN = Tiles::kBwdBlockN, kM = Tiles::kBwdBlockM, kRT = Tiles::kBwdRowTiles;
+  constexpr int kMT = kM / 8 / Tiles::kBwdDSplit;
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   float* out = attention_bwd_debug;
   if (plane == kDbgS && threadIdx.x == 0) {
-    const float header[kBwdDebugHeader] = {float(n0),        float(m0),         float(h),         factor,
-                                           scale_log2,       float(p.len_q),    float(p.len_k),   float(p.dim),
-                                           float(p.dim_v),   float(p.heads_q),  float(p.heads_kv), float(p.causal),
-                                           float(p.window), float(S::kN),     float(S::kM)};
+    const float header[kBwdDebugHeader] = {
+        float(n0),      float(m0),        float(h),          factor,         scale_log2,
+        float(p.len_q), float(p.len_k),   float(p.dim),      float(p.dim_v), float(p.heads_q),
+        float(p.heads_kv), float(p.causal), float(p.window), float(kN),      float(kM)};
     for (int i = 0; i < kBwdDebugHeader; ++i) out[i] = header[i];
   }
-  float* tile = out + kBwdDebugHeader + plane * S::kN * S::kM;
-  for (int i = 0; i < S::kRT * S::kMT; ++i)
+  float* tile = out + kBwdDebugHeader + plane * kN * kM;
+  for (int i = 0; i < kRT * kMT; ++i)
     for (int e = 0; e < 4; ++e) {
-      const int key = w.key_row0 + 16 * (i / S::kMT) + w.g + 8 * (e / 2);
-      const int query = w.q_col0 + i % S::kMT * 8 + 2 * w.t + e % 2;
-      tile[key * S::kM + query] = acc[i][e] * factor;
+      const int key = key_row0 + 16 * (i / kMT) + g + 8 * (e / 2), query = q_col0 + i % kMT * 8 + 2 * t + e % 2;
+      tile[key * kM + query] = acc[i][e] * factor;
     }
 }
-#define PT_BWD_DEBUG_TILE(plane, acc, factor)                                                               \
-  do {                                                                                                      \
-    if (blockIdx.x == 0 && step == 0) bwd_debug_tile<kHeadDim>(plane, acc, factor, w, p, n0, m0, h, scale_log2); \
+#define PT_BWD_DEBUG_TILE(plane, acc, factor)                                                                  \
+  do {                                                                                                         \
+    if (blockIdx.x == 0 && step == 0)                                                                          \
+      bwd_debug_tile<kHeadDim>(plane, acc, factor, key_row0, q_col0, p, n0, m0, h, scale_log2);                \
   } while (0)
 #else
 #define PT_BWD_DEBUG_TILE(plane, acc, factor) \
@@ -568,53 +404,84 @@ template <typename T, int kHeadDim, bool kAtomicDq>
 __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
     attention_mma_bwd_kernel(const AttentionBackwardParams bp, const float* delta, float* dq_accum) {
 #if PT_TENSOR_CORES  // (mma.cuh) an empty body before sm_80
-  using S = BwdShape<kHeadDim>;
-  constexpr int kN = S::kN, kM = S::kM, kLd = S::kLd;
+  using Tiles = MmaTiles<kHeadDim>;
+  constexpr int kWarps = Tiles::kBwdWarps, kThreads = kWarps * 32, kSplit = Tiles::kBwdDSplit;
+  constexpr int kN = Tiles::kBwdBlockN, kM = Tiles::kBwdBlockM, kLd = Tiles::kLd, kLdS = Tiles::kLdS;
+  // A warp: keys key_row0.. (kRT row tiles of 16); its S^T, P^T, dS^T over query columns q_col0.. (kMT n-tiles) and
+  // its dK, dV over head-dim columns d_col0.. (kDT n-tiles). Row tile rt of a warp tile is at [rt * kMT..] or
+  // [rt * kDT..].
+  constexpr int kRT = Tiles::kBwdRowTiles, kKeyGroups = kN / (16 * kRT);
+  constexpr int kMT = kM / 8 / kSplit, kDT = kHeadDim / 8 / kSplit;
+  static_assert(kKeyGroups * kSplit == kWarps);
   const AttentionParams& p = bp.fwd;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const BwdSmem<T, kHeadDim> sm(smem_raw);
+  T* sK = reinterpret_cast<T*>(smem_raw);    // [kN][kLd]
+  T* sV = sK + kN * kLd;                     // [kN][kLd]
+  T* sQ_stages = sV + kN * kLd;              // [2][kM][kLd]
+  T* sdO = sQ_stages + 2 * kM * kLd;         // [kM][kLd]
+  float* sLse_stages = reinterpret_cast<float*>(sdO + kM * kLd);  // [2][kM]
+  float* sDelta_stages = sLse_stages + 2 * kM;                     // [2][kM]
+  T* sdS = reinterpret_cast<T*>(sDelta_stages + 2 * kM);           // [kN][kLdS]
+  T* sPt = sdS + kN * kLdS;                                         // [kN][kLdS]
 
   const int64_t n_blocks = (p.len_k + kN - 1) / kN;
   const int64_t n0 = blockIdx.x % n_blocks * kN, hk = blockIdx.x / n_blocks % p.heads_kv;
   const int64_t b = blockIdx.x / (n_blocks * p.heads_kv), group = p.heads_q / p.heads_kv;
-  const BwdWarp<kHeadDim> w;
+  const int warp = threadIdx.x / 32, key_row0 = warp % kKeyGroups * 16 * kRT, part = warp / kKeyGroups;
+  const int q_col0 = part * (kM / kSplit), d_col0 = part * (kHeadDim / kSplit);
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const float scale_log2 = static_cast<float>(p.scale) * kLog2e;
-  const QueryRange queries = queries_seeing_keys(p, b, n0, kN);
+  // Queries [i_lo, i_hi) that may see a key of [n0, n0 + kN) (before key padding and masks).
+  const int64_t shift = p.len_k - p.len_q;
+  int64_t i_lo = 0, i_hi = n0 < key_end(p, b) ? p.len_q : 0;
+  if (p.causal) i_lo = n0 - shift > 0 ? n0 - shift : 0;
+  if (p.window > 0 && n0 + kN - 1 - shift + p.window < i_hi) i_hi = n0 + kN - 1 - shift + p.window;
   // Steps: (query head of the GQA group, query tile) pairs, heads outermost. Step s works on Q stage s % 2 while
   // step s + 1's Q tile arrives by cp.async into the other stage and its lse and delta wait in registers; dO has one
   // buffer, whose next tile is loaded once every warp is done with dV += P^T dO (during dK and dQ).
-  const int64_t m_first = queries.lo / kM * kM;
-  const int64_t m_tiles = queries.lo < queries.hi ? (queries.hi - m_first + kM - 1) / kM : 0;
+  const int64_t m_first = i_lo / kM * kM, m_tiles = i_lo < i_hi ? (i_hi - m_first + kM - 1) / kM : 0;
   const int64_t steps = group * m_tiles;
   auto load_q = [&](int stage, int64_t h, int64_t m0) {
-    load_tile<kM, kHeadDim, S::kThreads>(sm.q_stages + stage * kM * kLd, kLd,
-                                         operand_row<T>(p.q, p.q_stride, b, h, m0), p.q_stride[2], p.len_q - m0, p.dim);
+    load_tile<kM, kHeadDim, kThreads>(sQ_stages + stage * kM * kLd, kLd, operand_row<T>(p.q, p.q_stride, b, h, m0),
+                                      p.q_stride[2], p.len_q - m0, p.dim);
   };
   auto load_do = [&](int64_t h, int64_t m0) {
-    load_tile<kM, kHeadDim, S::kThreads>(sm.d_o, kLd, operand_row<T>(bp.grad_out, bp.go_stride, b, h, m0),
-                                         bp.go_stride[2], p.len_q - m0, p.dim_v);
+    load_tile<kM, kHeadDim, kThreads>(sdO, kLd, operand_row<T>(bp.grad_out, bp.go_stride, b, h, m0), bp.go_stride[2],
+                                      p.len_q - m0, p.dim_v);
   };
+  // A warp's [16 * kRT keys][kMT * 8 queries] tile into shared memory, rounded to T.
+  auto stash = [&](T* s, const float (*acc)[4]) {
+#pragma unroll
+    for (int rt = 0; rt < kRT; ++rt)
+#pragma unroll
+      for (int nt = 0; nt < kMT; ++nt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          *reinterpret_cast<uint32_t*>(s + (key_row0 + 16 * rt + g + 8 * r) * kLdS + q_col0 + nt * 8 + 2 * t) =
+              pack2<T>(acc[rt * kMT + nt][2 * r], acc[rt * kMT + nt][2 * r + 1]);
+  };
+  static_assert(kThreads >= kM);  // thread i < kM fetches lse and delta of query row i of a step
 
-  float dk[S::kRT * S::kDT][4] = {}, dv[S::kRT * S::kDT][4] = {};
+  float dk[kRT * kDT][4] = {}, dv[kRT * kDT][4] = {};
   if (steps > 0) {
-    load_tile<kN, kHeadDim, S::kThreads>(sm.k, kLd, operand_row<T>(p.k, p.k_stride, b, hk, n0), p.k_stride[2],
-                                         p.len_k - n0, p.dim);
-    load_tile<kN, kHeadDim, S::kThreads>(sm.v, kLd, operand_row<T>(p.v, p.v_stride, b, hk, n0), p.v_stride[2],
-                                         p.len_k - n0, p.dim_v);
+    load_tile<kN, kHeadDim, kThreads>(sK, kLd, operand_row<T>(p.k, p.k_stride, b, hk, n0), p.k_stride[2],
+                                      p.len_k - n0, p.dim);
+    load_tile<kN, kHeadDim, kThreads>(sV, kLd, operand_row<T>(p.v, p.v_stride, b, hk, n0), p.v_stride[2],
+                                      p.len_k - n0, p.dim_v);
     int64_t h = hk * group, m0 = m_first;  // this step's query head and tile
     load_q(0, h, m0);
     load_do(h, m0);
     cp_async_commit();
     if (threadIdx.x < kM)
-      row_stats(p, delta, b, h, m0 + threadIdx.x, sm.lse_stages[threadIdx.x], sm.delta_stages[threadIdx.x]);
+      row_stats(p, delta, b, h, m0 + threadIdx.x, sLse_stages[threadIdx.x], sDelta_stages[threadIdx.x]);
     for (int64_t step = 0; step < steps; ++step) {
       const int stage = step % 2;
       int64_t next_h = h, next_m0 = m0 + kM;
-      if (next_m0 >= queries.hi) next_m0 = m_first, ++next_h;
+      if (next_m0 >= i_hi) next_m0 = m_first, ++next_h;
       const bool has_next = step + 1 < steps;
-      const T* sQ = sm.q_stages + stage * kM * kLd;
-      const float* sLse = sm.lse_stages + stage * kM + w.q_col0;
-      const float* sDelta = sm.delta_stages + stage * kM + w.q_col0;
+      const T* sQ = sQ_stages + stage * kM * kLd;
+      const float* sLse = sLse_stages + stage * kM + q_col0;
+      const float* sDelta = sDelta_stages + stage * kM + q_col0;
       __syncthreads();  // every warp is done with the previous step (its Q stage is the next step's; dS^T, P^T)
       if (has_next) load_q(1 - stage, next_h, next_m0);
       cp_async_commit();
@@ -623,33 +490,82 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
       cp_async_wait<1>();  // this step's Q and dO landed
       __syncthreads();
 
-      // P^T and dS^T of this warp's keys and queries, to shared memory for the products after.
-      float pt[S::kRT * S::kMT][4] = {}, ds[S::kRT * S::kMT][4] = {};
-      const float factor = bwd_scores_t(pt, sm, sQ, w, p, b, h, n0, m0, scale_log2);
+      // P^T and dS^T = P^T (dP^T - delta), dP^T = V dO^T, of this warp's keys and queries, to shared memory.
+      const bool clean = tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN);
+      float pt[kRT * kMT][4] = {}, ds[kRT * kMT][4] = {};
+      warp_gemm_nt<kRT, kMT, kHeadDim / 16>(pt, sK, kLd, key_row0, sQ + q_col0 * kLd, kLd);
+      float factor = 1.f;  // the same for every row tile (one `clean`)
+#pragma unroll
+      for (int rt = 0; rt < kRT; ++rt)
+        factor = scale_and_mask<true, kMT>(pt + rt * kMT, p, b, h, n0 + key_row0 + 16 * rt, m0 + q_col0, clean,
+                                           scale_log2);
       PT_BWD_DEBUG_TILE(kDbgS, pt, factor);
-      bwd_probabilities_t<kHeadDim>(pt, factor, sLse, w.t);
+#pragma unroll
+      for (int i = 0; i < kRT * kMT; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pt[i][e] = exp2f(fmaf(pt[i][e], factor, -sLse[i % kMT * 8 + 2 * t + e % 2]));
       PT_BWD_DEBUG_TILE(kDbgP, pt, 1.f);
-      warp_gemm_nt<S::kRT, S::kMT, kHeadDim / 16>(ds, sm.v, kLd, w.key_row0, sm.d_o + w.q_col0 * kLd, kLd);  // dP^T
+      warp_gemm_nt<kRT, kMT, kHeadDim / 16>(ds, sV, kLd, key_row0, sdO + q_col0 * kLd, kLd);
       PT_BWD_DEBUG_TILE(kDbgDP, ds, 1.f);
-      bwd_score_grads_t<kHeadDim>(ds, pt, sDelta, w.t);
+#pragma unroll
+      for (int i = 0; i < kRT * kMT; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ds[i][e] = pt[i][e] * (ds[i][e] - sDelta[i % kMT * 8 + 2 * t + e % 2]);
       PT_BWD_DEBUG_TILE(kDbgDS, ds, 1.f);
-      bwd_stash(sm.pt, pt, w);
-      bwd_stash(sm.ds, ds, w);
+      stash(sPt, pt);
+      stash(sdS, ds);
       __syncthreads();
-      warp_gemm_nn<S::kRT, S::kDT, kM / 16>(dv, sm.pt, S::kLdS, w.key_row0, sm.d_o, kLd, w.d_col0);  // dV += P^T dO
+      warp_gemm_nn<kRT, kDT, kM / 16>(dv, sPt, kLdS, key_row0, sdO, kLd, d_col0);  // dV += P^T dO
       __syncthreads();  // every warp is done with dO
       if (has_next) load_do(next_h, next_m0);
       cp_async_commit();
-      warp_gemm_nn<S::kRT, S::kDT, kM / 16>(dk, sm.ds, S::kLdS, w.key_row0, sQ, kLd, w.d_col0);  // dK += dS^T Q
-      if constexpr (kAtomicDq) bwd_add_dq(dq_accum, sm, p, b, h, m0);
+      warp_gemm_nn<kRT, kDT, kM / 16>(dk, sdS, kLdS, key_row0, sQ, kLd, d_col0);  // dK += dS^T Q
+      if constexpr (kAtomicDq) {
+        // dQ [kM][D] += dS K, from dS^T in shared memory: warp w computes the kRTq query row tiles of group
+        // w % kQG in the column slice w / kQG (kSlices slices of the head dim when there are more warps than row
+        // groups; warps past kQG * kSlices idle when the head dim does not split evenly into slices of 16 columns).
+        constexpr int kQT = kM / 16, kRTq = dq_row_tiles(kWarps, kQT, kHeadDim), kQG = kQT / kRTq;
+        constexpr int kSlices = dq_column_slices(kWarps / kQG, kHeadDim), kCols = kHeadDim / kSlices;
+        static_assert(kWarps % kQG == 0);
+        const int qg = warp % kQG, col0 = warp / kQG * kCols;
+        if (warp < kQG * kSlices) {
+          float dq[kRTq * kCols / 8][4] = {};
+          warp_gemm<kRTq, kCols / 8, kN / 16, T>(
+              dq, [&](Frag& a, int rt, int ks) { load_a_t(a, sdS, kLdS, ks * 16, (qg * kRTq + rt) * 16); },
+              [&](Frag& b, int ks, int n0) { load_b_kn(b, sK, kLd, ks * 16, col0 + n0); });
+          const float scale = static_cast<float>(p.scale);
+          float* dq_rows = dq_accum + ((b * p.heads_q + h) * p.len_q + m0) * p.dim;
+#pragma unroll
+          for (int i = 0; i < 2 * kRTq; ++i) {
+            const int64_t row = (qg * kRTq + i / 2) * 16 + g + 8 * (i % 2);
+            if (m0 + row >= p.len_q) continue;
+#pragma unroll
+            for (int nt = 0; nt < kCols / 8; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int col = col0 + nt * 8 + 2 * t + e;
+                if (col < p.dim)
+                  atomicAdd(dq_rows + row * p.dim + col, dq[i / 2 * (kCols / 8) + nt][2 * (i % 2) + e] * scale);
+              }
+          }
+        }
+      }
       if (has_next && threadIdx.x < kM) {  // the other stage is free since this step's first barrier
-        sm.lse_stages[(1 - stage) * kM + threadIdx.x] = next_lse;
-        sm.delta_stages[(1 - stage) * kM + threadIdx.x] = next_delta;
+        sLse_stages[(1 - stage) * kM + threadIdx.x] = next_lse;
+        sDelta_stages[(1 - stage) * kM + threadIdx.x] = next_delta;
       }
       h = next_h, m0 = next_m0;
     }
   }
-  bwd_store_dk_dv<T>(bp, dk, dv, w, b, hk, n0);
+  const int64_t rows = p.len_k - n0;
+  T* gk = static_cast<T*>(bp.grad_k) + b * bp.gk_stride[0] + hk * bp.gk_stride[1] + n0 * bp.gk_stride[2] + d_col0;
+  T* gv = static_cast<T*>(bp.grad_v) + b * bp.gv_stride[0] + hk * bp.gv_stride[1] + n0 * bp.gv_stride[2] + d_col0;
+#pragma unroll
+  for (int rt = 0; rt < kRT; ++rt) {
+    store_tile<kDT>(gk, bp.gk_stride[2], dk + rt * kDT, key_row0 + 16 * rt, rows, p.dim - d_col0,
+                    static_cast<float>(p.scale));
+    store_tile<kDT>(gv, bp.gv_stride[2], dv + rt * kDT, key_row0 + 16 * rt, rows, p.dim_v - d_col0, 1.f);
+  }
 #endif
 }
 
