@@ -6,15 +6,22 @@ set -u
 
 usage() {
   cat <<'EOF'
-usage: bash benchmarks/gpu_check.sh [--out DIR] [--timeout SECONDS] [STEP ...]
+usage: bash benchmarks/gpu_check.sh [--out DIR] [--timeout SECONDS] [--probes DIR] [STEP ...]
 
 Builds pytransformer with its CUDA kernels and checks them on this machine's GPU. Run it from a checkout of the
 repository, with a CUDA build of torch, nvcc and pytest installed (compute-sanitizer for the sanitizer steps).
+With little GPU time, run `env build triage` first: the triage answers the open questions in about 3 minutes.
 
-Steps (default: env build ptx check test sanitizers bandwidth bench):
+Steps (default: env build triage ptx check test sanitizers bandwidth bench):
   env         the GPU, driver, nvcc, torch and compute-sanitizer versions
   build       build the extension in place with the CUDA kernels (setup.py build_ext --inplace, FORCE_CUDA=1) and
               check that pytransformer.with_cuda() is True
+  triage      one probe a hypothesis about where the GPU and the host emulator disagree, each with a verdict
+              (tools/gpu_probes/triage.py; DIR/triage/triage.md): the standalone probes of --probes DIR first; the
+              kernels' sentinel, float64 and NaN-poisoned-shared-memory checks of the forward and of the backward's
+              debug tiles (S, P, dS, dP of one block), built with and without --use_fast_math; the parameter structs
+              as the device sees them; the fragment layouts; the kernels the glue picks; host functions compiled by
+              both nvcc and g++ in the build; decode_attention and kv_cache_append, each in a process of its own
   ptx         the instruction primitives of the tensor-core kernels (ldmatrix, mma.sync, cp.async) against the PTX
               ISA's fragment tables, on this GPU: python -m pytest tests/ops/test_ptx_layouts.py (builds a small probe
               extension, tools/ptx_probes.cu)
@@ -38,6 +45,7 @@ Options:
   -o, --out DIR          where logs and records go (default: gpu_check_out/ at the top of the repository, which git
                          ignores); created if needed
   -t, --timeout SECONDS  stop a step that runs longer than SECONDS (default 0: no limit)
+  -p, --probes DIR       standalone probe executables that the triage step runs first (each prints its own result)
   -h, --help             print this help and exit
 
 Environment:
@@ -55,13 +63,13 @@ one failed, 2 for bad arguments.
 EOF
 }
 
-ALL_STEPS=(env build ptx check test memcheck racecheck synccheck initcheck bandwidth bench alltests)
-DEFAULT_STEPS=(env build ptx check test sanitizers bandwidth bench)
+ALL_STEPS=(env build triage ptx check test memcheck racecheck synccheck initcheck bandwidth bench alltests)
+DEFAULT_STEPS=(env build triage ptx check test sanitizers bandwidth bench)
 SANITIZER_TOOLS=(memcheck racecheck synccheck initcheck)
 
 bad_usage() {
   echo "gpu_check.sh: $1" >&2
-  echo "usage: bash benchmarks/gpu_check.sh [--out DIR] [--timeout SECONDS] [STEP ...]  (--help for more)" >&2
+  echo "usage: bash benchmarks/gpu_check.sh [--out DIR] [--timeout SECONDS] [--probes DIR] [STEP ...]  (--help for more)" >&2
   exit 2
 }
 
@@ -72,6 +80,7 @@ is_step() {
 }
 
 DIR_ARG=""
+PROBES_ARG=""
 TIMEOUT=0
 REQUESTED=()
 while [ $# -gt 0 ]; do
@@ -94,6 +103,16 @@ while [ $# -gt 0 ]; do
       ;;
     --timeout=*)
       TIMEOUT=${1#--timeout=}
+      shift
+      ;;
+    -p | --probes)
+      [ $# -ge 2 ] && [ -n "$2" ] || bad_usage "$1 needs a directory"
+      PROBES_ARG=$2
+      shift 2
+      ;;
+    --probes=*)
+      PROBES_ARG=${1#--probes=}
+      [ -n "$PROBES_ARG" ] || bad_usage "--probes needs a directory"
       shift
       ;;
     --)
@@ -131,6 +150,10 @@ else
     /*) LOG_DIR=$DIR_ARG ;;
     *) LOG_DIR=$CALLER_DIR/$DIR_ARG ;;
   esac
+fi
+if [ -n "$PROBES_ARG" ]; then
+  case $PROBES_ARG in /*) ;; *) PROBES_ARG=$CALLER_DIR/$PROBES_ARG ;; esac
+  [ -d "$PROBES_ARG" ] || bad_usage "--probes: not a directory: $PROBES_ARG"
 fi
 mkdir -p "$LOG_DIR" || bad_usage "cannot create the output directory $LOG_DIR"
 LOG_DIR=$(cd "$LOG_DIR" && pwd)
@@ -313,6 +336,11 @@ for step in "${STEPS[@]}"; do
     bandwidth)
       run_step bandwidth "$PYTHON" -c "$BANDWIDTH_PY"
       ;;
+    triage)
+      triage_args=(--out "$LOG_DIR/triage" --arch "sm_$(echo "${TORCH_CUDA_ARCH_LIST%%[;+ ]*}" | tr -d .)")
+      [ -z "$PROBES_ARG" ] || triage_args+=(--prebuilt "$PROBES_ARG")
+      run_step triage "$PYTHON" tools/gpu_probes/triage.py "${triage_args[@]}"
+      ;;
     *)
       if ! have_cuda_build; then
         skip_step "$step" "$(no_build_reason)"
@@ -395,6 +423,7 @@ done
         done
         ;;
       bandwidth) key_line bandwidth 'GB/s' ;;
+      triage) [ -f "$LOG_DIR/triage/triage.md" ] && { echo; sed 1,2d "$LOG_DIR/triage/triage.md"; echo; } ;;
     esac
   done
   for record in ${BENCH_RECORDS[@]+"${BENCH_RECORDS[@]}"}; do

@@ -57,6 +57,10 @@ struct AttentionBackwardParams {
   int64_t gq_stride[3], gk_stride[3], gv_stride[3];
 };
 
+// The rest is shared host (and device) code: one copy per compiler (see PT_HOST_NAMESPACE in common.h). The structs
+// above stay outside it: they are the kernels' parameter types, part of the kernels' names.
+inline namespace PT_HOST_NAMESPACE {
+
 // Absolute position of query i: bottom-right alignment, so the last query sits on the last key.
 PT_HOST_DEVICE inline int64_t query_position(const AttentionParams& p, int64_t i) { return i + p.len_k - p.len_q; }
 
@@ -219,6 +223,8 @@ inline AttentionParams make_attention_params(const at::Tensor& q, const at::Tens
   p.scale = scale;
   return p;
 }
+
+}  // namespace PT_HOST_NAMESPACE
 
 namespace cpu {
 // The CPU kernels (csrc/cpu/attention_kernel.cpp) take operands in the accumulation type (float64 when `is_double`,

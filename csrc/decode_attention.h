@@ -8,6 +8,7 @@
 #include <cstdint>
 
 namespace pytransformer {
+inline namespace PT_HOST_NAMESPACE {
 
 // Query t of row b sits at position cache_lengths[b] - q_len + t and sees keys p - window < j <= p.
 struct DecodeAttentionParams {
@@ -72,4 +73,5 @@ inline void check_length_bound(int64_t max_length, const DecodeAttentionParams& 
                     p.capacity, ", got ", max_length);
 }
 
+}  // namespace PT_HOST_NAMESPACE
 }  // namespace pytransformer

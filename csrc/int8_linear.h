@@ -9,6 +9,7 @@
 #include <c10/util/accumulate.h>
 
 namespace pytransformer {
+inline namespace PT_HOST_NAMESPACE {
 
 struct Int8LinearParams {
   int64_t rows, out_features, in_features;  // M (x's leading dims flattened), N, K
@@ -61,4 +62,5 @@ inline at::Tensor round_x_to_8_bits(const at::Tensor& x) {
   return xf.mul(pre).mul(mul).round().mul(big.div(127)).div(pre).to(x.scalar_type());
 }
 
+}  // namespace PT_HOST_NAMESPACE
 }  // namespace pytransformer

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 namespace pytransformer {
+inline namespace PT_HOST_NAMESPACE {
 
 // Where row b of kv_cache_append writes: cache positions positions[b] .. positions[b] + new_len - 1.
 struct KvCacheAppendParams {
@@ -68,4 +69,5 @@ inline void check_append_bound(int64_t max_position, const KvCacheAppendParams& 
                     p.capacity - p.new_len, ")");
 }
 
+}  // namespace PT_HOST_NAMESPACE
 }  // namespace pytransformer

@@ -17,6 +17,7 @@
 #include <cmath>
 
 namespace pytransformer {
+inline namespace PT_HOST_NAMESPACE {
 
 // Validates the arguments (ValueError naming the argument) and returns the mask expanded to scores' shape as a view
 // (no copy; broadcast dims have stride 0), or an undefined tensor when there is no mask.
@@ -125,4 +126,5 @@ inline void check_masked_softmax_backward_args(const at::Tensor& grad_out, const
   TORCH_CHECK_VALUE(std::isfinite(scale), "scale: expected a finite value, got ", scale);
 }
 
+}  // namespace PT_HOST_NAMESPACE
 }  // namespace pytransformer

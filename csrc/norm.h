@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 namespace pytransformer {
+inline namespace PT_HOST_NAMESPACE {
 
 // What the norm kernels read and write (no tensors: pointers and sizes). x, y, grad_out, grad_x: [rows, n]
 // contiguous in `dtype`; weight, bias, grad_weight, grad_bias: [n] in `dtype`, or nullptr (absent / not wanted);
@@ -92,4 +93,5 @@ void register_norm_impls(torch::Library& m) {
   });
 }
 
+}  // namespace PT_HOST_NAMESPACE
 }  // namespace pytransformer

@@ -106,3 +106,54 @@ def test_ptxas_gate(tmp_path):
     # the checked-in table lists the kernels of every CUDA source
     recorded = gate.read_table()
     assert name in recorded and any("decode_split_kernel" in n for n in recorded)
+
+
+# One unit of shared host code as both glues use it: csrc/kv_cache_append.h's checks, called from a function of the unit.
+_SHARED_HOST_UNIT = """#include "kv_cache_append.h"
+#ifdef __CUDACC__
+__global__ void unit_kernel(int* x) { *x = 1; }
+#endif
+pytransformer::KvCacheAppendParams unit_checks(const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
+                                               const at::Tensor& d, const at::Tensor& e) {
+  return pytransformer::check_kv_cache_append_args(a, b, c, d, e);
+}
+// Its address keeps an out-of-line copy of the inline check in the object, as a call that is not inlined does.
+const void* unit_check_address() { return reinterpret_cast<const void*>(&pytransformer::check_kv_cache_append_args); }
+"""
+
+
+def _nvcc():
+    found = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    return found if Path(found).exists() else None
+
+
+@pytest.mark.skipif(_nvcc() is None or shutil.which("readelf") is None or shutil.which("c++") is None,
+                    reason="needs nvcc, c++ and readelf")
+def test_cuda_glue_gets_its_own_copy_of_shared_host_code(tmp_path):
+    """The same unit of csrc/<op>.h host code compiled as the extension compiles it, by g++ (the CPU glue) and by nvcc
+    (the CUDA glue, PTX only, against the installed torch's headers: a CPU wheel is enough), then
+    tools/check_host_objects.py on the two objects: no inline function of pytransformer's headers defined by both (the
+    linker would keep one copy for both glues; PT_HOST_NAMESPACE gives each compiler its own), and every weak symbol
+    that both define has the same visibility in both (one flag set for host code: build_config.HOST_CODEGEN_FLAGS)."""
+    import sysconfig
+
+    from torch.utils.cpp_extension import include_paths
+
+    from tools import build_config, check_host_objects
+    root = Path(__file__).resolve().parents[1]
+    src = tmp_path / "unit.cpp"
+    src.write_text(_SHARED_HOST_UNIT)
+    (tmp_path / "unit.cu").write_text(_SHARED_HOST_UNIT)
+    includes = [f"-I{p}" for p in include_paths()] + [f"-I{sysconfig.get_paths()['include']}", f"-I{root / 'csrc'}"]
+    gxx = ["c++", "-c", "-fPIC", *build_config.CXX_FLAGS, *includes, str(src), "-o", str(tmp_path / "gxx.o")]
+    nvcc = [_nvcc(), "-c", *build_config.nvcc_flags(), "-Xcompiler=-fPIC", "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE",
+            *includes, "-gencode", "arch=compute_80,code=compute_80", str(tmp_path / "unit.cu"), "-o",
+            str(tmp_path / "nvcc.o")]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for cmd in (gxx, nvcc)]
+    for proc in procs:
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out
+    objs = [tmp_path / "gxx.o", tmp_path / "nvcc.o"]
+    assert [check_host_objects.NVCC_SECTION in check_host_objects.sections(o) for o in objs] == [False, True]
+    assert any("check_kv_cache_append_args" in name for *_, name in check_host_objects.weak_definitions(objs[1]))
+    assert check_host_objects.findings(objs) == []

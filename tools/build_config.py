@@ -23,9 +23,15 @@ CSRC = ROOT / "csrc"
 # -ffp-contract=off: a multiply and an add fuse into one fma only where the source says fmadd; GCC's default (fast)
 # fuses them anywhere, so two copies of one expression could round differently (LayerNorm's backward with one feature
 # gave dx = +-0.2 instead of 0: g * w - mean(g * w) fused on one side only, times rstd ~ 1e6).
-CXX_FLAGS = ["-O3", "-g0", "-std=c++20", "-fvisibility=hidden", "-fopenmp", "-ffp-contract=off"]
+# HOST_CODEGEN_FLAGS go to the host compiler of the .cu files too (nvcc -Xcompiler): without them nvcc's host pass
+# gives its inline functions and templates default visibility (exported from the extension, where the dynamic linker
+# may bind them to another library's copy) and compiles torch's inline OpenMP code serial: a second flag set for the
+# same host code.
+HOST_CODEGEN_FLAGS = ["-fvisibility=hidden", "-fopenmp", "-ffp-contract=off"]
+CXX_FLAGS = ["-O3", "-g0", "-std=c++20", *HOST_CODEGEN_FLAGS]
 LINK_FLAGS = ["-fopenmp"]
-NVCC_FLAGS = ["-O3", "-std=c++20", "--use_fast_math", "--expt-relaxed-constexpr", "-lineinfo"]
+NVCC_FLAGS = ["-O3", "-std=c++20", "--use_fast_math", "--expt-relaxed-constexpr", "-lineinfo",
+              "-Xcompiler=" + ",".join(HOST_CODEGEN_FLAGS)]
 CUDA_MACRO = "PT_WITH_CUDA"  # defined in a CUDA build, for the C++ and CUDA sources alike
 # The GPU architectures of a CUDA build when TORCH_CUDA_ARCH_LIST is unset and no GPU is visible (torch would otherwise
 # build for the visible GPUs): Turing (T4; SIMT kernels only, the tensor-core kernels need 8.0), Ampere (A100, A10 /

@@ -356,6 +356,50 @@ constexpr int dq_row_tiles(int warps, int row_tiles, int head_dim) {
   return slices > 0 && warps % (row_tiles / 2) == 0 && dq_column_slices(slices, head_dim) == slices ? 2 : 1;
 }
 
+#ifdef PT_ATTENTION_BWD_DEBUG
+// Debug switch, off unless defined before this header is included (tools/gpu_probes/attention_probe.cu does): block 0
+// of the dK/dV kernel writes its first step's parameters (BwdDebugHeader) and its S^T (log2 units, scaled and masked),
+// P^T, dP^T and dS^T tiles to attention_bwd_debug, which the caller points at kBwdDebugHeader + kBwdDebugPlanes *
+// kBwdBlockN * kBwdBlockM floats: plane [kBwdBlockN keys][kBwdBlockM queries] of the block. Off, it adds no code.
+enum BwdDebugHeader { kDbgN0, kDbgM0, kDbgHead, kDbgFactor, kDbgScaleLog2, kDbgLenQ, kDbgLenK, kDbgDim, kDbgDimV,
+                      kDbgHeadsQ, kDbgHeadsKv, kDbgCausal, kDbgWindow, kDbgBlockN, kDbgBlockM, kBwdDebugHeader };
+enum BwdDebugPlane { kDbgS, kDbgP, kDbgDP, kDbgDS, kBwdDebugPlanes };
+static __device__ float* attention_bwd_debug;
+
+// A warp's tile acc [16 * kRT keys (rows key_row0..)][8 * kMT queries (columns q_col0..)] times factor into `plane`.
+template <int kHeadDim>
+__device__ void bwd_debug_tile(BwdDebugPlane plane, const float (*acc)[4], float factor, int key_row0, int q_col0,
+                               const AttentionParams& p, int64_t n0, int64_t m0, int64_t h, float scale_log2) {
+  using Tiles = MmaTiles<kHeadDim>;
+  constexpr int kN = Tiles::kBwdBlockN, kM = Tiles::kBwdBlockM, kRT = Tiles::kBwdRowTiles;
+  constexpr int kMT = kM / 8 / Tiles::kBwdDSplit;
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  float* out = attention_bwd_debug;
+  if (plane == kDbgS && threadIdx.x == 0) {
+    const float header[kBwdDebugHeader] = {
+        float(n0),      float(m0),        float(h),          factor,         scale_log2,
+        float(p.len_q), float(p.len_k),   float(p.dim),      float(p.dim_v), float(p.heads_q),
+        float(p.heads_kv), float(p.causal), float(p.window), float(kN),      float(kM)};
+    for (int i = 0; i < kBwdDebugHeader; ++i) out[i] = header[i];
+  }
+  float* tile = out + kBwdDebugHeader + plane * kN * kM;
+  for (int i = 0; i < kRT * kMT; ++i)
+    for (int e = 0; e < 4; ++e) {
+      const int key = key_row0 + 16 * (i / kMT) + g + 8 * (e / 2), query = q_col0 + i % kMT * 8 + 2 * t + e % 2;
+      tile[key * kM + query] = acc[i][e] * factor;
+    }
+}
+#define PT_BWD_DEBUG_TILE(plane, acc, factor)                                                                  \
+  do {                                                                                                         \
+    if (blockIdx.x == 0 && step == 0)                                                                          \
+      bwd_debug_tile<kHeadDim>(plane, acc, factor, key_row0, q_col0, p, n0, m0, h, scale_log2);                \
+  } while (0)
+#else
+#define PT_BWD_DEBUG_TILE(plane, acc, factor) \
+  do {                                        \
+  } while (0)
+#endif
+
 template <typename T, int kHeadDim, bool kAtomicDq>
 __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
     attention_mma_bwd_kernel(const AttentionBackwardParams bp, const float* delta, float* dq_accum) {
@@ -455,15 +499,19 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
       for (int rt = 0; rt < kRT; ++rt)
         factor = scale_and_mask<true, kMT>(pt + rt * kMT, p, b, h, n0 + key_row0 + 16 * rt, m0 + q_col0, clean,
                                            scale_log2);
+      PT_BWD_DEBUG_TILE(kDbgS, pt, factor);
 #pragma unroll
       for (int i = 0; i < kRT * kMT; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) pt[i][e] = exp2f(fmaf(pt[i][e], factor, -sLse[i % kMT * 8 + 2 * t + e % 2]));
+      PT_BWD_DEBUG_TILE(kDbgP, pt, 1.f);
       warp_gemm_nt<kRT, kMT, kHeadDim / 16>(ds, sV, kLd, key_row0, sdO + q_col0 * kLd, kLd);
+      PT_BWD_DEBUG_TILE(kDbgDP, ds, 1.f);
 #pragma unroll
       for (int i = 0; i < kRT * kMT; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) ds[i][e] = pt[i][e] * (ds[i][e] - sDelta[i % kMT * 8 + 2 * t + e % 2]);
+      PT_BWD_DEBUG_TILE(kDbgDS, ds, 1.f);
       stash(sPt, pt);
       stash(sdS, ds);
       __syncthreads();

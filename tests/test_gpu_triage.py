@@ -1,0 +1,85 @@
+"""The GPU triage (benchmarks/gpu_check.sh triage, tools/gpu_probes/triage.py) without a GPU: its argument handling,
+the probes' build commands and the verdict table. The probes themselves need nvcc and a GPU."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools" / "gpu_probes"))
+import triage  # noqa: E402
+
+
+def gpu_check(*args):
+    return subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_gpu_check_help_lists_the_triage_step_and_its_option():
+    res = gpu_check("--help")
+    assert res.returncode == 0
+    assert "  triage " in res.stdout and "--probes DIR" in res.stdout
+    assert "default: env build triage ptx" in res.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--probes"], "--probes needs a directory"),
+    (["--probes", "/nonexistent/probes", "triage"], "--probes: not a directory"),
+    (["--probes=", "triage"], "--probes needs a directory"),
+    (["triage", "nosuchstep"], "unknown step: nosuchstep"),
+])
+def test_gpu_check_rejects_bad_arguments(args, message, tmp_path):
+    res = gpu_check("--out", str(tmp_path), *args)
+    assert res.returncode == 2
+    assert message in res.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--arch", "90"], "--arch: expected sm_XY"),
+    (["--timeout", "0"], "--timeout: expected a positive number"),
+    (["--prebuilt", "/nonexistent/probes"], "--prebuilt: not a directory"),
+])
+def test_triage_rejects_bad_arguments(args, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        triage.parse_args(["--out", str(tmp_path), *args])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_triage_needs_its_output_directory(capsys):
+    with pytest.raises(SystemExit) as exc:
+        triage.parse_args([])
+    assert exc.value.code == 2 and "--out" in capsys.readouterr().err
+
+
+def test_probe_builds_use_the_extension_flags_and_the_precise_build_drops_fast_math(tmp_path):
+    fast = triage.nvcc_command("nvcc", "sm_90", "attention_probe.cu", tmp_path / "attention_probe", ["-DX"])
+    precise = triage.nvcc_command("nvcc", "sm_90", "attention_probe.cu", tmp_path / "attention_probe_precise", [])
+    assert "--use_fast_math" in fast and "--use_fast_math" not in precise
+    for cmd in (fast, precise):
+        assert "-arch=sm_90" in cmd and "-std=c++20" in cmd and "--expt-relaxed-constexpr" in cmd
+        assert f"-I{ROOT / 'csrc'}" in cmd and cmd[cmd.index("-cudart") + 1] == "static"
+    assert "-DX" in fast
+
+
+def test_verdict_lines_and_table():
+    found = triage.verdicts("noise\nVERDICT forward_64 OK: max|err| 1e-3\nVERDICT kernel_ran_fwd_64 FAIL: 3 of 9\n")
+    assert found == {"forward_64": ("OK", "max|err| 1e-3"), "kernel_ran_fwd_64": ("FAIL", "3 of 9")}
+    t = triage.Triage(Path("."), 1)
+    t.add("forward", found, "forward")
+    assert t.ok()
+    t.add("kernel_ran", found, "kernel_ran")
+    t.skip("params", "build failed")
+    assert not t.ok()
+    assert t.table().splitlines()[2:] == ["| forward | forward_64 | OK | max|err| 1e-3 |",
+                                          "| kernel_ran | kernel_ran_fwd_64 | FAIL | 3 of 9 |",
+                                          "| params | - | SKIP | build failed |"]
+
+
+def test_a_crashed_probe_is_a_verdict(tmp_path):
+    """A probe killed by a signal gives a FAIL row naming the signal, and the triage goes on."""
+    t = triage.Triage(tmp_path, 30)
+    triage.run_python(t, "decode", "decode", ["-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"])
+    assert t.rows[0][:3] == ("decode", "decode", "FAIL") and "SIGSEGV" in t.rows[0][3]
+    assert (tmp_path / "decode.log").exists()
