@@ -21,6 +21,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "../decode_attention.h"
@@ -90,6 +91,18 @@ void prefetch_rows(const scalar_t* base, int64_t step, int64_t j0, int64_t n, in
   for (int64_t i = 0; i < n; ++i) {
     const char* row = reinterpret_cast<const char*>(base + (j0 + i) * step);
     for (int64_t off = 0; off < width * static_cast<int64_t>(sizeof(scalar_t)); off += kLine) __builtin_prefetch(row + off);
+  }
+}
+
+// Calls f(row0, rows, lo, hi) for each run of consecutive queries that see the same keys [lo, hi) of a block (query
+// rows row0 .. row0 + rows, G a query), skipping queries that see none of them. Each run's values are weighted in by
+// one pass over those keys alone: a hidden key's value, NaN or inf included, never reaches a query (0 * NaN is NaN).
+template <class F>
+void for_query_runs(int64_t T, int64_t G, const int64_t* lo, const int64_t* hi, F&& f) {
+  for (int64_t t0 = 0, t1; t0 < T; t0 = t1) {
+    for (t1 = t0 + 1; t1 < T && lo[t1] == lo[t0] && hi[t1] == hi[t0]; ++t1) {
+    }
+    if (lo[t0] < hi[t0]) f(t0 * G, (t1 - t0) * G, lo[t0], hi[t0]);
   }
 }
 
@@ -188,7 +201,8 @@ struct NextRows {
 
 // One block of n <= kBlock keys for all M query rows (float32 rows; the scaled queries qs [M, D]): the scores of each
 // row (16 keys a vector, scores_16), the online softmax update in those vectors (keys outside [lo[t], hi[t]) of query
-// t = m / G score -inf), then the values weighted into acc [M, Dv] (accumulate_block). State and results as in
+// t = m / G score -inf), then the visible values weighted into acc [M, Dv] (accumulate_block over for_query_runs).
+// State and results as in
 // attend_block_rows: mx, sum [M]; alpha and probs (kBlock a row) are scratch.
 template <int ND>
 void attend_block(const float* qs, int64_t M, int64_t G, int64_t D, int64_t Dv, const float* k, int64_t k_step,
@@ -227,9 +241,12 @@ void attend_block(const float* qs, int64_t M, int64_t G, int64_t D, int64_t Dv, 
     sum[m] = sum[m] * alpha[m] + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
     mx[m] = new_max;
   }
-  for_blocks<4>(M, [&](auto R, int64_t r) {
-    accumulate_block<decltype(R)::value>(acc + r * Dv, Dv, alpha + r, probs + r * kBlock, v, v_step, n, next.v,
-                                         r == 0 ? next.count : 0);
+  int64_t ahead = next.count;  // asked for by the first pass over the values
+  for_query_runs(M / G, G, lo, hi, [&](int64_t r0, int64_t rows, int64_t l, int64_t h) {
+    for_blocks<4>(rows, [&](auto R, int64_t r) {
+      accumulate_block<decltype(R)::value>(acc + (r0 + r) * Dv, Dv, alpha + r0 + r, probs + (r0 + r) * kBlock + l,
+                                           v + l * v_step, v_step, h - l, next.v, std::exchange(ahead, 0));
+    });
   });
 }
 #endif
@@ -374,8 +391,9 @@ struct ItemState {
   acc_t *mx, *sum, *acc;
 };
 
-// One block of n keys from jb for the M query rows, by dot_rows, the softmax update and accumulate_rows; the next
-// block's n_next rows are asked for all at once, once this block's keys are read.
+// One block of n keys from jb for the M query rows, by dot_rows, the softmax update and accumulate_rows (each query's
+// visible keys alone, for_query_runs); the next block's n_next rows are asked for all at once, once this block's keys
+// are read.
 template <typename scalar_t, typename acc_t>
 void attend_block_rows(const DecodeInputs<scalar_t>& in, Scratch<scalar_t>& s, const scalar_t* kh,
                        const scalar_t* vh, int64_t jb, int64_t n, int64_t n_next, const ItemState<acc_t>& st) {
@@ -388,7 +406,10 @@ void attend_block_rows(const DecodeInputs<scalar_t>& in, Scratch<scalar_t>& s, c
   score_block(in, s.qs.data(), krows, k_step, s.lo.data(), s.hi.data(), s.scores.data());
   softmax_update(s.scores.data(), in.M, st.mx, st.sum, s.alpha.data(), s.probs.data());
   const acc_t* vrows = rows_as_acc(vh, in.p.v_stride[2], jb, n, in.Dv, s.vbuf.data(), v_step);
-  accumulate_rows(st.acc, in.Dv, in.M, s.alpha.data(), s.probs.data(), kBlock, vrows, v_step, n, in.Dv);
+  for_query_runs(in.T, in.G, s.lo.data(), s.hi.data(), [&](int64_t r0, int64_t rows, int64_t lo, int64_t hi) {
+    accumulate_rows(st.acc + r0 * in.Dv, in.Dv, rows, s.alpha.data() + r0, s.probs.data() + r0 * kBlock + lo, kBlock,
+                    vrows + lo * v_step, v_step, hi - lo, in.Dv);
+  });
 }
 
 // Whether float32 caches of head dim D go through attend_block (AVX-512, D <= 16 * kMaxVectorsD): it takes less time
