@@ -117,13 +117,21 @@ void mask_tile(const AttentionParams& p, int64_t b, int64_t h, int64_t i0, int64
             if (!mask[i * si + j * sj]) S[j * kBlockQ + i] = ninf;
         }
     } else {
+      // A -inf entry sets the score rather than adds to it: a NaN or inf score of a hidden key stays hidden.
       const T* mask = static_cast<const T*>(p.mask) + offset;
       for (int64_t j = 0; j < nk; ++j)
         if (si == 0) {
+          if (mask[j * sj] == ninf) {
+            std::fill(S + j * kBlockQ, S + j * kBlockQ + nq, ninf);
+            continue;
+          }
           const Vec add(mask[j * sj]);
           for (int64_t i = 0; i < nq; i += kV) (Vec::loadu(S + j * kBlockQ + i) + add).store(S + j * kBlockQ + i);
         } else {
-          for (int64_t i = 0; i < nq; ++i) S[j * kBlockQ + i] += mask[i * si + j * sj];
+          for (int64_t i = 0; i < nq; ++i) {
+            const T m = mask[i * si + j * sj];
+            S[j * kBlockQ + i] = m == ninf ? ninf : S[j * kBlockQ + i] + m;
+          }
         }
     }
   }
@@ -137,6 +145,46 @@ void mask_tile(const AttentionParams& p, int64_t b, int64_t h, int64_t i0, int64
       if (p.window > 0) std::fill(row + std::clamp<int64_t>(j0 + j - shift + p.window, 0, kBlockQ), row + kBlockQ, ninf);
     }
   }
+}
+
+// Whether the tile of queries [i0, i0 + nq) and keys [j0, j0 + nk) may hide a key from a query (a mask, or the
+// causal/window edge crossing it): then some weights of the tile are zero by rule, not by rounding.
+inline bool tile_may_hide(const AttentionParams& p, int64_t i0, int64_t nq, int64_t j0, int64_t nk) {
+  return p.mask_kind != MaskKind::kNone || block_partially_hidden(p, i0, i0 + nq, j0, j0 + nk);
+}
+
+// Whether the rows [0, n) of B (n elements each, ldb apart) hold only finite values: x * 0 is NaN for NaN and inf.
+template <typename T>
+bool rows_finite(const T* B, int64_t ldb, int64_t rows, int64_t n) {
+  using Vec = Vectorized<T>;
+  constexpr int64_t kV = Vec::size();
+  Vec acc(T(0));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = 0; d < n; d += kV) acc = at::vec::fmadd(Vec::loadu(B + r * ldb + d), Vec(T(0)), acc);
+  return !std::isnan(at::vec::vec_reduce_all<T>(std::plus<Vec>(), acc));
+}
+
+// C[nq, N] += W^T B over a tile's nk keys: W [nk, kBlockQ] the tile's weights (P, or dS for dQ), B the keys' rows
+// (V, or K for dQ, ldb apart). A hidden key (weight 0) never reaches a query, even with NaN or inf in its row of B:
+// such rows are added one by one to the queries that weigh them (0 * NaN would be NaN), the rows between them by
+// gemm. Tiles that hide nothing, or whose rows of B are finite, take gemm alone.
+template <typename T>
+void add_weighted_keys(const AttentionParams& p, int64_t i0, int64_t nq, int64_t j0, int64_t nk, const T* W,
+                       const T* B, int64_t ldb, int64_t N, T* C, int64_t ldc) {
+  if (!tile_may_hide(p, i0, nq, j0, nk) || rows_finite(B, ldb, nk, N)) {
+    gemm<T, true>(nq, N, nk, W, 1, kBlockQ, B, ldb, C, ldc);
+    return;
+  }
+  int64_t k0 = 0;  // the first key not added yet
+  for (int64_t k = 0; k < nk; ++k) {
+    if (rows_finite(B + k * ldb, ldb, 1, N)) continue;
+    if (k > k0) gemm<T, true>(nq, N, k - k0, W + k0 * kBlockQ, 1, kBlockQ, B + k0 * ldb, ldb, C, ldc);
+    for (int64_t i = 0; i < nq; ++i)
+      if (W[k * kBlockQ + i] != T(0))
+        for (int64_t d = 0; d < N; ++d) C[i * ldc + d] += W[k * kBlockQ + i] * B[k * ldb + d];
+    k0 = k + 1;
+  }
+  if (nk > k0) gemm<T, true>(nq, N, nk - k0, W + k0 * kBlockQ, 1, kBlockQ, B + k0 * ldb, ldb, C, ldc);
 }
 
 // n rounded up to a multiple of kPadBytes worth of T: the row length of padded operands and buffers.
@@ -234,7 +282,7 @@ void attention_fwd_typed(const AttentionParams& p) {
         if (j0 > keys.lo)  // the first tile found O = 0
           for (int64_t i = 0; i < nq; ++i)
             if (alpha[i] != T(1)) scale_row(o.data() + i * Dvp, Dvp, alpha[i], o.data() + i * Dvp);
-        gemm<T, true>(nq, Dvp, nk, s.data(), 1, kBlockQ, v + j0 * p.v_stride[2], p.v_stride[2], o.data(), Dvp);
+        add_weighted_keys(p, i0, nq, j0, nk, s.data(), v + j0 * p.v_stride[2], p.v_stride[2], Dvp, o.data(), Dvp);
       }
       T* lse = static_cast<T*>(p.lse) + (b * p.heads_q + h) * p.len_q + i0;
       for (int64_t i = 0; i < nq; ++i) {
@@ -306,14 +354,16 @@ void attention_bwd_typed(const AttentionBackwardParams& bp) {
                         bp.gv_stride[2]);
           gemm<T, false>(nk, nqv, Dv, v + j0 * p.v_stride[2], p.v_stride[2], 1, dot_t.data(), kBlockQ, dp.data(),
                          kBlockQ);
+          // dS = 0 where P = 0 (a hidden entry), whatever dP is: V's row of a hidden key may hold NaN or inf.
           for (int64_t j = 0; j < nk; ++j)
             for (int64_t c = 0; c < nqv; c += kV) {
               T* dpj = dp.data() + j * kBlockQ + c;
-              (Vec::loadu(s.data() + j * kBlockQ + c) * (Vec::loadu(dpj) - Vec::loadu(delta + c))).store(dpj);
+              const Vec pj = Vec::loadu(s.data() + j * kBlockQ + c);
+              Vec::blendv(pj * (Vec::loadu(dpj) - Vec::loadu(delta + c)), Vec(T(0)), pj == Vec(T(0))).store(dpj);
             }
           gemm<T, true>(nk, Dp, nq, dp.data(), kBlockQ, 1, q, p.q_stride[2], gk + j0 * bp.gk_stride[2],
                         bp.gk_stride[2]);
-          gemm<T, true>(nq, Dp, nk, dp.data(), 1, kBlockQ, kj, p.k_stride[2], dq.data(), Dp);
+          add_weighted_keys(p, i0, nq, j0, nk, dp.data(), kj, p.k_stride[2], Dp, dq.data(), Dp);
         }
         for (int64_t i = 0; i < nq; ++i)
           scale_row(dq.data() + i * Dp, Dp, scale, row_ptr<T>(bp.grad_q, bp.gq_stride, b, h, i0 + i));

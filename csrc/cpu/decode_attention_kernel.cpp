@@ -21,6 +21,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "../decode_attention.h"
@@ -90,6 +91,18 @@ void prefetch_rows(const scalar_t* base, int64_t step, int64_t j0, int64_t n, in
   for (int64_t i = 0; i < n; ++i) {
     const char* row = reinterpret_cast<const char*>(base + (j0 + i) * step);
     for (int64_t off = 0; off < width * static_cast<int64_t>(sizeof(scalar_t)); off += kLine) __builtin_prefetch(row + off);
+  }
+}
+
+// Calls f(row0, rows, lo, hi) for each run of consecutive queries that see the same keys [lo, hi) of a block (query
+// rows row0 .. row0 + rows, G a query), skipping queries that see none of them. Each run's values are weighted in by
+// one pass over those keys alone: a hidden key's value, NaN or inf included, never reaches a query (0 * NaN is NaN).
+template <class F>
+void for_query_runs(int64_t T, int64_t G, const int64_t* lo, const int64_t* hi, F&& f) {
+  for (int64_t t0 = 0, t1; t0 < T; t0 = t1) {
+    for (t1 = t0 + 1; t1 < T && lo[t1] == lo[t0] && hi[t1] == hi[t0]; ++t1) {
+    }
+    if (lo[t0] < hi[t0]) f(t0 * G, (t1 - t0) * G, lo[t0], hi[t0]);
   }
 }
 
@@ -188,16 +201,17 @@ struct NextRows {
 
 // One block of n <= kBlock keys for all M query rows (float32 rows; the scaled queries qs [M, D]): the scores of each
 // row (16 keys a vector, scores_16), the online softmax update in those vectors (keys outside [lo[t], hi[t]) of query
-// t = m % T score -inf), then the values weighted into acc [M, Dv] (accumulate_block). State and results as in
-// decode_attention_typed's generic loop: mx, sum [M]; alpha and probs (kBlock a row) are scratch.
+// t = m / G score -inf), then the visible values weighted into acc [M, Dv] (accumulate_block over for_query_runs).
+// State and results as in
+// attend_block_rows: mx, sum [M]; alpha and probs (kBlock a row) are scratch.
 template <int ND>
-void attend_block(const float* qs, int64_t M, int64_t T, int64_t D, int64_t Dv, const float* k, int64_t k_step,
+void attend_block(const float* qs, int64_t M, int64_t G, int64_t D, int64_t Dv, const float* k, int64_t k_step,
                   const float* v, int64_t v_step, int64_t n, const NextRows& next, const int64_t* lo,
                   const int64_t* hi, float* mx, float* sum, float* acc, float* alpha, float* probs) {
   static_assert(kBlock == 32, "attend_block takes a block as two vectors of 16 scores");
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t m = 0; m < M; ++m) {
-    const int64_t t = m % T;
+    const int64_t t = m / G;
     const uint64_t below_hi = (uint64_t(1) << hi[t]) - 1, below_lo = (uint64_t(1) << lo[t]) - 1;
     const uint32_t visible = lo[t] < hi[t] ? static_cast<uint32_t>(below_hi & ~below_lo) : 0;  // bit j: key j
     float* pm = probs + m * kBlock;
@@ -227,197 +241,292 @@ void attend_block(const float* qs, int64_t M, int64_t T, int64_t D, int64_t Dv, 
     sum[m] = sum[m] * alpha[m] + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
     mx[m] = new_max;
   }
-  for_blocks<4>(M, [&](auto R, int64_t r) {
-    accumulate_block<decltype(R)::value>(acc + r * Dv, Dv, alpha + r, probs + r * kBlock, v, v_step, n, next.v,
-                                         r == 0 ? next.count : 0);
+  int64_t ahead = next.count;  // asked for by the first pass over the values
+  for_query_runs(M / G, G, lo, hi, [&](int64_t r0, int64_t rows, int64_t l, int64_t h) {
+    for_blocks<4>(rows, [&](auto R, int64_t r) {
+      accumulate_block<decltype(R)::value>(acc + (r0 + r) * Dv, Dv, alpha + r0 + r, probs + (r0 + r) * kBlock + l,
+                                           v + l * v_step, v_step, h - l, next.v, std::exchange(ahead, 0));
+    });
   });
 }
 #endif
 
-// The key range [first, end) that row b's queries can see, split into chunks of `chunk` keys.
+// A work item: batch row b, cache head h and the keys [j0, j1) of one chunk.
+struct WorkItem {
+  int64_t b, h, j0, j1;
+};
+
+// The keys [first, end) that row b's queries see, cut into `chunks` chunks: items item_base + h * chunks + c.
 struct RowPlan {
   int64_t first, end, chunks, item_base;
 };
 
-template <typename scalar_t>
-void decode_attention_typed(const DecodeAttentionParams& p, const void* q, const void* k, const void* v,
-                            const int64_t* lengths, void* out) {
-  using acc_t = at::opmath_type<scalar_t>;
-  using Vec = Vectorized<acc_t>;
-  constexpr acc_t kNegInf = -std::numeric_limits<acc_t>::infinity();
-  const int64_t B = p.batch, Hkv = p.kv_heads, T = p.q_len, D = p.head_dim, Dv = p.v_head_dim;
-  const int64_t G = p.q_heads / Hkv, M = G * T;
+// The work of a call: the keys each row's queries see (a window drops the keys before the first query's window), cut
+// into chunks of `chunk` keys, so that there are about 4 work items per thread but never fewer than kMinChunk keys
+// per item.
+struct DecodePlan {
+  std::vector<RowPlan> rows;
+  int64_t chunk = 0, items = 0;
 
-  // Plan: the keys each row sees (a window drops the keys before the first query's window) and the chunk size,
-  // chosen so that there are about 4 work items per thread but never fewer than kMinChunk keys per item.
-  std::vector<RowPlan> rows(B);
-  int64_t total_keys = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t n = lengths[b];
-    rows[b].first = p.window > 0 ? std::max<int64_t>(0, n - T - p.window + 1) : 0;
-    rows[b].end = n;
-    total_keys += (n - rows[b].first) * Hkv;
-  }
-  const int64_t target = at::divup(total_keys, 4 * static_cast<int64_t>(at::get_num_threads()));
-  const int64_t chunk = at::divup(std::max(kMinChunk, target), kBlock) * kBlock;
-  int64_t items = 0;
-  for (auto& r : rows) {
-    r.chunks = at::divup(r.end - r.first, chunk);
-    r.item_base = items;
-    items += r.chunks * Hkv;  // item = item_base + head * chunks + c
+  DecodePlan(const DecodeAttentionParams& p, const int64_t* lengths) : rows(p.batch) {
+    int64_t total_keys = 0;
+    for (int64_t b = 0; b < p.batch; ++b) {
+      rows[b].first = p.window > 0 ? std::max<int64_t>(0, lengths[b] - p.q_len - p.window + 1) : 0;
+      rows[b].end = lengths[b];
+      total_keys += (rows[b].end - rows[b].first) * p.kv_heads;
+    }
+    const int64_t target = at::divup(total_keys, 4 * static_cast<int64_t>(at::get_num_threads()));
+    chunk = at::divup(std::max(kMinChunk, target), kBlock) * kBlock;
+    for (auto& r : rows) {
+      r.chunks = at::divup(r.end - r.first, chunk);
+      r.item_base = items;
+      items += r.chunks * p.kv_heads;
+    }
   }
 
-  // Partial results per item and query row m = g * T + t (query head kv_head * G + g, query t).
-  std::vector<acc_t> part_max(items * M), part_sum(items * M), part_out(items * M * Dv);
-  const scalar_t* qp = static_cast<const scalar_t*>(q);
-  const scalar_t* kp = static_cast<const scalar_t*>(k);
-  const scalar_t* vp = static_cast<const scalar_t*>(v);
-
-  // float32 caches with AVX-512: a block at a time by attend_block (head dims 1 to 16 * kMaxVectorsD). Against the
-  // blocks below (dot_rows' sums of lanes a key, the softmax through memory, the next block requested all at once),
-  // 2 threads, caches cycled from memory, one query a row, alternating processes, three runs: GPT-2 small's B1 Hq12
-  // L256 D64 64-67 -> 42-43 us, B8 446-463 -> 252-260; B8 Hq12 Hkv4 L256 D64 187-195 -> 112-118; B1 Hq32 Hkv8 L4096
-  // D128 1157-1221 -> 784-789; B8 L1024 2315-2423 -> 1567-1581. (Requesting the next item's first block too took
-  // B1 Hq12 L256 from 45-48 to 42-43 us.) float16 and bfloat16 caches, widened a block at a time, keep the blocks
-  // below: attend_block took 0.91-0.96x their time with one query head a cache head (D 64, 256 keys) but 1.03-1.13x
-  // with 4 (D 128, 1024-4096 keys).
-#if defined(CPU_CAPABILITY_AVX512)
-  constexpr bool kVectorBlock = std::is_same_v<scalar_t, float>;
-#else
-  constexpr bool kVectorBlock = false;
-#endif
-  const bool vector_block = kVectorBlock && D >= 1 && D <= 16 * kMaxVectorsD;
-
-  // Row b, cache head h and key range [j0, j1) of a work item.
-  const auto locate = [&](int64_t item) {
+  WorkItem locate(int64_t item) const {
     const int64_t b = std::upper_bound(rows.begin(), rows.end(), item,
                                        [](int64_t i, const RowPlan& r) { return i < r.item_base; }) - rows.begin() - 1;
     const RowPlan& row = rows[b];
     const int64_t h = (item - row.item_base) / row.chunks, c = (item - row.item_base) % row.chunks;
     const int64_t j0 = row.first + c * chunk;
-    return std::array<int64_t, 4>{b, h, j0, std::min(row.end, j0 + chunk)};
-  };
+    return {b, h, j0, std::min(row.end, j0 + chunk)};
+  }
+};
 
-  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> qs(M * D), scores(M * kBlock), probs(M * kBlock), alpha(M);
-    constexpr bool widen = !std::is_same_v<scalar_t, acc_t>;
-    std::vector<acc_t> kbuf(widen ? kBlock * D : 0), vbuf(widen ? kBlock * Dv : 0);
-    std::vector<int64_t> lo(T), hi(T);
-    for (int64_t item = begin; item < end; ++item) {
-      const auto [b, h, j0, j1] = locate(item);
-      const RowPlan& row = rows[b];
-      // Scaled queries as acc_t rows [M, D].
-      for (int64_t g = 0; g < G; ++g)
-        for (int64_t t = 0; t < T; ++t) {
-          acc_t* dst = qs.data() + (g * T + t) * D;
-          const scalar_t* src = qp + b * p.q_stride[0] + (h * G + g) * p.q_stride[1] + t * p.q_stride[2];
-          at::vec::convert(src, dst, D);
-          at::vec::map([s = Vec(acc_t(p.scale))](Vec x) { return x * s; }, dst, dst, D);
-        }
-      acc_t* mx = part_max.data() + item * M;
-      acc_t* sum = part_sum.data() + item * M;
-      acc_t* acc = part_out.data() + item * M * Dv;
-      std::fill(mx, mx + M, kNegInf);
-      std::fill(sum, sum + M, acc_t(0));
-      std::fill(acc, acc + M * Dv, acc_t(0));
-      const scalar_t* kh = kp + b * p.k_stride[0] + h * p.k_stride[1];
-      const scalar_t* vh = vp + b * p.v_stride[0] + h * p.v_stride[1];
-      for (int64_t jb = j0; jb < j1; jb += kBlock) {
-        const int64_t n = std::min(kBlock, j1 - jb);
-        const int64_t next = std::clamp<int64_t>(j1 - jb - kBlock, 0, kBlock);  // keys in the next block
-        int64_t k_step, v_step;
-        const acc_t* krows = rows_as_acc(kh, p.k_stride[2], jb, n, D, kbuf.data(), k_step);
-        // The next block's key and value rows are asked for: all at once here, once this block's keys are read, or
-        // line by line as attend_block reads this block's rows.
-        if (next > 0 && !vector_block) {
-          prefetch_rows(kh, p.k_stride[2], jb + kBlock, next, D);
-          prefetch_rows(vh, p.v_stride[2], jb + kBlock, next, Dv);
-        }
-        // Query t (position row.end - T + t) sees the keys in (pos - window, pos]: those of the block [lo, hi).
-        for (int64_t t = 0; t < T; ++t) {
-          const int64_t pos = row.end - T + t;
-          lo[t] = std::max(jb, p.window > 0 ? pos - p.window + 1 : jb) - jb;
-          hi[t] = std::min(jb + n, pos + 1) - jb;
-        }
+// The operands of a call and the shape of a work item: M = G * T query rows, row m = t * G + g for query t of query
+// head h * G + g.
+template <typename scalar_t>
+struct DecodeInputs {
+  const DecodeAttentionParams& p;
+  const scalar_t *q, *k, *v;
+  int64_t G = p.q_heads / p.kv_heads, T = p.q_len, M = G * T, D = p.head_dim, Dv = p.v_head_dim;
+
+  const scalar_t* k_head(int64_t b, int64_t h) const { return k + b * p.k_stride[0] + h * p.k_stride[1]; }
+  const scalar_t* v_head(int64_t b, int64_t h) const { return v + b * p.v_stride[0] + h * p.v_stride[1]; }
+};
+
+// Partial results per work item and query row: running max, sum of exponentials, unnormalised output [Dv].
+template <typename acc_t>
+struct Partials {
+  std::vector<acc_t> max, sum, out;
+  Partials(int64_t items, int64_t M, int64_t Dv) : max(items * M), sum(items * M), out(items * M * Dv) {}
+};
+
+// A thread's scratch: the scaled queries [M, D], a block's scores, probabilities (kBlock a query row) and rescale
+// factors, the widened key and value rows of a block (float16/bfloat16 caches) and each query's visible keys in it.
+template <typename scalar_t>
+struct Scratch {
+  using acc_t = at::opmath_type<scalar_t>;
+  static constexpr bool kWiden = !std::is_same_v<scalar_t, acc_t>;
+  std::vector<acc_t> qs, scores, probs, alpha, kbuf, vbuf;
+  std::vector<int64_t> lo, hi;
+  explicit Scratch(const DecodeInputs<scalar_t>& in)
+      : qs(in.M * in.D), scores(in.M * kBlock), probs(in.M * kBlock), alpha(in.M), kbuf(kWiden ? kBlock * in.D : 0),
+        vbuf(kWiden ? kBlock * in.Dv : 0), lo(in.T), hi(in.T) {}
+};
+
+// The queries of cache head h of row b times the scale, as acc_t rows qs [M, D].
+template <typename scalar_t, typename acc_t>
+void load_queries(const DecodeInputs<scalar_t>& in, int64_t b, int64_t h, acc_t* qs) {
+  using Vec = Vectorized<acc_t>;
+  for (int64_t t = 0; t < in.T; ++t)
+    for (int64_t g = 0; g < in.G; ++g) {
+      acc_t* dst = qs + (t * in.G + g) * in.D;
+      at::vec::convert(in.q + b * in.p.q_stride[0] + (h * in.G + g) * in.p.q_stride[1] + t * in.p.q_stride[2], dst,
+                       in.D);
+      at::vec::map([s = Vec(acc_t(in.p.scale))](Vec x) { return x * s; }, dst, dst, in.D);
+    }
+}
+
+// Query t (position end - T + t) sees the keys in (pos - window, pos]: those of the block [jb, jb + n) are the
+// offsets [lo[t], hi[t]).
+inline void block_visibility(const DecodeAttentionParams& p, int64_t end, int64_t jb, int64_t n, int64_t* lo,
+                             int64_t* hi) {
+  for (int64_t t = 0; t < p.q_len; ++t) {
+    const int64_t pos = end - p.q_len + t;
+    lo[t] = std::max(jb, p.window > 0 ? pos - p.window + 1 : jb) - jb;
+    hi[t] = std::min(jb + n, pos + 1) - jb;
+  }
+}
+
+// The scores [M, kBlock] of a block (key rows krows, k_step apart): query t's visible keys scored by one dot_rows call
+// over its G query heads; hidden keys and the unused tail of the block score -inf.
+template <typename scalar_t, typename acc_t>
+void score_block(const DecodeInputs<scalar_t>& in, const acc_t* qs, const acc_t* krows, int64_t k_step,
+                 const int64_t* lo, const int64_t* hi, acc_t* scores) {
+  std::fill(scores, scores + in.M * kBlock, -std::numeric_limits<acc_t>::infinity());
+  for (int64_t t = 0; t < in.T; ++t)
+    if (lo[t] < hi[t])
+      dot_rows(qs + t * in.G * in.D, in.D, in.G, krows + lo[t] * k_step, k_step, hi[t] - lo[t], in.D,
+               scores + t * in.G * kBlock + lo[t], kBlock, 1);
+}
+
+// Online softmax update of the M query rows with a block's scores [M, kBlock]: rescale by alpha = e^(old max - new
+// max) and add the block's probabilities probs = e^(score - new max); a row with no visible key here keeps its state
+// (alpha 1, probs 0).
+template <typename acc_t>
+void softmax_update(const acc_t* scores, int64_t M, acc_t* mx, acc_t* sum, acc_t* alpha, acc_t* probs) {
+  using Vec = Vectorized<acc_t>;
+  for (int64_t m = 0; m < M; ++m) {
+    const acc_t* s = scores + m * kBlock;
+    acc_t* pm = probs + m * kBlock;
+    const acc_t block_max = at::vec::reduce_all<acc_t>([](Vec a, Vec b) { return at::vec::maximum(a, b); }, s, kBlock);
+    if (block_max == -std::numeric_limits<acc_t>::infinity()) {
+      alpha[m] = acc_t(1);
+      std::fill(pm, pm + kBlock, acc_t(0));
+      continue;
+    }
+    const acc_t new_max = max_nan(mx[m], block_max);  // NaN (in q or a visible key) stays NaN
+    alpha[m] = std::exp(mx[m] - new_max);              // 0 while the row was empty
+    at::vec::map([nm = Vec(new_max)](Vec x) { return (x - nm).exp(); }, pm, s, kBlock);
+    sum[m] = sum[m] * alpha[m] + at::vec::reduce_all<acc_t>(std::plus<Vec>(), pm, kBlock);
+    mx[m] = new_max;
+  }
+}
+
+// The running state of a work item's M query rows: max, sum of exponentials and unnormalised output [M, Dv].
+template <typename acc_t>
+struct ItemState {
+  acc_t *mx, *sum, *acc;
+};
+
+// One block of n keys from jb for the M query rows, by dot_rows, the softmax update and accumulate_rows (each query's
+// visible keys alone, for_query_runs); the next block's n_next rows are asked for all at once, once this block's keys
+// are read.
+template <typename scalar_t, typename acc_t>
+void attend_block_rows(const DecodeInputs<scalar_t>& in, Scratch<scalar_t>& s, const scalar_t* kh,
+                       const scalar_t* vh, int64_t jb, int64_t n, int64_t n_next, const ItemState<acc_t>& st) {
+  int64_t k_step, v_step;
+  const acc_t* krows = rows_as_acc(kh, in.p.k_stride[2], jb, n, in.D, s.kbuf.data(), k_step);
+  if (n_next > 0) {
+    prefetch_rows(kh, in.p.k_stride[2], jb + kBlock, n_next, in.D);
+    prefetch_rows(vh, in.p.v_stride[2], jb + kBlock, n_next, in.Dv);
+  }
+  score_block(in, s.qs.data(), krows, k_step, s.lo.data(), s.hi.data(), s.scores.data());
+  softmax_update(s.scores.data(), in.M, st.mx, st.sum, s.alpha.data(), s.probs.data());
+  const acc_t* vrows = rows_as_acc(vh, in.p.v_stride[2], jb, n, in.Dv, s.vbuf.data(), v_step);
+  for_query_runs(in.T, in.G, s.lo.data(), s.hi.data(), [&](int64_t r0, int64_t rows, int64_t lo, int64_t hi) {
+    accumulate_rows(st.acc + r0 * in.Dv, in.Dv, rows, s.alpha.data() + r0, s.probs.data() + r0 * kBlock + lo, kBlock,
+                    vrows + lo * v_step, v_step, hi - lo, in.Dv);
+  });
+}
+
+// Whether float32 caches of head dim D go through attend_block (AVX-512, D <= 16 * kMaxVectorsD): it takes less time
+// than the blocks above there; float16 and bfloat16 caches, widened a block at a time, keep the blocks above
+// (benchmarks/results/cpu_decode_attention_2026-11-28_named_steps.md).
+template <typename scalar_t>
+bool takes_vector_block(int64_t D) {
 #if defined(CPU_CAPABILITY_AVX512)
-        if constexpr (kVectorBlock) {
-          if (vector_block) {
-            const acc_t* vrows = rows_as_acc(vh, p.v_stride[2], jb, n, Dv, vbuf.data(), v_step);
-            NextRows ahead{nullptr, nullptr, 0};
-            if (next > 0) {
-              ahead = {kh + (jb + kBlock) * k_step, vh + (jb + kBlock) * v_step, next};
-            } else if (item + 1 < end) {  // the thread's next item, whose first block would otherwise start cold
-              const auto [nb, nh, nj0, nj1] = locate(item + 1);
-              ahead = {kp + nb * p.k_stride[0] + nh * p.k_stride[1] + nj0 * k_step,
-                       vp + nb * p.v_stride[0] + nh * p.v_stride[1] + nj0 * v_step, std::min(kBlock, nj1 - nj0)};
-            }
-            with_vectors(D, [&](auto nd) {
-              attend_block<decltype(nd)::value>(qs.data(), M, T, D, Dv, krows, k_step, vrows, v_step, n, ahead,
-                                                lo.data(), hi.data(), mx, sum, acc, alpha.data(), probs.data());
-            });
-            continue;
-          }
-        }
+  return std::is_same_v<scalar_t, float> && D >= 1 && D <= 16 * kMaxVectorsD;
+#else
+  return false;
 #endif
-        // Scores [M, kBlock]: each query's visible range scored by one dot_rows call (its G query heads by blocks of
-        // keys); invisible keys and the unused tail of the block score -inf.
-        std::fill(scores.begin(), scores.end(), kNegInf);
-        for (int64_t t = 0; t < T; ++t)
-          if (lo[t] < hi[t])
-            dot_rows(qs.data() + t * D, T * D, G, krows + lo[t] * k_step, k_step, hi[t] - lo[t], D,
-                     scores.data() + t * kBlock + lo[t], T * kBlock, 1);
-        // Online softmax update of each query row with this block: rescale by alpha = e^(old max - new max) and
-        // add the block's probabilities probs = e^(score - new max) (a row with no visible key here: alpha 1, probs 0).
-        for (int64_t m = 0; m < M; ++m) {
-          const acc_t* s = scores.data() + m * kBlock;
-          acc_t* pm = probs.data() + m * kBlock;
-          const acc_t block_max = at::vec::reduce_all<acc_t>([](Vec a, Vec b) { return at::vec::maximum(a, b); }, s,
-                                                             kBlock);
-          if (block_max == kNegInf) {
-            alpha[m] = acc_t(1);
-            std::fill(pm, pm + kBlock, acc_t(0));
-            continue;
-          }
-          const acc_t new_max = max_nan(mx[m], block_max);  // NaN (in q or a visible key) stays NaN
-          alpha[m] = std::exp(mx[m] - new_max);  // 0 while the row was empty
-          at::vec::map([nm = Vec(new_max)](Vec x) { return (x - nm).exp(); }, pm, s, kBlock);
-          sum[m] = sum[m] * alpha[m] + at::vec::reduce_all<acc_t>(std::plus<Vec>(), pm, kBlock);
-          mx[m] = new_max;
-        }
-        const acc_t* vrows = rows_as_acc(vh, p.v_stride[2], jb, n, Dv, vbuf.data(), v_step);
-        accumulate_rows(acc, Dv, M, alpha.data(), probs.data(), kBlock, vrows, v_step, n, Dv);
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// One block of n keys from jb for the M query rows by attend_block, which asks for the rows read next line by line:
+// the item's next n_next rows, or else the first block of the thread's next item (next_item < 0: none).
+inline void attend_block_vector(const DecodeInputs<float>& in, Scratch<float>& s, const DecodePlan& plan,
+                                const float* kh, const float* vh, int64_t jb, int64_t n, int64_t n_next,
+                                int64_t next_item, const ItemState<float>& st) {
+  const int64_t k_step = in.p.k_stride[2], v_step = in.p.v_stride[2];
+  NextRows ahead{nullptr, nullptr, 0};
+  if (n_next > 0) {
+    ahead = {kh + (jb + kBlock) * k_step, vh + (jb + kBlock) * v_step, n_next};
+  } else if (next_item >= 0) {
+    const WorkItem w = plan.locate(next_item);
+    ahead = {in.k_head(w.b, w.h) + w.j0 * k_step, in.v_head(w.b, w.h) + w.j0 * v_step, std::min(kBlock, w.j1 - w.j0)};
+  }
+  with_vectors(in.D, [&](auto nd) {
+    attend_block<decltype(nd)::value>(s.qs.data(), in.M, in.G, in.D, in.Dv, kh + jb * k_step, k_step,
+                                      vh + jb * v_step, v_step, n, ahead, s.lo.data(), s.hi.data(), st.mx, st.sum,
+                                      st.acc, s.alpha.data(), s.probs.data());
+  });
+}
+#endif
+
+// Work item `item` into its partial results: its scaled queries, then its keys a block at a time (next_item: the
+// thread's next item, or -1).
+template <typename scalar_t, typename acc_t>
+void attend_item(const DecodeInputs<scalar_t>& in, const DecodePlan& plan, int64_t item, int64_t next_item,
+                 Scratch<scalar_t>& s, Partials<acc_t>& part) {
+  const WorkItem w = plan.locate(item);
+  load_queries(in, w.b, w.h, s.qs.data());
+  const ItemState<acc_t> st{part.max.data() + item * in.M, part.sum.data() + item * in.M,
+                            part.out.data() + item * in.M * in.Dv};
+  std::fill(st.mx, st.mx + in.M, -std::numeric_limits<acc_t>::infinity());
+  std::fill(st.sum, st.sum + in.M, acc_t(0));
+  std::fill(st.acc, st.acc + in.M * in.Dv, acc_t(0));
+  const scalar_t* kh = in.k_head(w.b, w.h);
+  const scalar_t* vh = in.v_head(w.b, w.h);
+  const bool vector_block = takes_vector_block<scalar_t>(in.D);
+  for (int64_t jb = w.j0; jb < w.j1; jb += kBlock) {
+    const int64_t n = std::min(kBlock, w.j1 - jb);
+    const int64_t n_next = std::clamp<int64_t>(w.j1 - jb - kBlock, 0, kBlock);  // keys in the next block
+    block_visibility(in.p, plan.rows[w.b].end, jb, n, s.lo.data(), s.hi.data());
+#if defined(CPU_CAPABILITY_AVX512)
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      if (vector_block) {
+        attend_block_vector(in, s, plan, kh, vh, jb, n, n_next, next_item, st);
+        continue;
       }
     }
-  });
+#endif
+    attend_block_rows(in, s, kh, vh, jb, n, n_next, st);
+  }
+}
 
-  // Merge the chunks of each (row, query row): out = sum_c e^(max_c - max) out_c / sum_c e^(max_c - max) sum_c.
-  scalar_t* op = static_cast<scalar_t*>(out);
-  at::parallel_for(0, B * Hkv, 1, [&](int64_t begin, int64_t end) {
+// The output of each (row, query row): its chunks merged by their log-sum-exp weights, out = sum_c e^(max_c - max)
+// out_c / sum_c e^(max_c - max) sum_c (zeros where the row sees no key).
+template <typename scalar_t, typename acc_t>
+void merge_chunks(const DecodeInputs<scalar_t>& in, const DecodePlan& plan, const Partials<acc_t>& part,
+                  scalar_t* out) {
+  using Vec = Vectorized<acc_t>;
+  const int64_t M = in.M, Dv = in.Dv;
+  at::parallel_for(0, in.p.batch * in.p.kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> merged(Dv);
     for (int64_t bh = begin; bh < end; ++bh) {
-      const int64_t b = bh / Hkv, h = bh % Hkv;
-      const RowPlan& row = rows[b];
+      const int64_t b = bh / in.p.kv_heads, h = bh % in.p.kv_heads;
+      const RowPlan& row = plan.rows[b];
       const int64_t first_item = row.item_base + h * row.chunks;
       for (int64_t m = 0; m < M; ++m) {
-        acc_t gmax = kNegInf;
-        for (int64_t c = 0; c < row.chunks; ++c) gmax = max_nan(gmax, part_max[(first_item + c) * M + m]);
+        acc_t gmax = -std::numeric_limits<acc_t>::infinity();
+        for (int64_t c = 0; c < row.chunks; ++c) gmax = max_nan(gmax, part.max[(first_item + c) * M + m]);
         std::fill(merged.begin(), merged.end(), acc_t(0));
-        if (gmax != kNegInf) {  // else no visible key: zeros
+        if (gmax != -std::numeric_limits<acc_t>::infinity()) {
           acc_t denom = 0;
           for (int64_t c = 0; c < row.chunks; ++c) {
-            const int64_t part = (first_item + c) * M + m;
-            const acc_t w = std::exp(part_max[part] - gmax);
-            denom += w * part_sum[part];
-            const acc_t one = 1;
-            accumulate_rows<1>(merged.data(), 0, &one, &w, 0, part_out.data() + part * Dv, 0, 1, Dv);
+            const int64_t part_row = (first_item + c) * M + m;
+            const acc_t w = std::exp(part.max[part_row] - gmax), one = 1;
+            denom += w * part.sum[part_row];
+            accumulate_rows<1>(merged.data(), 0, &one, &w, 0, part.out.data() + part_row * Dv, 0, 1, Dv);
           }
           at::vec::map([r = Vec(acc_t(1) / denom)](Vec x) { return x * r; }, merged.data(), merged.data(), Dv);
         }
-        const int64_t g = m / T, t = m % T;
-        at::vec::convert(merged.data(), op + ((b * p.q_heads + h * G + g) * T + t) * Dv, Dv);
+        const int64_t t = m / in.G, g = m % in.G;
+        at::vec::convert(merged.data(), out + ((b * in.p.q_heads + h * in.G + g) * in.T + t) * Dv, Dv);
       }
     }
   });
+}
+
+// Work items (row b, cache head, chunk of keys) hold all G query heads of their cache head and all T queries, so
+// every key and value row is read once per item; each writes partial results that merge_chunks combines.
+template <typename scalar_t>
+void decode_attention_typed(const DecodeAttentionParams& p, const void* q, const void* k, const void* v,
+                            const int64_t* lengths, void* out) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const DecodeInputs<scalar_t> in{p, static_cast<const scalar_t*>(q), static_cast<const scalar_t*>(k),
+                                  static_cast<const scalar_t*>(v)};
+  const DecodePlan plan(p, lengths);
+  Partials<acc_t> part(plan.items, in.M, in.Dv);
+  at::parallel_for(0, plan.items, 1, [&](int64_t begin, int64_t end) {
+    Scratch<scalar_t> scratch(in);
+    for (int64_t item = begin; item < end; ++item)
+      attend_item(in, plan, item, item + 1 < end ? item + 1 : -1, scratch, part);
+  });
+  merge_chunks(in, plan, part, static_cast<scalar_t*>(out));
 }
 
 void decode_attention(const DecodeAttentionParams& p, at::ScalarType dtype, const void* q, const void* k, const void* v,

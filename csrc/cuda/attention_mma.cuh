@@ -86,7 +86,9 @@ __device__ __forceinline__ float masked_score(const AttentionParams& p, const vo
     if (p.mask_kind == MaskKind::kBool) {
       if (!static_cast<const bool*>(mask)[at]) return -INFINITY;
     } else {
-      x += static_cast<const float*>(mask)[at] * kLog2e;
+      const float m = static_cast<const float*>(mask)[at];
+      if (m == -INFINITY) return -INFINITY;  // not added: a NaN or inf score of a hidden key stays hidden
+      x += m * kLog2e;
     }
   }
   return x;
@@ -250,6 +252,7 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
   const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const int64_t nq = p.len_q - m0 < kM ? p.len_q - m0 : kM;
   const KeyRange keys = visible_keys(p, b, m0, m0 + nq);
+  const int64_t keys_end = key_end(p, b);  // K and V rows from here on load as zeros: padding never reaches P V
   const float scale_log2 = static_cast<float>(p.scale) * kLog2e;
   const T* k = operand_row<T>(p.k, p.k_stride, b, hk, 0);
   const T* v = operand_row<T>(p.v, p.v_stride, b, hk, 0);
@@ -263,13 +266,13 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
   if (keys.lo < keys.hi) {
     const int64_t n_first = keys.lo / kN * kN, tiles = (keys.hi - n_first + kN - 1) / kN;
     load_tile<kM, kHeadDim, kThreads>(sQ, kLd, operand_row<T>(p.q, p.q_stride, b, h, m0), p.q_stride[2], nq, p.dim);
-    load_tile<kN, kHeadDim, kThreads>(sK, kLd, k + n_first * p.k_stride[2], p.k_stride[2], p.len_k - n_first, p.dim);
+    load_tile<kN, kHeadDim, kThreads>(sK, kLd, k + n_first * p.k_stride[2], p.k_stride[2], keys_end - n_first, p.dim);
     cp_async_commit();
     for (int64_t it = 0; it < tiles; ++it) {
       const int64_t n0 = n_first + it * kN;
       cp_async_wait<0>();
       __syncthreads();  // K (and Q) landed; every warp is done with the previous V
-      load_tile<kN, kHeadDim, kThreads>(sV, kLd, v + n0 * p.v_stride[2], p.v_stride[2], p.len_k - n0, p.dim_v);
+      load_tile<kN, kHeadDim, kThreads>(sV, kLd, v + n0 * p.v_stride[2], p.v_stride[2], keys_end - n0, p.dim_v);
       cp_async_commit();
 
       float s[kRT * kNT][4] = {};
@@ -306,7 +309,7 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
       cp_async_wait<0>();
       __syncthreads();  // V landed; every warp is done with K
       if (it + 1 < tiles) {
-        load_tile<kN, kHeadDim, kThreads>(sK, kLd, k + (n0 + kN) * p.k_stride[2], p.k_stride[2], p.len_k - n0 - kN,
+        load_tile<kN, kHeadDim, kThreads>(sK, kLd, k + (n0 + kN) * p.k_stride[2], p.k_stride[2], keys_end - n0 - kN,
                                           p.dim);
         cp_async_commit();
       }
@@ -465,9 +468,9 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
   float dk[kRT * kDT][4] = {}, dv[kRT * kDT][4] = {};
   if (steps > 0) {
     load_tile<kN, kHeadDim, kThreads>(sK, kLd, operand_row<T>(p.k, p.k_stride, b, hk, n0), p.k_stride[2],
-                                      p.len_k - n0, p.dim);
+                                      key_end(p, b) - n0, p.dim);  // padding rows as zeros (the atomic dQ's dS K)
     load_tile<kN, kHeadDim, kThreads>(sV, kLd, operand_row<T>(p.v, p.v_stride, b, hk, n0), p.v_stride[2],
-                                      p.len_k - n0, p.dim_v);
+                                      key_end(p, b) - n0, p.dim_v);
     int64_t h = hk * group, m0 = m_first;  // this step's query head and tile
     load_q(0, h, m0);
     load_do(h, m0);
@@ -510,7 +513,8 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
 #pragma unroll
       for (int i = 0; i < kRT * kMT; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) ds[i][e] = pt[i][e] * (ds[i][e] - sDelta[i % kMT * 8 + 2 * t + e % 2]);
+        for (int e = 0; e < 4; ++e)  // a hidden key's dP may be NaN
+          ds[i][e] = pt[i][e] == 0.f ? 0.f : pt[i][e] * (ds[i][e] - sDelta[i % kMT * 8 + 2 * t + e % 2]);
       PT_BWD_DEBUG_TILE(kDbgDS, ds, 1.f);
       stash(sPt, pt);
       stash(sdS, ds);
@@ -606,8 +610,9 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kDqWarps * 32)
     // Key tile it works on stage it % 2 while tile it + 1's K and V arrive in the other stage.
     auto load_k_v = [&](int stage, int64_t n0) {
       T* sK = sKV + stage * 2 * kN * kLd;
-      load_tile<kN, kHeadDim, kThreads>(sK, kLd, k + n0 * p.k_stride[2], p.k_stride[2], p.len_k - n0, p.dim);
-      load_tile<kN, kHeadDim, kThreads>(sK + kN * kLd, kLd, v + n0 * p.v_stride[2], p.v_stride[2], p.len_k - n0,
+      // rows past the row's keys load as zeros: padding never reaches dS K
+      load_tile<kN, kHeadDim, kThreads>(sK, kLd, k + n0 * p.k_stride[2], p.k_stride[2], key_end(p, b) - n0, p.dim);
+      load_tile<kN, kHeadDim, kThreads>(sK + kN * kLd, kLd, v + n0 * p.v_stride[2], p.v_stride[2], key_end(p, b) - n0,
                                         p.dim_v);
     };
     const int64_t n_first = keys.lo / kN * kN;
@@ -630,7 +635,10 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kDqWarps * 32)
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) ds[nt][e] = exp2f(fmaf(s[nt][e], factor, -lse[e / 2])) * (ds[nt][e] - dlt[e / 2]);
+        for (int e = 0; e < 4; ++e) {
+          const float pe = exp2f(fmaf(s[nt][e], factor, -lse[e / 2]));
+          ds[nt][e] = pe == 0.f ? 0.f : pe * (ds[nt][e] - dlt[e / 2]);  // a hidden key's dP may be NaN
+        }
       warp_gemm_pn<1, kDT, kN / 16>(dq, ds, sK, kLd, 0);  // dQ += dS K
     }
   }

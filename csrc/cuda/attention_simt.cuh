@@ -85,17 +85,13 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Whether the mask lets query i of (b, h) see key j (always true without a mask or with a float mask).
-__device__ __forceinline__ bool mask_keeps(const AttentionParams& p, int64_t b, int64_t h, int64_t i, int64_t j) {
-  if (p.mask_kind != MaskKind::kBool) return true;
+// The mask's term of the score of query i, key j of (b, h): -inf where the mask hides the key (a bool False or a float
+// -inf), else the float mask's value (0 without one). Callers skip the dot product of a hidden key, so that a NaN or
+// inf in its row never reaches the score.
+__device__ __forceinline__ float mask_term(const AttentionParams& p, int64_t b, int64_t h, int64_t i, int64_t j) {
+  if (p.mask_kind == MaskKind::kNone) return 0.f;
   const int64_t at = b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2] + j * p.mask_stride[3];
-  return static_cast<const bool*>(p.mask)[at];
-}
-
-// The float mask's term of the score of (i, j): 0 without a float mask.
-__device__ __forceinline__ float mask_bias(const AttentionParams& p, int64_t b, int64_t h, int64_t i, int64_t j) {
-  if (p.mask_kind != MaskKind::kFloat) return 0.f;
-  const int64_t at = b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2] + j * p.mask_stride[3];
+  if (p.mask_kind == MaskKind::kBool) return static_cast<const bool*>(p.mask)[at] ? 0.f : -INFINITY;
   return static_cast<const float*>(p.mask)[at];
 }
 
@@ -123,9 +119,8 @@ __global__ void __launch_bounds__(kSimtWarps* kWarpSize) attention_simt_fwd_kern
     float o[kIters] = {};
     for (int64_t j0 = keys.lo; j0 < keys.hi; j0 += kWarpSize) {
       const int64_t j = j0 + lane;
-      float s = -INFINITY;
-      if (j < keys.hi && mask_keeps(p, b, h, i, j))
-        s = dot_row<T, kVec>(qs, k + j * p.k_stride[2], D) + mask_bias(p, b, h, i, j);
+      float s = j < keys.hi ? mask_term(p, b, h, i, j) : -INFINITY;
+      if (s != -INFINITY) s += dot_row<T, kVec>(qs, k + j * p.k_stride[2], D);
       const float m_new = max_nan(m, warp_max(s));
       if (m_new == -INFINITY) continue;  // nothing visible so far (the whole warp skips)
       const float alpha = __expf(m - m_new), e = __expf(s - m_new);
@@ -174,11 +169,9 @@ __global__ void __launch_bounds__(kSimtWarps* kWarpSize)
       const KeyRange keys = visible_keys(p, b, i, i + 1);
       for (int64_t j0 = keys.lo; j0 < keys.hi; j0 += kWarpSize) {
         const int64_t j = j0 + lane;
-        float ds = 0.f;
-        if (j < keys.hi && mask_keeps(p, b, h, i, j)) {
-          const float s = dot_row<T, kVec>(qs, k + j * p.k_stride[2], D) + mask_bias(p, b, h, i, j);
-          if (s != -INFINITY) ds = __expf(s - lse) * (dot_row<T, kVec>(gs, v + j * p.v_stride[2], Dv) - dlt);
-        }
+        float ds = 0.f, s = j < keys.hi ? mask_term(p, b, h, i, j) : -INFINITY;
+        if (s != -INFINITY) s += dot_row<T, kVec>(qs, k + j * p.k_stride[2], D);
+        if (s != -INFINITY) ds = __expf(s - lse) * (dot_row<T, kVec>(gs, v + j * p.v_stride[2], Dv) - dlt);
         ws[lane] = ds;
         __syncwarp();
         const int nk = static_cast<int>(keys.hi - j0 < kWarpSize ? keys.hi - j0 : kWarpSize);
@@ -222,12 +215,11 @@ __global__ void __launch_bounds__(kSimtWarps* kWarpSize)
         for (int64_t i0 = queries.lo; i0 < queries.hi; i0 += kWarpSize) {
           const int64_t i = i0 + lane;
           float pi = 0.f, dsi = 0.f;
-          if (i < queries.hi && lse[i] != -INFINITY && mask_keeps(p, b, h, i, j)) {
-            const float s = dot_row<T, kVec>(ks, q + i * p.q_stride[2], D) + mask_bias(p, b, h, i, j);
-            if (s != -INFINITY) {
-              pi = __expf(s - lse[i]);
-              dsi = pi * (dot_row<T, kVec>(vs, go + i * bp.go_stride[2], Dv) - dlt[i]);
-            }
+          float s = i < queries.hi && lse[i] != -INFINITY ? mask_term(p, b, h, i, j) : -INFINITY;
+          if (s != -INFINITY) s += dot_row<T, kVec>(ks, q + i * p.q_stride[2], D);
+          if (s != -INFINITY) {
+            pi = __expf(s - lse[i]);
+            dsi = pi * (dot_row<T, kVec>(vs, go + i * bp.go_stride[2], Dv) - dlt[i]);
           }
           ps[lane] = pi;
           ds[lane] = dsi;

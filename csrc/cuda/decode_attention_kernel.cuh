@@ -170,7 +170,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_kernel(DecodeArgs
         for (int e = 0; e < kVec; ++e) {
           float acc = o[r][c][e] * alpha;
 #pragma unroll
-          for (int i = 0; i < kDecodeKeys; ++i) acc = fmaf(w[i], to_float(vr[i][c].v[e]), acc);
+          for (int i = 0; i < kDecodeKeys; ++i)  // a hidden key (w = 0) is skipped: 0 * NaN is NaN
+            if (w[i] != 0.f) acc = fmaf(w[i], to_float(vr[i][c].v[e]), acc);
           o[r][c][e] = acc;
         }
     }

@@ -63,6 +63,7 @@ def _attention_unfused(q, k, v, mask, causal, window, key_lengths, scale, dropou
         keep = keep & mask
     elif mask is not None:
         s = s + mask.to(acc)
+        keep = keep & (mask != float("-inf"))  # a NaN or inf score of a key the mask removes stays removed
     visible = visible_keys(lq, lk, causal=causal, window=window, key_lengths=key_lengths, device=q.device)
     if visible is not None:
         keep = keep & visible
@@ -70,7 +71,15 @@ def _attention_unfused(q, k, v, mask, causal, window, key_lengths, scale, dropou
     empty = torch.isneginf(s).all(-1, keepdim=True)  # rows with no visible key give zeros
     p = torch.softmax(s.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
     p = torch.nn.functional.dropout(p, dropout_p).reshape(b, hkv, hq // hkv, lq, lk)
-    return torch.matmul(p, v.to(acc).unsqueeze(2)).reshape(b, hq, lq, v.shape[-1]).to(q.dtype)
+    return _weighted_values(p, v.to(acc).unsqueeze(2)).reshape(b, hq, lq, v.shape[-1]).to(q.dtype)
+
+
+def _weighted_values(p: Tensor, v: Tensor) -> Tensor:
+    """p @ v where a zero weight leaves a value out: a NaN or inf in v reaches only the rows that weigh it (as NaN),
+    since 0 * NaN is NaN and a hidden or dropped key must not change a visible result."""
+    finite = torch.isfinite(v)
+    reached = torch.matmul((p != 0).to(p.dtype), (~finite).to(p.dtype)) > 0
+    return torch.matmul(p, v.masked_fill(~finite, 0.0)).masked_fill(reached, float("nan"))
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, causal: bool = False,
@@ -81,6 +90,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, ca
     Masks combine: mask (bool True = may attend, or float added to the scores; broadcast to [B, Hq, Lq, Lk]; a float
     mask gets no gradient), causal (bottom-right), window=W (keys p - W < j <= p, implies causal) and key_lengths
     (int [B]; keys j >= key_lengths[b] are padding). Rows with no visible key give zeros. GQA/MQA: Hq % Hkv == 0.
+    A hidden key changes no visible result: NaN or inf in its K or V row reaches only the rows that see it (forward
+    and gradients), except on the opt-in CUDA tensor-core kernels (docs/contract.md, `attention`).
     dropout_p > 0 drops probabilities whenever given (pass 0 in eval), on an unfused path that materialises the
     scores; dropout_p == 0 always runs the fused kernel.
     """

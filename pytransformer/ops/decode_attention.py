@@ -10,6 +10,9 @@ for the stream, and that a stream being captured into a CUDA graph cannot do. A 
 lengths on the host passes it as `max_length`: then only the bound is checked (within the capacity), nothing is read
 back and nothing waits. Under capture, or when lengths exceed the bound given, the kernel checks them on the device
 instead: a row whose length is out of range gives zeros, and nothing raises.
+
+A key hidden from a query (past the row's length, before its window, or after it when T > 1) changes none of its
+output: NaN or inf in that key's K or V row reaches only the queries that see the key.
 """
 import math
 

@@ -132,3 +132,20 @@ def test_compile_decode_step_with_static_cache():
         out.append(tok)
         tok = step(tok).argmax(-1, keepdim=True)
     assert torch.equal(torch.cat([prompt] + out, 1), model.generate(prompt, 6))
+
+
+def test_nan_embedding_does_not_reach_earlier_tokens():
+    """A NaN embedding at token 2 leaves the logits of tokens 0-1 as they were (causal attention hides it from them,
+    also inside a key tile they share) and makes those of tokens 2.. NaN."""
+    model = tiny(n_kv_heads=2)
+    ids = torch.randint(0, V, (2, 9))
+    poison = lambda module, inputs, out: out.index_fill(1, torch.tensor([2]), float("nan"))  # noqa: E731
+    with torch.no_grad():
+        clean = model(ids)
+        handle = model.embed.register_forward_hook(poison)
+        try:
+            logits = model(ids)
+        finally:
+            handle.remove()
+    torch.testing.assert_close(logits[:, :2], clean[:, :2], atol=1e-5, rtol=1e-5)
+    assert logits[:, 2:].isnan().all()

@@ -66,3 +66,26 @@ def test_compile_training_step():
     def loss_fn(ids, mask):
         return F.cross_entropy(model.mlm_logits(model(ids, attention_mask=mask)).flatten(0, 1), labels.flatten())
     assert_compiled_training_step_matches(model, loss_fn, ids, mask)
+
+
+@pytest.mark.parametrize("padding", ["attention_mask", "key_lengths", "left"])
+def test_nan_at_padding_does_not_reach_real_tokens(padding):
+    """NaN embeddings at the padding positions (right padding by attention_mask or key_lengths, left padding by
+    attention_mask) leave the hidden states of the real tokens as those of a batch padded with finite embeddings."""
+    model = tiny()
+    ids = torch.randint(0, V, (3, 8))
+    lengths = torch.tensor([8, 3, 5])
+    real = torch.arange(8)[None] < lengths[:, None]  # [B, L]
+    if padding == "left":
+        real = real.flip(1)
+    kwargs = {"key_lengths": lengths} if padding == "key_lengths" else {"attention_mask": real.long()}
+    poison = lambda module, inputs, out: out.masked_fill(~real[..., None], float("nan"))  # noqa: E731
+    with torch.no_grad():
+        clean = model(ids, **kwargs)
+        handle = model.embed.register_forward_hook(poison)
+        try:
+            hidden = model(ids, **kwargs)
+        finally:
+            handle.remove()
+    torch.testing.assert_close(hidden[real], clean[real], atol=1e-5, rtol=1e-5)
+    assert hidden[~real].isnan().all()

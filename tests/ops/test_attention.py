@@ -123,6 +123,82 @@ def test_empty_rows_give_zeros_and_zero_gradients(device):
     assert (out == 0).all()
 
 
+# ---- A NaN or inf at a hidden key changes no visible result ----
+
+POISONS = [("v", float("nan")), ("v", float("inf")), ("k", float("nan")), ("k", float("-inf"))]
+POISON_SHAPES = [(2, 4, 2, 50, 90, 40, 24), (1, 2, 1, 70, 130, 32, 16)]
+POISON_KINDS = [k for k in MASK_KINDS if k not in ("none", "float_mask_3d")]  # those that hide keys
+
+
+def _visible(kwargs, b, hq, lq, lk, device):
+    """Bool [B, Hq, Lq, Lk]: which keys each query sees under `kwargs` (a float mask hides with -inf)."""
+    vis = torch.ones(b, hq, lq, lk, dtype=torch.bool, device=device)
+    mask = kwargs.get("mask")
+    if mask is not None:
+        vis = vis & (mask if mask.dtype == torch.bool else mask != float("-inf"))
+    keep = visible_keys(lq, lk, causal=kwargs.get("causal", False), window=kwargs.get("window"),
+                        key_lengths=kwargs.get("key_lengths"), device=device)
+    return vis if keep is None else vis & keep
+
+
+def _run_op(ops, q, k, v, grad, kwargs):
+    """Output and gradients of q, k, v of the attention op of namespace `ops` (no autograd: the ops themselves)."""
+    args = (kwargs.get("mask"), kwargs.get("causal", False), kwargs.get("window"), kwargs.get("key_lengths"),
+            q.shape[-1] ** -0.5)
+    out, lse = ops.attention(q, k, v, *args)
+    return (out, *ops.attention_backward(grad, q, k, v, out, lse, *args))
+
+
+def check_hidden_poison(ops, shape, kind, dtype, device, name, value):
+    """Plants `value` in row `name` (k or v) of the key hidden from the most query rows of each K/V head. The rows that
+    do not see that key give the float64 reference of the clean inputs (output and dQ); where no row sees it, every
+    gradient does too (the poisoned key's are zero); the rows that see it are not finite."""
+    b, hq, hkv, lq, lk, _, dv = shape
+    q, k, v = _inputs(shape, dtype, device, requires_grad=False)
+    kwargs = _mask_kwargs(kind, b, hq, lq, lk, device)
+    hidden = ~_visible(kwargs, b, hq, lq, lk, device).reshape(b, hkv, hq // hkv * lq, lk)  # rows of a K/V head
+    key = hidden.sum(2).argmax(-1)  # [B, Hkv]
+    poisoned = hidden.sum(2).gather(-1, key[..., None])[..., 0] > 0  # [B, Hkv]: a row that does not see it exists
+    bad = {"k": k.clone(), "v": v.clone()}
+    for bb, hh in poisoned.nonzero().tolist():
+        bad[name][bb, hh, key[bb, hh]] = value
+    sees = ~hidden.gather(-1, key[:, :, None, None].expand(b, hkv, hidden.shape[2], 1))[..., 0]
+    sees = (sees & poisoned[..., None]).reshape(b, hq, lq).cpu()
+    grad = torch.randn(b, hq, lq, dv, device=device, dtype=dtype)
+    out, gq, gk, gv = (t.cpu() for t in _run_op(ops, q, bad["k"], bad["v"], grad, kwargs))
+    cpu = {n: (a.cpu() if torch.is_tensor(a) else a) for n, a in kwargs.items()}
+    expected = _reference(q.cpu(), k.cpu(), v.cpu(), grad.cpu(), **cpu)
+    assert poisoned.any(), "nothing hidden: no key poisoned"
+    _assert_close(out[~sees], expected[0][~sees], "out of the rows that do not see the poisoned key")
+    _assert_close(gq[~sees], expected[1][~sees], "grad_q of the rows that do not see the poisoned key")
+    assert not torch.isfinite(out[sees]).any(), "a row that sees the poisoned key must not hide it"
+    if not sees.any():
+        _assert_close(gk, expected[2], "grad_k")
+        _assert_close(gv, expected[3], "grad_v")
+
+
+@pytest.mark.parametrize("name, value", POISONS, ids=lambda x: str(x))
+@pytest.mark.parametrize("kind", POISON_KINDS)
+@pytest.mark.parametrize("shape", POISON_SHAPES, ids=str)
+def test_nan_behind_a_mask_does_not_leak(shape, kind, name, value, device):
+    check_hidden_poison(torch.ops.pytransformer, shape, kind, torch.float32, device, name, value)
+
+
+def test_nan_behind_a_mask_does_not_leak_on_the_dropout_path():
+    """The unfused dropout path (dropout_p > 0, here too small to drop anything) keeps hidden keys out too: NaN and inf
+    at a key that a -inf float mask hides from every query, and at the last key, which causal hides from all but the
+    last query; that query's output is NaN."""
+    q, k, v = _inputs((2, 4, 2, 20, 30, 16, 16), torch.float32, "cpu", requires_grad=False)
+    mask = torch.randn(20, 30).masked_fill(torch.rand(20, 30) < 0.3, float("-inf"))
+    mask[:, 5], mask[:, 29] = float("-inf"), 0.0
+    bad_k, bad_v = k.clone(), v.clone()
+    bad_k[:, :, 5], bad_v[:, :, 5], bad_k[:, :, 29], bad_v[:, :, 29] = float("nan"), float("inf"), 1.0, float("nan")
+    out = attention(q, bad_k, bad_v, mask=mask, causal=True, dropout_p=1e-12)
+    expected = reference.attention(q.double(), k.double(), v.double(), mask=mask.double(), causal=True)
+    _assert_close(out[:, :, :-1], expected[:, :, :-1], "out of the queries before the last")
+    assert out[:, :, -1].isnan().all()
+
+
 def test_zero_sizes(device):
     for shape in [(0, 2, 1, 5, 5, 8, 8), (1, 2, 1, 0, 5, 8, 8), (1, 2, 1, 5, 0, 8, 8)]:
         q, k, v = _inputs(shape, torch.float32, device)
@@ -532,3 +608,40 @@ def test_cuda_tensor_cores_only_from_compute_capability_8(kernel_target):
             torch.testing.assert_close(out.double(), ref, atol=2e-3, rtol=2e-3)
     finally:
         ops.set_device(2, 2, 90)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name, value", POISONS, ids=str)
+@pytest.mark.parametrize("kind", POISON_KINDS)
+def test_cuda_nan_behind_a_mask_does_not_leak(kernel_target, kind, name, value):
+    """The SIMT kernels (float32, which float16/bfloat16 run by default) keep every hidden key out, as the CPU's do."""
+    check_hidden_poison(kernel_target.ops, POISON_SHAPES[0], kind, torch.float32, kernel_target.device, name, value)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_tensor_cores_keep_key_padding_and_masked_scores_out(kernel_target, dtype):
+    """The tensor-core kernels load key padding as zeros: NaN and inf in K and V past key_lengths leave the output and
+    the gradients as they were (bit for bit, but for dQ's atomic sums). A NaN K row at a key that a mask hides scores
+    -inf: the output stays too (its dQ is the exception of docs/contract.md, as is a masked V row)."""
+    ops, device = kernel_target.ops, kernel_target.device
+    b, hq, hkv, lq, lk, d = 2, 4, 2, 40, 150, 64
+    q, k, v = _inputs((b, hq, hkv, lq, lk, d, d), dtype, device, requires_grad=False)
+    grad = torch.randn(b, hq, lq, d, dtype=dtype, device=device)
+    lengths = torch.tensor([100, 70], device=device)
+    mask = torch.rand(1, 1, lq, lk, device=device) < 0.8
+    mask[..., 30] = False
+    clean = _run_op(ops, q, k, v, grad, {"key_lengths": lengths})
+    masked = _run_op(ops, q, k, v, grad, {"mask": mask, "causal": True})[0]
+    bad_k, bad_v = k.clone(), v.clone()
+    bad_k[0, :, 100:], bad_v[0, :, 100:] = float("nan"), float("inf")
+    bad_k[1, :, 70:], bad_v[1, :, 70:] = float("-inf"), float("nan")
+    for name, actual, expected in zip(("out", "grad_q", "grad_k", "grad_v"),
+                                      _run_op(ops, q, bad_k, bad_v, grad, {"key_lengths": lengths}), clean):
+        if name == "grad_q":  # float32 atomics: the order of the sums may differ from run to run
+            torch.testing.assert_close(actual, expected)
+        else:
+            assert torch.equal(actual, expected), name
+    bad_k = k.clone()
+    bad_k[:, :, 30] = float("nan")
+    assert torch.equal(_run_op(ops, q, bad_k, v, grad, {"mask": mask, "causal": True})[0], masked)

@@ -113,6 +113,49 @@ def test_nan_propagates_as_in_attention(device, cap):
     assert torch.equal(expected.isnan().all(-1), nan_rows[:1])
 
 
+# (B, Hq, Hkv, T, D, Dv, capacity, window): T > 1, so that some keys of a row are hidden from some of its queries;
+# D 64 takes the AVX-512 blocks of float32 caches, D 40 the generic ones; 700: several chunks a row.
+POISON_CASES = [(2, 8, 2, 4, 64, 64, 90, None), (2, 4, 2, 3, 40, 24, 90, 6), (1, 4, 1, 5, 64, 32, 700, 300),
+                (2, 6, 3, 3, 16, 48, 70, 1)]
+
+
+def check_decode_hidden_poison(decode, case, dtype, device, value):
+    """`value` planted in K and V at the keys of each row hidden from its first query (the last T - 1, causal) and from
+    its last (those before its window), and past its length: the output rows of the queries that see none of them give
+    the float64 reference of the clean caches; the others are not finite. decode(q, k, v, lengths, window) -> out."""
+    b, hq, hkv, t, d, dv, cap, window = case
+    q = randn(b, hq, t, d, dtype=dtype, device=device)
+    k, v = caches(b, hkv, cap, d, dv, dtype, device)
+    lengths = torch.randint(max(t, cap // 2), cap, (b,))
+    bad_k, bad_v = k.clone(), v.clone()
+    sees = torch.zeros(b, hq, t, dtype=torch.bool)
+    for row, n in enumerate(lengths.tolist()):
+        poisoned = [n - 1, n]  # hidden from queries 0 .. T - 2, and past the length
+        if window is not None:
+            poisoned += [n - t - window + 1, n - t - window]  # the first query's first key, and the one before it
+        for j in poisoned:
+            bad_k[row, :, j], bad_v[row, :, j] = value, value
+        pos = n - t + torch.arange(t)  # [T]
+        seen = torch.tensor(poisoned)[:, None]
+        visible = (seen <= pos) & (seen < n) & ((seen > pos - window) if window is not None else True)
+        sees[row] = visible.any(0)
+    out = decode(q, bad_k, bad_v, lengths.to(device), window).cpu()
+    expected = ref.decode_attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), lengths, window=window)
+    atol, rtol = tolerance(dtype)
+    assert sees.any() and (~sees).any()
+    torch.testing.assert_close(out[~sees].double(), expected[~sees], atol=atol * 10, rtol=rtol)
+    assert not torch.isfinite(out[sees]).any(), "a query that sees a poisoned key must not hide it"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", POISON_CASES, ids=lambda c: "B{}-Hq{}-Hkv{}-T{}-D{}-Dv{}-cap{}-w{}".format(*c))
+def test_nan_behind_causal_or_window_does_not_leak(device, dtype, case, value):
+    skip_unsupported(dtype, device)
+    check_decode_hidden_poison(lambda q, k, v, n, w: pt.ops.decode_attention(q, k, v, n, window=w), case, dtype,
+                               device, value)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("window", [None, 16])
 def test_append_and_decode_loop_equals_causal_attention(device, dtype, window):
@@ -406,3 +449,14 @@ def test_cuda_generate_reads_no_lengths_back(emu, monkeypatch, window):
         cache.max_length = None
         model(prompt[:, :1], cache=cache)
         assert emu.synchronizations() == 2 * 2  # two layers, append and decode each
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", POISON_CASES, ids=lambda c: "B{}-Hq{}-Hkv{}-T{}-D{}-Dv{}-cap{}-w{}".format(*c))
+def test_cuda_nan_behind_causal_or_window_does_not_leak(kernel_target, dtype, case, value):
+    """The CUDA kernels (one split a row and several) keep hidden keys out, as the CPU's do."""
+    d = case[4]
+    check_decode_hidden_poison(lambda q, k, v, n, w: kernel_target.ops.decode_attention(q, k, v, n, d ** -0.5, w, None),
+                               case, dtype, kernel_target.device, value)
