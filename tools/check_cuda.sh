@@ -9,8 +9,8 @@
 #   that device code calling a host library function (std::copy, which nvcc compiles to nothing) is reported;
 # - tools/ptxas_gate.py: ptxas reports every kernel's resources (-Xptxas -v, logs in build/cuda_check/); local memory
 #   in an attention, decode or append kernel, or more registers than tools/cuda_registers.txt records, fails;
-# - tools/mma_operands_gate.py: in the PTX of the tensor-core attention units (kept in build/cuda_check/), every
-#   mma.sync reads fragments loaded by ldmatrix or packed by cvt, and a forward's P V products read P.
+# - tools/mma_operands_gate.py: in the compute_80 PTX of the tensor-core attention units (kept in build/cuda_check/),
+#   every mma.sync reads fragments loaded by ldmatrix or packed by cvt, and a forward's P V products read P.
 # Exits non-zero if any compile or gate fails.
 # NVCC (default $CUDA_HOME/bin/nvcc or /usr/local/cuda/bin/nvcc) and NVCC_EXTRA (e.g. "-Xptxas -v") are honoured.
 set -u
@@ -52,7 +52,7 @@ check() {
     return 1
   fi
   if [ ${#keep[@]} -gt 0 ]; then
-    mv "$LOGS/$name.keep/$name.compute_80.ptx" "$LOGS/$name.keep/$name.compute_90.ptx" "$LOGS/" && rm -rf "$LOGS/$name.keep"
+    mv "$LOGS/$name.keep/$name.compute_80.ptx" "$LOGS/" && rm -rf "$LOGS/$name.keep"
   fi
 }
 pids=()
