@@ -83,7 +83,7 @@ inline float shuffle_slots[32][32];                                       // [wa
 inline int sm_count = 2, blocks_per_sm = 2;
 // The compute capability it reports (major * 10 + minor), and the kernels launched (see launched_kernels, stubs.cpp).
 inline int compute_capability = 90;
-inline std::vector<std::string> launched;
+inline std::vector<std::string> launched, reached;  // launched_kernels() and reached_kernels() take their own
 inline std::string launch_name;      // the demangled name of the kernel of the current launch
 
 inline std::map<const void*, size_t> max_dynamic_smem;  // set by cudaFuncSetAttribute (stubs.cpp)
@@ -290,6 +290,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   }
   Dl_info info{};
   launched.emplace_back(dladdr(reinterpret_cast<const void*>(kernel), &info) && info.dli_sname ? info.dli_sname : "?");
+  reached.push_back(launched.back());
   int status = 0;
   char* demangled = abi::__cxa_demangle(launched.back().c_str(), nullptr, nullptr, &status);
   launch_name = status == 0 && demangled ? demangled : launched.back();
