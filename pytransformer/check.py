@@ -52,7 +52,7 @@ APPEND_SHAPES_QUICK = [(2, 2, 1, 37, 37, 9), (3, 2, 17, 128, 48, 40), (2, 4, 70,
 # Short caches at head dims 16, 40, 100 and 256 with 1, 2 and 4 query rows a cache head, aligned and misaligned (each
 # layout of check_decode), reach every instantiation of the split kernel: pack width, chunks a thread, rows a block.
 DECODE_INSTANTIATION_SHAPES = [(1, m, 1, 1, d, d, 20, None) for d in (16, 40, 100, 256) for m in (1, 2)] + [
-    (1, 4, 1, 1, d, d, 20, None) for d in (100, 256)]
+    (1, 4, 1, 1, d, d, 20, None) for d in (16, 100, 256)]
 DECODE_SHAPES = [(2, 4, 4, 1, 64, 64, 50, None), (3, 8, 2, 1, 128, 128, 700, None), (2, 6, 1, 3, 37, 37, 90, None),
                  (2, 8, 2, 2, 128, 64, 300, 40), (2, 2, 2, 1, 256, 256, 200, None), (2, 4, 1, 4, 16, 16, 33, 5),
                  (2, 32, 8, 1, 128, 128, 1100, None), (2, 4, 2, 1, 40, 24, 1500, 700), (1, 1, 1, 1, 37, 37, 300, 260)
