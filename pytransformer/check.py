@@ -62,10 +62,11 @@ DECODE_SHAPES_QUICK = [(3, 8, 2, 1, 128, 128, 700, None), (2, 6, 1, 3, 37, 37, 9
                        (2, 2, 1, 1, 16, 24, 40, None)] + DECODE_INSTANTIATION_SHAPES
 
 # int8_linear (M, K, N): M reaches each rows-per-block of the GEMV (1, 2, 4, 8, 16) and the tiled GEMM (M > 64); K = 16
-# and 4096 take 16-byte weight loads (4096: several K slices), K = 1, 15 and 4104 byte loads with a tail.
+# and 4096 take 16-byte weight loads (4096: several K slices), K = 1, 15 and 4104 byte loads with a tail. The quick
+# shapes reach each of them with 16-byte loads (and, misaligned, byte loads).
 INT8_SHAPES = [(m, k, n) for m in (1, 2, 3, 7, 64, 200) for k in (1, 15, 16, 4096, 4104) for n in (1, 7, 512)]
 INT8_SHAPES_QUICK = [(1, 4104, 512), (3, 15, 7), (1, 1, 1), (64, 16, 512), (16, 4096, 7), (200, 100, 130),
-                     (2, 16, 7), (7, 15, 130)]
+                     (1, 16, 7), (2, 16, 7), (3, 16, 7), (7, 16, 130), (65, 16, 7)]
 # linear (M, K, N): on the CPU M reaches the streaming kernel's blocks of x rows (1, 3, 8), its calls of 32 rows
 # (float32 and float16 above 32) and bfloat16's switch to GEMM (above 28 rows at small K, 8 rows at large K, or 2 rows
 # without AVX-512 BF16); K and N full vectors and tails of both ISA widths.
