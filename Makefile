@@ -37,6 +37,7 @@ cuda-check: $(STAMP)
 
 cuda-emulate: build  # the CUDA kernel cases of tests/ops through tools/cuda_emulator (no GPU needed)
 	$(PY) -m pytest -q tests/ops -m cuda --cuda-emulator
+	$(PY) tools/cuda_emulator/coverage.py  # the kernel instantiations no case reached
 
 sdist: $(STAMP)  # dist/pytransformer-<version>.tar.gz; install it with pip install --no-build-isolation
 	rm -f dist/pytransformer-*.tar.gz

@@ -49,17 +49,27 @@ APPEND_SHAPES = [(2, 3, 5, 64, 64, 20), (2, 2, 1, 37, 37, 9), (3, 2, 17, 128, 48
                  (2, 4, 70, 128, 128, 80)]
 APPEND_SHAPES_QUICK = [(2, 2, 1, 37, 37, 9), (3, 2, 17, 128, 48, 40), (2, 4, 70, 128, 128, 80)]
 # decode_attention (B, Hq, Hkv, T, D, Dv, capacity, window): MHA, GQA 4, MQA, T > 1 (several passes of query rows),
-# odd D (scalar path), Dv != D, the largest head dim, windows, and caches long enough for several splits.
+# odd D (scalar path), Dv != D, the largest head dim, windows, and caches long enough for several splits (3 splits
+# of one row at Dv 37, in a window: an odd count of partial outputs before the split maxima and sums). Query rows a
+# cache head (G * T) of 1, 2 and more: each a block's row count of its own.
+# Short caches at head dims 16, 40, 100 and 256 with 1, 2 and 4 query rows a cache head, aligned and misaligned (each
+# layout of check_decode), reach every instantiation of the split kernel: pack width, chunks a thread, rows a block.
+DECODE_INSTANTIATION_SHAPES = [(1, m, 1, 1, d, d, 20, None) for d in (16, 40, 100, 256) for m in (1, 2)] + [
+    (1, 4, 1, 1, d, d, 20, None) for d in (16, 100, 256)]
 DECODE_SHAPES = [(2, 4, 4, 1, 64, 64, 50, None), (3, 8, 2, 1, 128, 128, 700, None), (2, 6, 1, 3, 37, 37, 90, None),
                  (2, 8, 2, 2, 128, 64, 300, 40), (2, 2, 2, 1, 256, 256, 200, None), (2, 4, 1, 4, 16, 16, 33, 5),
-                 (2, 32, 8, 1, 128, 128, 1100, None), (2, 4, 2, 1, 40, 24, 1500, 700)]
+                 (2, 32, 8, 1, 128, 128, 1100, None), (2, 4, 2, 1, 40, 24, 1500, 700), (1, 1, 1, 1, 37, 37, 300, 260)
+                 ] + DECODE_INSTANTIATION_SHAPES
 DECODE_SHAPES_QUICK = [(3, 8, 2, 1, 128, 128, 700, None), (2, 6, 1, 3, 37, 37, 90, None),
-                       (2, 8, 2, 2, 128, 64, 300, 40)]
+                       (2, 8, 2, 2, 128, 64, 300, 40), (1, 1, 1, 1, 37, 37, 300, 260),
+                       (2, 2, 1, 1, 16, 24, 40, None)] + DECODE_INSTANTIATION_SHAPES
 
-# int8_linear (M, K, N): M reaches each rows-per-block of the GEMV (1, 4, 16) and the tiled GEMM (M > 64); K = 16 and
-# 4096 take 16-byte weight loads (4096: several K slices), K = 1, 15 and 4104 byte loads with a tail.
-INT8_SHAPES = [(m, k, n) for m in (1, 3, 64, 200) for k in (1, 15, 16, 4096, 4104) for n in (1, 7, 512)]
-INT8_SHAPES_QUICK = [(1, 4104, 512), (3, 15, 7), (1, 1, 1), (64, 16, 512), (16, 4096, 7), (200, 100, 130)]
+# int8_linear (M, K, N): M reaches each rows-per-block of the GEMV (1, 2, 4, 8, 16) and the tiled GEMM (M > 64); K = 16
+# and 4096 take 16-byte weight loads (4096: several K slices), K = 1, 15 and 4104 byte loads with a tail. The quick
+# shapes reach each of them with 16-byte loads (and, misaligned, byte loads).
+INT8_SHAPES = [(m, k, n) for m in (1, 2, 3, 7, 64, 200) for k in (1, 15, 16, 4096, 4104) for n in (1, 7, 512)]
+INT8_SHAPES_QUICK = [(1, 4104, 512), (3, 15, 7), (1, 1, 1), (64, 16, 512), (16, 4096, 7), (200, 100, 130),
+                     (1, 16, 7), (2, 16, 7), (3, 16, 7), (7, 16, 130), (65, 16, 7)]
 # linear (M, K, N): on the CPU M reaches the streaming kernel's blocks of x rows (1, 3, 8), its calls of 32 rows
 # (float32 and float16 above 32) and bfloat16's switch to GEMM (above 28 rows at small K, 8 rows at large K, or 2 rows
 # without AVX-512 BF16); K and N full vectors and tails of both ISA widths.

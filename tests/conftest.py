@@ -1,5 +1,6 @@
 """Shared test fixtures: devices to run on (CUDA ones are marked `cuda` and skipped without a GPU), and the target of
 the CUDA kernel cases (pytransformer/check.py): the GPU, or the host emulator with --cuda-emulator."""
+import json
 import os
 import types
 
@@ -45,8 +46,28 @@ def kernel_target(request):
         return KernelTarget(torch.ops.pytransformer, "cuda", emulated=False, full=full)
     if request.config.getoption("--cuda-emulator"):
         from tools.cuda_emulator import build
-        return KernelTarget(build.load(), "cpu", emulated=True, full=full)
+        _reached["ops"] = build.load()
+        return KernelTarget(_reached["ops"], "cpu", emulated=True, full=full)
     pytest.skip("needs a GPU and a CUDA build, or --cuda-emulator")
+
+
+# The emulated kernels each test launched (mangled name -> test ids), written at the end of the session for
+# tools/cuda_emulator/coverage.py (its map of the kernel instantiations against the cases that reach them).
+_reached: dict = {"ops": None, "tests": {}}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    yield
+    if _reached["ops"] is not None:
+        for name in set(_reached["ops"].reached_kernels()):
+            _reached["tests"].setdefault(name, []).append(item.nodeid)
+
+
+def pytest_sessionfinish(session):
+    if _reached["tests"]:
+        from tools.cuda_emulator import coverage
+        coverage.REACHED.write_text(json.dumps(_reached["tests"], indent=0))
 
 
 @pytest.fixture(scope="session")

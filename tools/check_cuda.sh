@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Compile-checks every csrc/cuda/*.cu with nvcc (compile only, no link) against the headers of the torch installed for
-# $PYTHON (default python3; a CPU wheel is enough): to sm_90 machine code (ptxas included) and to compute_80 PTX (every
-# sm_80 code path through the front end and NVVM; ptxas for sm_80 as well would double the check's ptxas time, most of
-# its 7 minutes on 2 cores, for resource errors that sm_90 mostly shares). The units with tensor-core code (those that
-# include mma.cuh) also compile to sm_75 machine code: a build for a 7.x GPU must get through ptxas, with the sm_80-only
-# PTX (mma.sync bf16, cp.async) compiled out there. ptxas reports every kernel's resources (-Xptxas -v, logs in
-# build/cuda_check/) and tools/ptxas_gate.py gates them: local memory in an attention, decode or append kernel, or
-# more registers than tools/cuda_registers.txt records, fails. Exits non-zero if any compile or gate fails.
+# $PYTHON (default python3; a CPU wheel is enough): to sm_90 machine code (ptxas included), to compute_80 PTX (every
+# sm_80 code path through the front end and NVVM; ptxas for sm_80 as well would double the check's ptxas time for
+# resource errors that sm_90 mostly shares) and to sm_75 machine code (the default arch list has 7.5: a build for a
+# 7.x GPU must get through ptxas, with the sm_80-only PTX of the tensor-core code, mma.sync bf16 and cp.async,
+# compiled out there). Three gates, each failing the check:
+# - tools/host_calls_gate.py, first: each unit through nvcc's device front end without --expt-relaxed-constexpr, so
+#   that device code calling a host library function (std::copy, which nvcc compiles to nothing) is reported;
+# - tools/ptxas_gate.py: ptxas reports every kernel's resources (-Xptxas -v, logs in build/cuda_check/); local memory
+#   in an attention, decode or append kernel, or more registers than tools/cuda_registers.txt records, fails;
+# - tools/mma_operands_gate.py: in the compute_80 PTX of the tensor-core attention units (kept in build/cuda_check/),
+#   every mma.sync reads fragments loaded by ldmatrix or packed by cvt, and a forward's P V products read P.
+# Exits non-zero if any compile or gate fails.
 # NVCC (default $CUDA_HOME/bin/nvcc or /usr/local/cuda/bin/nvcc) and NVCC_EXTRA (e.g. "-Xptxas -v") are honoured.
 set -u
 cd "$(dirname "$0")/.."
@@ -25,26 +30,31 @@ files=(csrc/cuda/*.cu)
 LOGS=build/cuda_check
 rm -rf "$LOGS" && mkdir -p "$LOGS"
 [ ${#files[@]} -gt 0 ] || { echo "check_cuda: no csrc/cuda/*.cu files"; exit 0; }
+jobs=${CHECK_JOBS:-$(nproc)}
+failed=0
+"$PYTHON" tools/host_calls_gate.py --nvcc "$NVCC" --jobs "$jobs" "${files[@]}" || failed=1
 # One nvcc call per file covers every target (the host side is parsed once); files compile in parallel.
 check() {
-  local f=$1 start=$SECONDS label="compute_80 sm_90"
-  local targets=(-gencode arch=compute_80,code=compute_80 -gencode arch=compute_90,code=sm_90)
-  if grep -q '#include "\(attention_\)\?mma.cuh"' "$f"; then
-    targets+=(-gencode arch=compute_75,code=sm_75) label+=" sm_75"
+  local f=$1 start=$SECONDS name keep=()
+  local targets=(-gencode arch=compute_80,code=compute_80 -gencode arch=compute_90,code=sm_90
+                 -gencode arch=compute_75,code=sm_75)
+  name=$(basename "$f" .cu)
+  if grep -q '#include "attention_mma.cuh"' "$f"; then  # keep the PTX for the operand gate
+    keep=(--keep --keep-dir "$LOGS/$name.keep") && mkdir -p "$LOGS/$name.keep"
   fi
   # shellcheck disable=SC2086
-  local log=$LOGS/$(basename "$f" .cu).log
-  if "$NVCC" "${FLAGS[@]}" ${NVCC_EXTRA:-} -Xptxas -v "${targets[@]}" "$f" >"$log" 2>&1; then
-    grep -v "^ptxas info\|bytes stack frame" "$log"  # warnings, if any
-    echo "ok    $label $f ($((SECONDS - start)) s)"
+  if "$NVCC" "${FLAGS[@]}" ${NVCC_EXTRA:-} -Xptxas -v "${keep[@]}" "${targets[@]}" "$f" >"$LOGS/$name.log" 2>&1; then
+    grep -v "^ptxas info\|bytes stack frame" "$LOGS/$name.log"  # warnings, if any
+    echo "ok    compute_80 sm_90 sm_75 $f ($((SECONDS - start)) s)"
   else
-    grep -v "^ptxas info\|bytes stack frame" "$log"
+    grep -v "^ptxas info\|bytes stack frame" "$LOGS/$name.log"
     echo "FAIL  $f"
     return 1
   fi
+  if [ ${#keep[@]} -gt 0 ]; then
+    mv "$LOGS/$name.keep/$name.compute_80.ptx" "$LOGS/" && rm -rf "$LOGS/$name.keep"
+  fi
 }
-jobs=${CHECK_JOBS:-$(nproc)}
-failed=0
 pids=()
 for f in "${files[@]}"; do
   while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 0.2; done
@@ -53,4 +63,5 @@ for f in "${files[@]}"; do
 done
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 [ $failed = 0 ] && { "$PYTHON" tools/ptxas_gate.py "$LOGS"/*.log || failed=1; }
+[ $failed = 0 ] && { "$PYTHON" tools/mma_operands_gate.py "$LOGS"/*.ptx || failed=1; }
 exit $failed

@@ -313,14 +313,19 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
                                           p.dim);
         cp_async_commit();
       }
-      // P rounded to T as A fragments now, so that the float32 scores are dead during P V.
+      // P rounded to T as A fragments now, so that the float32 scores are dead during P V. The fragments are copied
+      // by a loop: std::copy would lower to __builtin_memmove, which nvcc drops from device code.
       Frag pf[kRT][kN / 16];
 #pragma unroll
       for (int rt = 0; rt < kRT; ++rt)
 #pragma unroll
         for (int ks = 0; ks < kN / 16; ++ks) acc_to_a<T>(pf[rt][ks], s + rt * kNT, ks);
       warp_gemm<kRT, kDT, kN / 16, T>(
-          o, [&](Frag& a, int rt, int ks) { std::copy(pf[rt][ks], pf[rt][ks] + 4, a); },
+          o,
+          [&](Frag& a, int rt, int ks) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[i] = pf[rt][ks][i];
+          },
           [&](Frag& b, int ks, int n0) { load_b_kn(b, sV, kLd, ks * 16, n0); });
     }
   }

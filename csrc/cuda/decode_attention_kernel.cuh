@@ -38,7 +38,7 @@ struct DecodeArgs {
   const T* v;        // [B, Hkv, capacity, Dv] through p.v_stride
   T* out;            // [B, Hq, T, Dv] contiguous
   float* part_o;     // [splits, B * Hq * T, Dv] unnormalised outputs, or null when splits == 1
-  float2* part_ml;   // [splits, B * Hq * T] (running max in log2 units, sum of exponentials)
+  float2* part_ml;   // [splits, B * Hq * T] (running max in log2 units, sum of exponentials), 16-byte aligned
   IndexVector lengths;
   float scale_log2;  // scale * log2(e)
   int lanes;         // threads per key row
@@ -324,8 +324,11 @@ void launch_decode_attention(DecodeArgs<T> a, bool packed, cudaStream_t stream, 
         std::min(fill, (span + kDecodeMinSplitKeys - 1) / kDecodeMinSplitKeys), 1, 1024));
     const int64_t out_rows = p.batch * p.q_heads * p.q_len;
     if (a.splits > 1) {
-      a.part_o = alloc_floats(a.splits * out_rows * (p.v_head_dim + 2));  // [splits, rows, Dv] then [splits, rows, 2]
-      a.part_ml = reinterpret_cast<float2*>(a.part_o + a.splits * out_rows * p.v_head_dim);
+      // [splits, rows, Dv] floats, then [splits, rows] float2s from the next 16-byte boundary (a float2 access must be
+      // 8-byte aligned, and splits * rows * Dv floats may be odd).
+      const int64_t ml_offset = round_up(a.splits * out_rows * p.v_head_dim, 4);
+      a.part_o = alloc_floats(ml_offset + a.splits * out_rows * 2);
+      a.part_ml = reinterpret_cast<float2*>(a.part_o + ml_offset);
     }
     kernel<<<unsigned(units * a.splits), kDecodeThreads, 0, stream>>>(a);
     C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -1,9 +1,10 @@
 """The host emulator's sanitizers (tools/cuda_emulator/sanitizer.cpp, prelude.h), each against a planted bug in a probe
 kernel (tools/cuda_emulator/probes.cpp): racecheck (plain shared-memory stores and loads with a barrier removed,
-__syncwarp taken for a block barrier, the cp.async pipeline), initcheck, memcheck and synccheck. Each report is a
-RuntimeError raised by the launch, naming the detector, the place and the kernel; the same kernels without the bug
-pass. Two bugs that no detector reports are made to give loud wrong values, as they would on a GPU: an output element
-that no thread writes (fresh memory is poisoned) and a local read before it is written (a garbage pattern)."""
+__syncwarp taken for a block barrier, the cp.async pipeline), initcheck, memcheck (out of bounds, misaligned) and
+synccheck. Each report is a RuntimeError raised by the launch, naming the detector, the place and the kernel; the same
+kernels without the bug pass. Two bugs that no detector reports are made to give loud wrong values, as they would on a
+GPU: an output element that no thread writes (fresh memory is poisoned) and a local read before it is written (a
+garbage pattern)."""
 import pytest
 import torch
 
@@ -26,6 +27,10 @@ BUGS = {
                                  r"block \(0, 0, 0\); the others exited"),
     "past_shared_array": (8, r"memcheck: out-of-bounds shared-memory \(past the end of a __shared__ array\) read of 4 "
                              r"bytes at 0x[0-9a-f]+ by thread 63"),
+    "misaligned_global": (11, r"memcheck: misaligned global load of 'const struct float2' at 0x[0-9a-f]+ \(4 bytes "
+                              r"past a 8-byte boundary\) by thread \d+ at .*probes.cpp:\d+"),
+    "misaligned_shared": (12, r"memcheck: misaligned shared-memory load of 'const struct float2' at 0x[0-9a-f]+ \(4 "
+                              r"bytes past a 8-byte boundary\) by thread \d+ at .*probes.cpp:\d+"),
 }
 
 

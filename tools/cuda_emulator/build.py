@@ -86,6 +86,7 @@ def load():
     load_extension(name="pytransformer_cuda_emulator", sources=[str(s) for s in sources], build_directory=str(OUT / "obj"),
          extra_include_paths=[str(HERE), str(src / "csrc"), "/usr/local/cuda/include"],
          extra_cflags=["-O1", "-std=c++20", "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", "-DPT_CUDA_EMULATOR", "-w",
-                      "-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0",
+                      "-fsanitize=thread", "-fsanitize=alignment",
+                      "--param=tsan-instrument-func-entry-exit=0",
                       "-ftrivial-auto-var-init=pattern"], is_python_module=False)
     return torch.ops.pytransformer_emu

@@ -48,7 +48,7 @@ namespace emu {
 
 // Runtime functions that kernel code calls are excluded from the sanitizers' instrumentation (see sanitizer.h):
 // their own memory accesses are the emulator's, not the kernel's.
-#define EMU_RUNTIME __attribute__((no_sanitize("thread")))
+#define EMU_RUNTIME __attribute__((no_sanitize("thread", "alignment")))
 
 struct Barrier {
   int expected, arrived = 0;
@@ -83,7 +83,7 @@ inline float shuffle_slots[32][32];                                       // [wa
 inline int sm_count = 2, blocks_per_sm = 2;
 // The compute capability it reports (major * 10 + minor), and the kernels launched (see launched_kernels, stubs.cpp).
 inline int compute_capability = 90;
-inline std::vector<std::string> launched;
+inline std::vector<std::string> launched, reached;  // launched_kernels() and reached_kernels() take their own
 inline std::string launch_name;      // the demangled name of the kernel of the current launch
 
 inline std::map<const void*, size_t> max_dynamic_smem;  // set by cudaFuncSetAttribute (stubs.cpp)
@@ -153,13 +153,13 @@ EMU_RUNTIME std::array<V, 32> warp_exchange(const V& mine) {
   return all;
 }
 
-// Aborts unless [p, p + n) lies in this launch's dynamic shared memory and p is 16-byte aligned (what ldmatrix row
-// addresses and cp.async destinations must be on the GPU; the tensor-core kernels use dynamic shared memory only).
+// Aborts unless [p, p + n) lies in this launch's dynamic shared memory (where ldmatrix rows and cp.async
+// destinations are: the tensor-core kernels use dynamic shared memory only); memcheck checks their alignment.
 inline void check_smem_access(const void* p, size_t n, const char* what) {
   const auto* c = static_cast<const unsigned char*>(p);
-  if (c < dynamic_smem || c + n > dynamic_smem + dynamic_smem_bytes || reinterpret_cast<uintptr_t>(c) % 16) {
-    fprintf(stderr, "emu: %s at byte %td of %zu bytes of dynamic shared memory (or misaligned)\n", what,
-            c - dynamic_smem, dynamic_smem_bytes);
+  if (c < dynamic_smem || c + n > dynamic_smem + dynamic_smem_bytes) {
+    fprintf(stderr, "emu: %s at byte %td of %zu bytes of dynamic shared memory\n", what, c - dynamic_smem,
+            dynamic_smem_bytes);
     abort();
   }
 }
@@ -290,6 +290,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   }
   Dl_info info{};
   launched.emplace_back(dladdr(reinterpret_cast<const void*>(kernel), &info) && info.dli_sname ? info.dli_sname : "?");
+  reached.push_back(launched.back());
   int status = 0;
   char* demangled = abi::__cxa_demangle(launched.back().c_str(), nullptr, nullptr, &status);
   launch_name = status == 0 && demangled ? demangled : launched.back();

@@ -36,7 +36,7 @@ void emu_race_kernel(int64_t variant, const uint4* src) {
 // (two warps) over x: [64] -> out: [64] (fresh memory); `planted` false: the correct kernel.
 enum Bug : int64_t {
   kBarrier, kDynamicBarrier, kWarpBarrier, kPadding, kReadPastRow, kWritePastRow, kDivergent, kExit,
-  kPastSharedArray, kUnwritten, kUninitialized
+  kPastSharedArray, kUnwritten, kUninitialized, kMisalignedGlobal, kMisalignedShared
 };
 void emu_bug_kernel(int64_t bug, bool planted, const float* x, float* out) {
   __shared__ float s[65];
@@ -97,6 +97,18 @@ void emu_bug_kernel(int64_t bug, bool planted, const float* x, float* out) {
       out[t] = acc[t % 2] + x[t];
       break;
     }
+    case kMisalignedGlobal: {  // memcheck: planted, float2 loads from x one float past their 8-byte boundaries
+      const float2 v = reinterpret_cast<const float2*>(x + planted)[t % 16];
+      out[t] = v.x + v.y;
+      break;
+    }
+    case kMisalignedShared: {  // memcheck: planted, the same from dynamic shared memory
+      dyn[t] = x[t];
+      __syncthreads();
+      const float2 v = reinterpret_cast<const float2*>(dyn + planted)[t % 16];
+      out[t] = v.x + v.y;
+      break;
+    }
   }
 }
 
@@ -130,7 +142,7 @@ void probe_race(int64_t variant) {
 }
 
 at::Tensor probe_bug(int64_t bug, bool planted, const at::Tensor& x) {
-  TORCH_CHECK_VALUE(bug >= kBarrier && bug <= kUninitialized, "bug: expected 0..", int64_t(kUninitialized),
+  TORCH_CHECK_VALUE(bug >= kBarrier && bug <= kMisalignedShared, "bug: expected 0..", int64_t(kMisalignedShared),
                     ", got ", bug);
   TORCH_CHECK_VALUE(x.sizes() == at::IntArrayRef{64} && x.scalar_type() == at::kFloat && x.is_contiguous(),
                     "x: expected contiguous float32 [64]");

@@ -9,8 +9,6 @@
 // here as it may on the GPU.
 #include <array>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -28,6 +26,7 @@ EMU_RUNTIME inline void ldmatrix(uint32_t (&r)[kNum], const void* row_addr) {
   const unsigned lane = emu::linear_tid() % 32, g = lane / 4, t = lane % 4;
   if (lane < 8u * kNum) {
     emu::check_smem_access(row_addr, 16, "ldmatrix row");
+    emu::check_alignment(row_addr, 16, false);
     emu::shared_access(row_addr, 16, false);
   }
   const auto rows = emu::warp_exchange(static_cast<const uint16_t*>(row_addr));  // [lane] -> its row of 8 values
@@ -92,10 +91,8 @@ EMU_RUNTIME inline void mma_16816(float (&c)[4], const uint32_t (&a)[4], const u
 
 inline void cp_async_16(void* dst, const void* src, bool valid) {
   emu::check_smem_access(dst, 16, "cp.async destination");
-  if (valid && reinterpret_cast<uintptr_t>(src) % 16) {
-    fprintf(stderr, "emu: cp.async source %p not 16-byte aligned\n", src);
-    abort();
-  }
+  emu::check_alignment(dst, 16, true);
+  if (valid) emu::check_alignment(src, 16, false);
   emu::async_copy(dst, valid ? src : nullptr, 16);
 }
 inline void cp_async_commit() { emu::async_commit(); }

@@ -153,6 +153,17 @@ EMU_RUNTIME void memcheck(uintptr_t a, size_t n, bool write, const char* what) {
   report(s + block_name() + ", in " + launch_name);
 }
 
+// A GPU faults on an access at an address that is not a multiple of its type's alignment (a float2's 8 bytes, an
+// int4's or a 16-byte pack's 16); the compiler's checks (-fsanitize=alignment) and ldmatrix and cp.async call this.
+EMU_RUNTIME void misaligned(uintptr_t a, size_t alignment, const char* what, const char* where) {
+  const bool shared = a - dynamic_region.lo < dynamic_cap || shared_region(a) || past_shared_array(a);
+  char s[480];
+  snprintf(s, sizeof s, "memcheck: misaligned %s %s at %#lx (%zu bytes past a %zu-byte boundary) by thread %d%s%s, ",
+           shared ? "shared-memory" : "global", what, static_cast<unsigned long>(a), size_t(a % alignment), alignment,
+           tid(), where ? " at " : "", where ? where : "");
+  report(s + block_name() + ", in " + launch_name);
+}
+
 EMU_RUNTIME void global(uintptr_t a, size_t n, bool write) {
   static size_t last = 0;  // the extent of the previous access: most accesses fall in it
   if (last < span_count && a >= spans[last].lo && a + n <= spans[last].hi) return;
@@ -256,6 +267,14 @@ EMU_RUNTIME void shared_access(const void* p, size_t n, bool write) {
   if (Region* r = shared_region(a)) shared(*r, a - r->lo, n, write);
 }
 
+EMU_RUNTIME void check_alignment(const void* p, size_t n, bool write) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (a % n == 0) return;
+  char what[64];
+  snprintf(what, sizeof what, "%s of %zu bytes", write ? "write" : "read", n);
+  misaligned(a, n, what, nullptr);
+}
+
 EMU_RUNTIME void global_access(const void* p, size_t n, bool write) {
   global(reinterpret_cast<uintptr_t>(p), n, write);
 }
@@ -317,6 +336,34 @@ EMU_HOOKS(2)
 EMU_HOOKS(4)
 EMU_HOOKS(8)
 EMU_HOOKS(16)
+// The entry points of -fsanitize=alignment code (no UBSan runtime is linked): every access through a pointer or
+// reference whose address is not a multiple of its type's alignment. Reported from kernel code (a running fiber
+// outside the emulator's runtime); the host's own accesses are not the GPU's.
+struct UbsanLocation {
+  const char* file;
+  uint32_t line, column;
+};
+struct UbsanType {
+  uint16_t kind, info;
+  char name[1];
+};
+struct UbsanMismatch {
+  UbsanLocation where;
+  const UbsanType* type;
+  unsigned char log_alignment, check_kind;
+};
+EMU_HOOK __ubsan_handle_type_mismatch_v1(const UbsanMismatch* d, uintptr_t p) {
+  if (!p || !emu::running || emu::running->quiet) return;
+  static const char* const kinds[] = {"load of", "store to", "reference to", "member access of", "member call on"};
+  char what[200], where[300];
+  snprintf(what, sizeof what, "%s %s", d->check_kind < 5 ? kinds[d->check_kind] : "use of", d->type->name);
+  snprintf(where, sizeof where, "%s:%u", d->where.file, d->where.line);
+  emu::Quiet quiet;
+  emu::misaligned(p, size_t(1) << d->log_alignment, what, where);
+}
+EMU_HOOK __ubsan_handle_type_mismatch_v1_abort(const UbsanMismatch* d, uintptr_t p) {
+  __ubsan_handle_type_mismatch_v1(d, p);
+}
 // Atomics (torch's reference counts in the glue): performed, not checked, always sequentially consistent.
 #define EMU_ATOMICS(n, T)                                                                                   \
   EMU_ENTRY T __tsan_atomic##n##_load(const volatile T* a, int) { return __atomic_load_n(a, __ATOMIC_SEQ_CST); }      \

@@ -5,7 +5,8 @@
 //   by another thread that no __syncthreads (or, within a warp, no __syncwarp or shuffle of all 32 lanes) orders
 //   after them, one of the two a write, is a race. cp.async is a write from its issue to the issuing thread's wait.
 // - initcheck: a read of shared-memory bytes not written in this block.
-// - memcheck: a global load or store outside the extents of the tensors whose data pointers the glue took.
+// - memcheck: a global load or store outside the extents of the tensors whose data pointers the glue took; an access
+//   of n bytes (a float2, an int4, a 16-byte pack, an ldmatrix row, a cp.async) at an address not a multiple of n.
 // - synccheck (prelude.h): divergent __syncthreads, a barrier that exited threads never reach, deadlocks.
 // The kernel code is compiled with -fsanitize=thread; its every load and store calls __tsan_read*/__tsan_write*, which
 // sanitizer.cpp defines (no TSan runtime is linked): while a fiber runs kernel code, the address is classified (fiber
@@ -26,6 +27,7 @@ void warp_synced(int warp);  // a barrier of all 32 lanes of `warp` completed
 void report(const std::string& what);
 
 void shared_access(const void* p, size_t n, bool write);  // by the running thread (ldmatrix rows)
+void check_alignment(const void* p, size_t n, bool write);  // memcheck: p a multiple of n (ldmatrix rows, cp.async)
 void global_access(const void* p, size_t n, bool write);  // by the running thread (cp.async sources)
 void async_issue(const void* dst, size_t n);              // cp.async: in flight from here ...
 void async_land(const void* dst, size_t n);               // ... to the issuing thread's wait

@@ -46,11 +46,9 @@ TORCH_LIBRARY_FRAGMENT(pytransformer_emu, m) {
           emu::compute_capability = static_cast<int>(cc);
         });
   // The kernels launched since the last call (mangled names), oldest first.
-  m.def("launched_kernels() -> str[]", [] {
-    std::vector<std::string> names;
-    names.swap(emu::launched);
-    return names;
-  });
+  m.def("launched_kernels() -> str[]", [] { return std::exchange(emu::launched, {}); });
+  // The same, for the coverage map of tests/conftest.py (tools/cuda_emulator/coverage.py), which takes them per test.
+  m.def("reached_kernels() -> str[]", [] { return std::exchange(emu::reached, {}); });
 }
 
 extern "C" cudaError_t cudaFuncSetAttribute(const void* func, enum cudaFuncAttribute attr, int value) {

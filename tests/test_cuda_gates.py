@@ -1,0 +1,96 @@
+"""The gates of `make cuda-check` that keep code nvcc miscompiles silently out of the CUDA sources, each against a
+planted reintroduction: a host library call in device code (tools/host_calls_gate.py: std::copy of a register array,
+which nvcc compiles to nothing) and an mma.sync that reads a fragment nothing converted (tools/mma_operands_gate.py:
+the P V products of an attention forward reading Q's registers, as they did when that copy was dropped)."""
+import os
+import shutil
+
+import pytest
+
+from tools import host_calls_gate, mma_operands_gate
+
+NVCC = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+needs_nvcc = pytest.mark.skipif(not shutil.which(NVCC), reason="needs nvcc")
+
+KERNEL = """#include <algorithm>
+#include <cstdint>
+__global__ void copy_kernel(uint32_t* out, const uint32_t* x) {
+  uint32_t a[4], b[4];
+  for (int i = 0; i < 4; ++i) a[i] = x[i];
+  COPY;
+  out[threadIdx.x] = b[threadIdx.x % 4] + std::max(1u, a[0]);
+}
+"""
+
+
+@needs_nvcc
+@pytest.mark.parametrize("copy, reported", [("for (int i = 0; i < 4; ++i) b[i] = a[i]", None),
+                                            ("std::copy(a, a + 4, b)", '"copy"'),
+                                            ("std::fill(b, b + 4, a[1])", '"fill"')])
+def test_host_calls_gate(tmp_path, copy, reported):
+    """A loop and std::max pass; std::copy and std::fill of a register array in a kernel are reported."""
+    source = tmp_path / "kernel.cu"
+    source.write_text(KERNEL.replace("COPY", copy))
+    found = host_calls_gate.check(NVCC, source)
+    if reported is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and reported in found[0] and "copy_kernel" in found[0], found
+
+
+def test_host_calls_gate_reads_nvcc_reports():
+    """Named calls outside the allowed list fail, the unnamed twin of an allowed call passes, other errors fail."""
+    allowed = ('a.cuh(3): error: calling a constexpr __host__ function("min") from a __global__ function("k") is not '
+               'allowed. The experimental flag ...')
+    twin = ('b.h(5): warning #20015-D: calling a constexpr __host__ function from a __host__ __device__ function is '
+            'not allowed.')
+    named_twin = twin.replace("function from", 'function("bit_cast") from')
+    swap = allowed.replace('"min"', '"swap"')
+    assert host_calls_gate.problems("\n".join([allowed, named_twin, twin, "      detected during ... error ..."])) == []
+    assert host_calls_gate.problems("\n".join([allowed, swap, twin])) == [swap, twin]
+    assert host_calls_gate.problems('k.cu(1): error: identifier "x" is undefined') == [
+        'k.cu(1): error: identifier "x" is undefined']
+
+
+# A forward kernel's PTX as nvcc writes it, cut to one S = Q K^T product and one P V product: Q and K by ldmatrix,
+# P packed from float32 scores by cvt (through a mov), V by ldmatrix .trans.
+FORWARD = """.visible .entry _ZN13pytransformer4cuda24attention_mma_fwd_kernelI6__halfLi64EEEvNS_15AttentionParamsE(
+	.param .align 8 .b8 param_0[272]
+)
+{
+	.reg .b32 	%r<100>;
+	.reg .f32 	%f<100>;
+$L__BB0_1:
+	ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r1, %r2, %r3, %r4}, [%r50];
+	ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r5, %r6, %r7, %r8}, [%r51];
+	mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f1, %f2, %f3, %f4}, {%r1, %r2, %r3, %r4}, {%r5, %r6}, {%f1, %f2, %f3, %f4};
+	ex2.approx.ftz.f32 	%f5, %f1;
+	{ cvt.rn.f16x2.f32 %r11, %f5, %f2; }
+	{ cvt.rn.f16x2.f32 %r12, %f3, %f4; }
+	mov.b32 	%r13, %r11;
+	@%p1 ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%r21, %r22, %r23, %r24}, [%r52];
+	mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%f9, %f10, %f11, %f12}, {%r13, %r12, P2, P3}, {%r21, %r22}, {%f9, %f10, %f11, %f12};
+	bra.uni 	$L__BB0_1;
+}
+"""
+CORRECT = FORWARD.replace("P2, P3", "%r11, %r12")
+
+
+def test_mma_operands_gate_passes_converted_p():
+    assert mma_operands_gate.problems(CORRECT) == []
+    assert mma_operands_gate.problems(CORRECT.replace("_fwd_", "_bwd_")) == []
+
+
+@pytest.mark.parametrize("operands, reads", [
+    ("%r3, %r4", "A from ['ldmatrix', 'pack']"),  # half of P's fragment from Q's registers
+    ("%r11, %r99", "A from ['pack', 'unwritten']"),  # a register nothing writes
+])
+def test_mma_operands_gate_reports_p_v_reading_elsewhere(operands, reads):
+    found = mma_operands_gate.problems(FORWARD.replace("P2, P3", operands))
+    assert len(found) == 1 and "mma.sync #2 reads " + reads in found[0], found
+
+
+def test_mma_operands_gate_reports_a_forward_without_p_v():
+    """The dropped copy seen in nvcc's PTX: every product reads Q's fragments, none reads converted P."""
+    found = mma_operands_gate.problems(CORRECT.replace("{%r13, %r12, %r11, %r12}", "{%r1, %r2, %r3, %r4}"))
+    assert "mma.sync #2 reads A from ['ldmatrix'], B from ['ldmatrix.trans']" in found[0]
