@@ -18,8 +18,10 @@ reads the config and the files' headers only, before the model is allocated: an 
 naming the field and the tensor whose header disagrees. Each part of a fused parameter (q, k, v; gate, up) is checked
 on its own. A tied config (tie_word_embeddings) whose checkpoint also holds an lm_head.weight different from the
 embedding is refused (transformers would warn and untie; set tie_word_embeddings to false to use that head)."""
+import abc
 import contextlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -99,14 +101,17 @@ class Tensors(Mapping):
     reading it. `source` names the whole checkpoint in messages."""
     source: str
 
+    @abc.abstractmethod
     def shape(self, name: str) -> list[int]:
-        raise NotImplementedError
+        """The tensor's shape, without reading it."""
 
+    @abc.abstractmethod
     def dtype(self, name: str) -> str:
-        raise NotImplementedError
+        """The tensor's dtype (for messages), without reading it."""
 
+    @abc.abstractmethod
     def floating(self, name: str) -> bool:
-        raise NotImplementedError
+        """Whether the tensor is floating-point, without reading it."""
 
     def where(self, name: str) -> str:
         """The file holding tensor `name` (for messages)."""
@@ -220,6 +225,17 @@ def _check_names(arch: Architecture, given: dict, tensors: Tensors) -> None:
         raise ValueError(f"{tensors.source}: unexpected tensors {_list(unexpected)}")
 
 
+def _check_sizes(arch: Architecture, tensors: Tensors, config_name: str) -> None:
+    """ValueError naming a config size larger than the largest tensor's number of elements: no tensor can have that
+    dimension, and the model is not even built on the meta device (whose sizes could overflow)."""
+    largest = max(tensors, key=lambda n: math.prod(tensors.shape(n)))
+    most = math.prod(tensors.shape(largest))
+    for field, value in arch.sizes.items():
+        if value > most:
+            raise ValueError(f"{config_name}: {field}: {value} is larger than any tensor of the checkpoint (the largest, "
+                             f"{largest} in {tensors.where(largest)}, has {most} elements)")
+
+
 def _parts(source: Source, shape) -> list[list[int]]:
     """The shape each tensor of `source` must have for our parameter of `shape`."""
     if source.rows is None:
@@ -263,9 +279,10 @@ def convert(cls, config_class, d, tensors: Mapping, *, dtype: torch.dtype, devic
     given = _normalized(tensors, prefix)
     with _naming(config_name):
         arch = architecture(d, given.keys())
-        with torch.device("meta"):
-            model = cls(arch.config).to(dtype)
     _check_names(arch, given, tensors)
+    _check_sizes(arch, tensors, config_name)
+    with _naming(config_name), torch.device("meta"):
+        model = cls(arch.config).to(dtype)
     shapes = {name: p.shape for name, p in model.named_parameters()}
     assert shapes.keys() == arch.plan.keys(), "hf.py: the plan must cover the model's parameters"
     _check_tensors(arch, given, tensors, shapes)

@@ -117,5 +117,8 @@ class DecoderLM(nn.Module):
         (config.json with model_type gpt2, llama, mistral or qwen2; model.safetensors or a sharded
         model.safetensors.index.json), in `dtype` on `device` (default CPU), without importing transformers.
         quantize=True returns the weight-only int8 model (pytransformer.quantize), each weight quantized as it is
-        read, so the float weights are never all in memory."""
+        read, so the float weights are never all in memory. A broken directory raises ValueError (FileNotFoundError
+        for a missing path) naming the file and the field or tensor, checked from config.json and the safetensors
+        headers before anything is allocated; integer weights and a tied config whose file holds a different
+        lm_head.weight are refused (models/checkpoint.py)."""
         return checkpoint.from_pretrained(cls, DecoderConfig, path, dtype=dtype, device=device, quantize=quantize)

@@ -42,9 +42,11 @@ class Source(NamedTuple):
     rows: tuple[int, ...] | None = None
 
 
-def _activation(name: str) -> str:
-    if name not in _ACTIVATIONS:
-        raise ValueError(f"model: activation {name!r} is not supported ({sorted(_ACTIVATIONS)})")
+def _activation(d: dict, field: str, default: str) -> str:
+    """Our name of the config's activation `field`; ValueError naming the field when it is not one we compute."""
+    name = d.get(field, default)
+    if not isinstance(name, str) or name not in _ACTIVATIONS:
+        raise ValueError(f"{field}: activation {name!r} is not supported ({sorted(_ACTIVATIONS)})")
     return _ACTIVATIONS[name]
 
 
@@ -137,7 +139,7 @@ def gpt2(d: dict, names) -> Architecture:
     config = gpt2_small(vocab_size=sizes["vocab_size"], d_model=width, n_heads=heads,
                         n_layers=_layers(d, "n_layer", names), d_ff=sizes["n_inner"], max_len=sizes["n_positions"],
                         dropout=_number(d, "resid_pdrop", 0.1, below=1.0),
-                        activation=_activation(d.get("activation_function", "gelu_new")),
+                        activation=_activation(d, "activation_function", "gelu_new"),
                         eps=_number(d, "layer_norm_epsilon", 1e-5), tie_embeddings=tied)
     plan = {"embed.tok.weight": Source(("wte.weight",)), "embed.pos.weight": Source(("wpe.weight",)),
             **_module("decoder.norm", "ln_f")}
@@ -162,6 +164,8 @@ def _rope(d: dict) -> tuple[float, dict | None]:
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError(f"partial_rotary_factor: {params['partial_rotary_factor']!r} is not supported (only 1.0)")
     kind = params.get("rope_type", params.get("type", "default"))
+    if not isinstance(kind, str):
+        raise ValueError(f"{field}: rope_type: expected a string, got {kind!r}")
     for name in ("rope_theta", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
         if name in params or name == "rope_theta":
             params[name] = _number(params, name, 1e4, least=1e-30)
@@ -240,12 +244,13 @@ def bert(d: dict, names) -> Architecture:
                        n_layers=_layers(d, "num_hidden_layers", names), d_ff=sizes["intermediate_size"],
                        max_len=sizes["max_position_embeddings"],
                        dropout=_number(d, "hidden_dropout_prob", 0.1, below=1.0),
-                       activation=_activation(d.get("hidden_act", "gelu")), eps=_number(d, "layer_norm_eps", 1e-12),
+                       activation=_activation(d, "hidden_act", "gelu"), eps=_number(d, "layer_norm_eps", 1e-12),
                        type_vocab_size=sizes["type_vocab_size"], pooler=pooler)
     e = "embeddings."
     plan = {"embed.tok.weight": Source((f"{e}word_embeddings.weight",)),
             "embed.pos.weight": Source((f"{e}position_embeddings.weight",)),
-            "embed.types.weight": Source((f"{e}token_type_embeddings.weight",)), **_module("embed.norm", f"{e}LayerNorm")}
+            "embed.types.weight": Source((f"{e}token_type_embeddings.weight",)),
+            **_module("embed.norm", f"{e}LayerNorm")}
     if pooler:
         plan |= _module("pooler", "pooler.dense")
     for i in range(config.n_layers):

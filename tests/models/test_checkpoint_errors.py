@@ -69,18 +69,22 @@ def test_fused_parts_are_checked_one_by_one(folders, tmp_path, changes, match):
 
 
 @pytest.mark.parametrize("name, changes, match", [
-    ("llama", {"vocab_size": 3e8}, r"model.safetensors: model.embed_tokens.weight: shape \[100, 64\] .* needs "
-                                   r"\[300000000, 64\] \(vocab_size = 300000000\)"),
-    ("llama", {"intermediate_size": 10 ** 9}, r"gate_proj.weight: .*\(intermediate_size = 1000000000\)"),
-    ("gpt2", {"n_positions": 10 ** 10}, r"model-0000\d-of-0000\d.safetensors: transformer.wpe.weight: shape \[256, "
-                                        r"64\] .*\(n_positions = 10000000000\)"),
+    ("llama", {"vocab_size": 200}, r"model.safetensors: model.embed_tokens.weight: shape \[100, 64\] does not fit "
+                                   r"embed.tok.weight of the config, which needs \[200, 64\] \(vocab_size = 200\)"),
+    ("llama", {"vocab_size": 3e8}, r"config.json: vocab_size: 300000000 is larger than any tensor of the checkpoint "
+                                   r"\(the largest, model\.\S+ in \S+model.safetensors, has \d+ elements\)"),
+    ("llama", {"intermediate_size": 10 ** 9}, r"config.json: intermediate_size: 1000000000 is larger than any tensor"),
+    ("gpt2", {"n_positions": 10 ** 10}, r"config.json: n_positions: 10000000000 is larger than any tensor of the "
+                                        r"checkpoint \(the largest, transformer\.\S+ in \S+model-\d+-of-\d+\."),
+    ("bert", {"hidden_size": 10 ** 10}, r"config.json: hidden_size: 10000000000 is larger than any tensor"),
     ("llama", {"num_hidden_layers": 10 ** 9}, r"config.json: num_hidden_layers: 1000000000 layers, but the checkpoint"
                                               r" holds only \d+ tensors"),
 ])
 def test_absurd_sizes_fail_from_the_headers(folders, tmp_path, name, changes, match):
-    """Item 4: an absurd size fails naming the field and the tensor, before any allocation (a 77 GB embedding
-    otherwise)."""
-    _raises(_copy(folders[name], tmp_path / "big", **changes), match)
+    """Item 4: a size that disagrees with the tensors fails naming the field and the tensor, from the headers before
+    any allocation (a 77 GB embedding for vocab_size 3e8 otherwise); a size no tensor could hold fails before the
+    model is even built on the meta device (hidden_size 1e10 overflows its sizes there)."""
+    _raises(_copy(folders[name], tmp_path / "big", **changes), match, EncoderModel if name == "bert" else DecoderLM)
 
 
 def test_duplicated_tensors(folders, tmp_path):
