@@ -482,34 +482,39 @@ def _other_name(name: str, prefix: str) -> str:
     return name.removeprefix(prefix) if name.startswith(prefix) else prefix + name
 
 
-def _mutate(path: Path, base: str, mutation: list) -> bool:
-    """Apply one mutation to the folder; whether it must make the load fail."""
+def _mutate(path: Path, base: str, mutation: list):
+    """Apply one mutation to the folder. None: the folder may still load; else a function of the (file, tensor name)
+    pairs present after every mutation, whether the folder is still wrong (a later mutation can undo a duplicate or a
+    drop)."""
     kind, i, j = mutation
     if kind in ("truncate", "corrupt", "rename_file"):
         files = _files(path)
-        return _mutate_file(files[i % len(files)], kind, i, j)
-    if kind in ("config_json", "config_field"):
-        return _mutate_config(path / "config.json", kind, i, j)
-    if kind == "index":
-        return _mutate_index(path, i, j)
-    tensors = _tensor_files(path)
-    return bool(tensors) and _mutate_tensor(path, tensors, BASES[base], kind, i, j)
+        wrong = _mutate_file(files[i % len(files)], kind, i, j)
+    elif kind in ("config_json", "config_field"):
+        wrong = _mutate_config(path / "config.json", kind, i, j)
+    elif kind == "index":
+        wrong = _mutate_index(path, i, j)
+    else:
+        tensors = _tensor_files(path)
+        return _mutate_tensor(path, tensors, BASES[base], kind, i, j) if tensors else None
+    return (lambda present: True) if wrong else None
 
 
 def _mutate_file(f: Path, kind: str, i: int, j: int) -> bool:
     """Truncate f to j/1000 of its length, change its byte at j/1000, or rename it; whether the load must fail."""
-    data = f.read_bytes()
+    data, at = f.read_bytes(), len(f.read_bytes()) * j // 1000
     if kind == "truncate":
-        f.write_bytes(data[:len(data) * j // 1000])
-    elif kind == "corrupt" and data:
-        at = len(data) * j // 1000
-        f.write_bytes(data[:at] + bytes([(data[at] + 1 + i) % 256]) + data[at + 1:])
-    elif kind == "rename_file":
-        f.rename(f.with_name(f.name + ".old"))
-    return kind != "corrupt" and _needed(f)
+        f.write_bytes(data[:at])
+        return _needed(f) and bool(data[at:].strip())  # more than a JSON file's final newline
+    if kind == "corrupt":
+        f.write_bytes(data[:at] + bytes([(data[at] + 1 + i) % 256]) + data[at + 1:] if data else data)
+        return False
+    f.rename(f.with_name(f.name + ".old"))
+    return _needed(f)
 
 
-CONFIG_TEXTS = (lambda t: b"[" + t + b"]", lambda t: t + b"}", lambda t: b"null", lambda t: t.rstrip()[:-1])  # invalid
+# config.json texts that are not a JSON object, whatever other CONFIG_TEXTS did before
+CONFIG_TEXTS = (lambda t: b"[" + t + b"]", lambda t: t + b"}", lambda t: b"null", lambda t: t[:len(t) // 2])
 
 
 def _mutate_config(f: Path, kind: str, i: int, j: int) -> bool:
@@ -541,38 +546,52 @@ def _mutate_index(path: Path, i: int, j: int) -> bool:
     return index.is_file() and _edit_json(index, edit)
 
 
-def _mutate_tensor(path: Path, tensors: list, prefix: str, kind: str, i: int, j: int) -> bool:
-    """Rename, resize, drop, duplicate or retype the i-th tensor; whether the load must fail."""
+def _holds(f: Path, name: str):
+    """Whether file f still holds tensor `name` (as a function of the pairs present)."""
+    return lambda present: (f, name) in present
+
+
+def _lacks(name: str, prefix: str):
+    """Whether no spelling of tensor `name` is left (as a function of the pairs present)."""
+    return lambda present: all(n.removeprefix(prefix) != name.removeprefix(prefix) for _, n in present)
+
+
+def _mutate_tensor(path: Path, tensors: list, prefix: str, kind: str, i: int, j: int):
+    """Rename, resize, drop, duplicate or retype the i-th tensor; as _mutate returns (a changed tensor makes the folder
+    wrong while it is there, a drop while no other spelling of the name is, a duplicate while both copies are)."""
     f, name = tensors[i % len(tensors)]
     if kind == "rename_tensor":
         new = name + ".x" if j == 0 else name.replace(".weight", ".w")
         if new == name:
-            return False
+            return None
         _edit_tensors(f, lambda t: t.update({new: t.pop(name)}))
         _relist(path, name, new, f.name)
-    elif kind == "resize_tensor":
+        return lambda present: _holds(f, new)(present) or _lacks(name, prefix)(present)
+    if kind == "resize_tensor":
         def resize(t):
             shape = list(t[name].shape)
             d = i % len(shape)
             shape[d] = [shape[d] + 1, max(shape[d] - 1, 0), 2 * shape[d] + 1][j]
             t[name] = torch.randn(shape).to(t[name].dtype)
         _edit_tensors(f, resize)
-    elif kind == "drop_tensor":
+        return _holds(f, name)
+    if kind == "drop_tensor":
         _edit_tensors(f, lambda t: t.pop(name))
         _relist(path, name, None, f.name)
-    elif kind == "duplicate_tensor":
+        return _lacks(name, prefix)
+    if kind == "duplicate_tensor":
         others = sorted({g for g, _ in tensors} - {f})
         if j == 0 or not others:  # under the other spelling of its name, in the same file
             _edit_tensors(f, lambda t: t.update({_other_name(name, prefix): t[name].clone()}))
             _relist(path, None, _other_name(name, prefix), f.name)
-        else:  # the same name in another shard; the index still lists the first
-            value = _read_tensor(f, name)
-            _edit_tensors(others[0], lambda t: t.update({name: value}))
-    elif kind == "dtype_tensor":
+            return lambda present: _holds(f, name)(present) and _holds(f, _other_name(name, prefix))(present)
+        value = _read_tensor(f, name)  # the same name in another shard; the index still lists the first
+        _edit_tensors(others[0], lambda t: t.update({name: value}))
+        return lambda present: _holds(f, name)(present) and _holds(others[0], name)(present)
+    if kind == "dtype_tensor":
         dtype = TENSOR_DTYPES[j]
         _edit_tensors(f, lambda t: t.update({name: (t[name] > 0 if dtype == torch.bool else t[name]).to(dtype)}))
-        return j < 2
-    return True
+        return _holds(f, name) if j < 2 else None
 
 
 def _read_tensor(f: Path, name: str) -> torch.Tensor:
@@ -588,7 +607,9 @@ def _checkpoint_case(c: dict, ops) -> str | None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model"
         shutil.copytree(_base_folder(c["base"]), path)
-        must_fail = [m for m in c["mutations"] if _mutate(path, c["base"], m)]
+        witnesses = [(m, _mutate(path, c["base"], m)) for m in c["mutations"]]
+        present = set(_tensor_files(path))
+        must_fail = [m for m, wrong in witnesses if wrong is not None and wrong(present)]
         try:
             model = ops.checkpoint(path, c["base"])
         except (ValueError, FileNotFoundError) as e:

@@ -25,12 +25,13 @@ def check_generate_args(max_new_tokens, beam_size: int, do_sample: bool, tempera
 
 
 def eos_ids(eos_id, device) -> Tensor | None:
-    """The end-of-sequence ids [E] of an int or a non-empty list of ints (None: none); ValueError naming eos_id."""
+    """The end-of-sequence ids [E] of an int or a non-empty list of ints (None: none; an id no token has, such as -1,
+    ends no row); ValueError naming eos_id."""
     if eos_id is None:
         return None
     ids = [eos_id] if not isinstance(eos_id, (list, tuple)) else list(eos_id)
-    if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-        raise ValueError(f"eos_id: expected None, an int >= 0 or a non-empty list of them, got {eos_id!r}")
+    if not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"eos_id: expected None, an int or a non-empty list of ints, got {eos_id!r}")
     return torch.tensor(ids, device=device)
 
 

@@ -240,7 +240,7 @@ def test_generate_stops_at_any_eos_of_a_list(gpt2):
     ended = (single == stop).long().cumsum(1)
     after = torch.cat([torch.zeros_like(ended[:, :1]), ended[:, :-1]], 1) > 0  # after the first stop
     assert after[0].any() and torch.equal(out, single.masked_fill(after, unused))
-    with pytest.raises(ValueError, match=r"eos_id: expected None, an int >= 0 or a non-empty list"):
+    with pytest.raises(ValueError, match=r"eos_id: expected None, an int or a non-empty list of ints"):
         gpt2.generate(ids, 2, eos_id=[])
 
 
