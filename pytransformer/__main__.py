@@ -187,10 +187,12 @@ def main(argv=None) -> int:
         try:
             prepared = textgen.prepare(args.model, args.prompt, int8=args.int8, bf16=args.bf16,
                                        device=args.device or _default_device())
-        except (ValueError, FileNotFoundError) as e:
-            parser().error(f"generate: {e}")
-        textgen.stream(*prepared, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                       top_p=args.top_p, top_k=args.top_k, seed=args.seed, eos_id=textgen.eos_token(args.model))
+            textgen.stream(*prepared, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                           top_p=args.top_p, top_k=args.top_k, seed=args.seed, eos_id=textgen.eos_tokens(args.model))
+        except (ValueError, FileNotFoundError) as e:  # a broken checkpoint directory or prompt: one line, status 2
+            message = " ".join(str(e).splitlines())
+            print(f"python -m pytransformer generate: error: {message}", file=sys.stderr)
+            return 2
     elif args.command == "check":
         from . import check
         device = args.device or _default_device()

@@ -3,20 +3,38 @@ against the clear errors the contract promises. A case is a dict of small intege
 made from its own seed (`run`), so a case is its own repro. A failing case is shrunk (sizes halved or decremented while
 it still fails) and reported as `run(<case>)`.
 
+The "checkpoint" op fuzzes loading: a tiny save_pretrained folder (Llama, sharded GPT-2 or BERT, built once with
+transformers) damaged by a few mutations (files truncated, corrupted or renamed; tensors renamed, resized, dropped,
+duplicated or made integer; config fields deleted or set to wrong values; config.json or the index broken) must load
+into a model that runs, or raise ValueError/FileNotFoundError naming a file of the folder; a mutation that makes the
+folder wrong (MUST_FAIL) must raise. A failing case is shrunk by dropping mutations.
+
 tests/test_fuzz.py runs a quick size in the suite; PT_FUZZ_CASES=N runs N cases per op (a long run on demand).
 """
+import atexit
+import json
 import math
 import random
+import shutil
+import tempfile
 import types
+from pathlib import Path
 
 import torch
 
 import pytransformer as pt
 from pytransformer.ops import reference
 
+
+def load_checkpoint(path, base: str):
+    """The model of a checkpoint folder made from base folder `base` (BERT: an EncoderModel, else a DecoderLM)."""
+    cls = pt.models.EncoderModel if base == "bert" else pt.models.DecoderLM
+    return cls.from_pretrained(path)
+
+
 OPS = types.SimpleNamespace(**{name: getattr(pt.ops, name) for name in (
     "attention", "masked_softmax", "layer_norm", "rms_norm", "decode_attention", "kv_cache_append", "int8_linear",
-    "linear")})
+    "linear")}, checkpoint=load_checkpoint)
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 # Allowed |out - ref| per row, relative to the row's largest |ref| (and at least an absolute floor of the same size).
 ROW_TOL = {torch.float64: 1e-9, torch.float32: 5e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
@@ -50,6 +68,9 @@ def draw(op: str, rng: random.Random) -> dict:
     elif op == "linear":  # rows on both sides of the switch from the weight-streaming kernel to ATen's GEMM
         c.update(rows=rng.choice([rng.randint(1, 9), rng.randint(1, 70)]), n=rng.randint(1, 300),
                  d=rng.randint(1, 300), affine=rng.random() < 0.5)
+    elif op == "checkpoint":
+        c = {"op": op, "seed": c["seed"], "base": rng.choice(list(BASES)),
+             "mutations": [_draw_mutation(rng) for _ in range(rng.randint(1, 3))]}
     return c
 
 
@@ -149,6 +170,8 @@ def _attention(c, gen, dtype):
 
 def run(c: dict, ops=OPS) -> str | None:
     """Runs case c against `ops`; None when it passes, else what went wrong."""
+    if c["op"] == "checkpoint":
+        return _checkpoint_case(c, ops)
     gen = torch.Generator().manual_seed(c["seed"])
     dtype = DTYPES[c["dtype"]]
     op = c["op"]
@@ -308,7 +331,10 @@ def _malformed(c, ops, gen, dtype) -> str | None:
 
 
 def shrink(c: dict, ops=OPS, budget: int = 60) -> dict:
-    """A smaller case that still fails: each size halved, else decremented, while the failure persists."""
+    """A smaller case that still fails: each size halved, else decremented (a checkpoint case: each mutation dropped),
+    while the failure persists."""
+    if c["op"] == "checkpoint":
+        return _shrink_mutations(c, ops)
     progress = True
     while progress and budget > 0:
         progress = False
@@ -326,16 +352,287 @@ def shrink(c: dict, ops=OPS, budget: int = 60) -> dict:
     return c
 
 
-def fuzz(cases_per_op: int, seed: int, ops=OPS, malformed_share: float = 0.2) -> list[str]:
-    """Runs cases_per_op random cases of every op; returns one line per failure: the error and a shrunk repro."""
+def fuzz(cases_per_op: int, seed: int, ops=OPS, malformed_share: float = 0.2, names=tuple(vars(OPS))) -> list[str]:
+    """Runs cases_per_op random cases of every op (of those in `names`); returns one line per failure: the error and
+    a shrunk repro."""
     rng = random.Random(seed)
     failures = []
-    for op in vars(OPS):
+    for op in names:
         for _ in range(cases_per_op):
             c = draw(op, rng)
-            if rng.random() < malformed_share:
+            if rng.random() < malformed_share and op != "checkpoint":
                 c["bad"] = rng.randrange(len(BAD_KINDS))
             if (err := run(c, ops)) is not None:
                 small = shrink(c, ops)
                 failures.append(f"{err}\n    repro: tests.fuzz.run({small!r})")
     return failures
+
+
+# Checkpoint folders. A mutation is a list [kind, i, j] of small values: i picks a file, tensor or config field (modulo
+# their count), j a variant. Tensor edits keep a sharded folder's weight_map in step, as a careful user would.
+BASES = {"llama": "model.", "gpt2": "transformer.", "bert": "bert."}  # base folder -> the backbone prefix of names
+FIELDS = ("vocab_size", "hidden_size", "n_embd", "num_attention_heads", "n_head", "num_hidden_layers", "n_layer",
+          "intermediate_size", "max_position_embeddings", "n_positions", "num_key_value_heads", "model_type",
+          "tie_word_embeddings", "rms_norm_eps", "layer_norm_epsilon", "rope_theta", "hidden_act", "type_vocab_size",
+          "n_inner", "rope_parameters", "head_dim")
+DELETE = "<deleted>"
+VALUES = (DELETE, None, 0, -1, "64", 3e8, 10 ** 10, [1], {}, True, 1.5, "llama", "bert", 16, 2)
+MUTATIONS = {  # kind -> number of variants j
+    "truncate": 1000, "corrupt": 1000, "rename_file": 1, "rename_tensor": 2, "resize_tensor": 3, "drop_tensor": 1,
+    "duplicate_tensor": 2, "dtype_tensor": 4, "config_field": len(VALUES), "config_json": 4, "index": 4}
+NEEDED_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "model-")  # name prefixes
+TENSOR_DTYPES = (torch.int64, torch.bool, torch.float16, torch.bfloat16)  # the first two must be refused
+
+
+def _draw_mutation(rng: random.Random) -> list:
+    kind = rng.choice(list(MUTATIONS))
+    return [kind, rng.randrange(64), rng.randrange(MUTATIONS[kind])]
+
+
+_BASE_DIRS: dict[str, Path] = {}
+
+
+def _base_folder(base: str) -> Path:
+    """The save_pretrained folder of a tiny random model, built once per process: Llama (untied head, GQA), GPT-2
+    (in several shards) or BERT."""
+    if base not in _BASE_DIRS:
+        import transformers
+        small = {"vocab_size": 50, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "max_position_embeddings": 32}
+        model = {"llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+                     **small, num_key_value_heads=2, tie_word_embeddings=False)),
+                 "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+                     vocab_size=50, n_embd=16, n_layer=2, n_head=4, n_positions=32, bos_token_id=None,
+                     eos_token_id=None)),
+                 "bert": lambda: transformers.BertModel(transformers.BertConfig(**small))}[base]
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            model = model()
+        path = Path(tempfile.mkdtemp(prefix=f"fuzz_{base}_"))
+        atexit.register(shutil.rmtree, path, True)
+        model.save_pretrained(path, max_shard_size="8KB" if base == "gpt2" else "1GB")
+        _BASE_DIRS[base] = path
+    return _BASE_DIRS[base]
+
+
+def _files(path: Path) -> list[Path]:
+    return sorted(f for f in path.iterdir() if f.is_file())
+
+
+def _needed(f: Path) -> bool:
+    return f.name.startswith(NEEDED_FILES) and not f.name.endswith(".old")
+
+
+def _tensor_files(path: Path) -> list[tuple[Path, str]]:
+    """(file, tensor name) of every tensor in the folder's readable safetensors files, sorted."""
+    from safetensors import safe_open
+    found = []
+    for f in _files(path):
+        if f.suffix == ".safetensors":
+            try:
+                with safe_open(str(f), "pt") as handle:
+                    found += [(f, name) for name in handle.keys()]
+            except Exception:  # noqa: BLE001 -- a file an earlier mutation made unreadable is left alone
+                continue
+    return sorted(found)
+
+
+def _edit_tensors(f: Path, edit) -> None:
+    """Rewrite safetensors file f as edit(its name -> tensor dict) leaves it."""
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(str(f))
+    edit(tensors)
+    save_file(tensors, str(f), metadata={"format": "pt"})
+
+
+def _edit_json(f: Path, edit) -> bool:
+    """Rewrite JSON file f (if it parses as an object) as edit(its dict) leaves it; whether it did."""
+    try:
+        d = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(d, dict):
+        return False
+    edit(d)
+    f.write_text(json.dumps(d))
+    return True
+
+
+def _relist(path: Path, old: str | None, new: str | None, shard: str) -> None:
+    """Keep the index's weight_map in step with a tensor renamed (old -> new), dropped (new None) or added (old
+    None) in `shard`."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        def edit(d):
+            weight_map = d.get("weight_map")
+            if isinstance(weight_map, dict):
+                weight_map.pop(old, None)
+                if new is not None:
+                    weight_map[new] = shard
+        _edit_json(index, edit)
+
+
+def _other_name(name: str, prefix: str) -> str:
+    """The same tensor under the other spelling: with the backbone prefix removed, or added."""
+    return name.removeprefix(prefix) if name.startswith(prefix) else prefix + name
+
+
+def _mutate(path: Path, base: str, mutation: list):
+    """Apply one mutation to the folder. None: the folder may still load; else a function of the (file, tensor name)
+    pairs present after every mutation, whether the folder is still wrong (a later mutation can undo a duplicate or a
+    drop)."""
+    kind, i, j = mutation
+    if kind in ("truncate", "corrupt", "rename_file"):
+        files = _files(path)
+        wrong = _mutate_file(files[i % len(files)], kind, i, j)
+    elif kind in ("config_json", "config_field"):
+        wrong = _mutate_config(path / "config.json", kind, i, j)
+    elif kind == "index":
+        wrong = _mutate_index(path, i, j)
+    else:
+        tensors = _tensor_files(path)
+        return _mutate_tensor(path, tensors, BASES[base], kind, i, j) if tensors else None
+    return (lambda present: True) if wrong else None
+
+
+def _mutate_file(f: Path, kind: str, i: int, j: int) -> bool:
+    """Truncate f to j/1000 of its length, change its byte at j/1000, or rename it; whether the load must fail."""
+    data, at = f.read_bytes(), len(f.read_bytes()) * j // 1000
+    if kind == "truncate":
+        f.write_bytes(data[:at])
+        return _needed(f) and bool(data[at:].strip())  # more than a JSON file's final newline
+    if kind == "corrupt":
+        f.write_bytes(data[:at] + bytes([(data[at] + 1 + i) % 256]) + data[at + 1:] if data else data)
+        return False
+    f.rename(f.with_name(f.name + ".old"))
+    return _needed(f)
+
+
+# config.json texts that are not a JSON object, whatever other CONFIG_TEXTS did before
+CONFIG_TEXTS = (lambda t: b"[" + t + b"]", lambda t: t + b"}", lambda t: b"null", lambda t: t[:len(t) // 2])
+
+
+def _mutate_config(f: Path, kind: str, i: int, j: int) -> bool:
+    """Make config.json invalid (config_json: must fail), or set or delete one field (may load)."""
+    if kind == "config_json":
+        if f.is_file():
+            f.write_bytes(CONFIG_TEXTS[j](f.read_bytes()))
+        return f.is_file()
+    value, field = VALUES[j], FIELDS[i % len(FIELDS)]
+    _edit_json(f, lambda d: d.pop(field, None) if value is DELETE else d.update({field: value}))
+    return False
+
+
+def _mutate_index(path: Path, i: int, j: int) -> bool:
+    """Break a sharded folder's weight_map: removed, a list, or one tensor listed in a missing or another shard."""
+    index = path / "model.safetensors.index.json"
+    shards = sorted({g.name for g, _ in _tensor_files(path)})
+
+    def edit(d):
+        weight_map = d.get("weight_map")
+        if j == 0:
+            d.pop("weight_map", None)
+        elif j == 1:
+            d["weight_map"] = list(weight_map or [])
+        elif isinstance(weight_map, dict) and weight_map:
+            name = sorted(weight_map)[i % len(weight_map)]
+            others = [s for s in shards if s != weight_map[name]]
+            weight_map[name] = "missing.safetensors" if j == 2 or not others else others[i % len(others)]
+    return index.is_file() and _edit_json(index, edit)
+
+
+def _holds(f: Path, name: str):
+    """Whether file f still holds tensor `name` (as a function of the pairs present)."""
+    return lambda present: (f, name) in present
+
+
+def _lacks(name: str, prefix: str):
+    """Whether no spelling of tensor `name` is left (as a function of the pairs present)."""
+    return lambda present: all(n.removeprefix(prefix) != name.removeprefix(prefix) for _, n in present)
+
+
+def _mutate_tensor(path: Path, tensors: list, prefix: str, kind: str, i: int, j: int):
+    """Rename, resize, drop, duplicate or retype the i-th tensor; as _mutate returns (a changed tensor makes the folder
+    wrong while it is there, a drop while no other spelling of the name is, a duplicate while both copies are)."""
+    f, name = tensors[i % len(tensors)]
+    if kind == "rename_tensor":
+        new = name + ".x" if j == 0 else name.replace(".weight", ".w")
+        if new == name:
+            return None
+        _edit_tensors(f, lambda t: t.update({new: t.pop(name)}))
+        _relist(path, name, new, f.name)
+        return lambda present: _holds(f, new)(present) or _lacks(name, prefix)(present)
+    if kind == "resize_tensor":
+        def resize(t):
+            shape = list(t[name].shape)
+            d = i % len(shape)
+            shape[d] = [shape[d] + 1, max(shape[d] - 1, 0), 2 * shape[d] + 1][j]
+            t[name] = torch.randn(shape).to(t[name].dtype)
+        _edit_tensors(f, resize)
+        return _holds(f, name)
+    if kind == "drop_tensor":
+        _edit_tensors(f, lambda t: t.pop(name))
+        _relist(path, name, None, f.name)
+        return _lacks(name, prefix)
+    if kind == "duplicate_tensor":
+        others = sorted({g for g, _ in tensors} - {f})
+        if j == 0 or not others:  # under the other spelling of its name, in the same file
+            _edit_tensors(f, lambda t: t.update({_other_name(name, prefix): t[name].clone()}))
+            _relist(path, None, _other_name(name, prefix), f.name)
+            return lambda present: _holds(f, name)(present) and _holds(f, _other_name(name, prefix))(present)
+        value = _read_tensor(f, name)  # the same name in another shard; the index still lists the first
+        _edit_tensors(others[0], lambda t: t.update({name: value}))
+        return lambda present: _holds(f, name)(present) and _holds(others[0], name)(present)
+    if kind == "dtype_tensor":
+        dtype = TENSOR_DTYPES[j]
+        _edit_tensors(f, lambda t: t.update({name: (t[name] > 0 if dtype == torch.bool else t[name]).to(dtype)}))
+        return _holds(f, name) if j < 2 else None
+
+
+def _read_tensor(f: Path, name: str) -> torch.Tensor:
+    from safetensors import safe_open
+    with safe_open(str(f), "pt") as handle:
+        return handle.get_tensor(name)
+
+
+def _checkpoint_case(c: dict, ops) -> str | None:
+    """Mutate a copy of the base folder and load it: None when the load is correct (a model whose forward runs) or
+    fails as the contract says (ValueError/FileNotFoundError naming a file of the folder), and no mutation that must
+    fail was accepted; else what went wrong."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model"
+        shutil.copytree(_base_folder(c["base"]), path)
+        witnesses = [(m, _mutate(path, c["base"], m)) for m in c["mutations"]]
+        present = set(_tensor_files(path))
+        must_fail = [m for m, wrong in witnesses if wrong is not None and wrong(present)]
+        try:
+            model = ops.checkpoint(path, c["base"])
+        except (ValueError, FileNotFoundError) as e:
+            return None if str(path) in str(e) else f"{type(e).__name__} not naming a file of the folder: {e!s:.200}"
+        except Exception as e:  # noqa: BLE001 -- only the two types above may come out
+            return f"raised {type(e).__name__}, not ValueError/FileNotFoundError: {str(e)[:200]}"
+        if must_fail:
+            return f"loaded although {must_fail[0]} makes the folder wrong"
+        try:
+            with torch.no_grad():
+                out = model(torch.arange(3)[None] % model.config.vocab_size)
+        except Exception as e:  # noqa: BLE001
+            return f"loaded, but the forward raised {type(e).__name__}: {str(e)[:200]}"
+        return None if out.shape[:2] == (1, 3) else f"loaded, but the forward gave shape {list(out.shape)}"
+
+
+def _signature(failure: str | None) -> str | None:
+    """The kind of a failure: its message up to the first colon (the exception type, or the mutation accepted)."""
+    return None if failure is None else failure.split(":")[0]
+
+
+def _shrink_mutations(c: dict, ops) -> dict:
+    """Drop mutations one at a time while the case still fails the same way."""
+    kind, i = _signature(run(c, ops)), 0
+    while i < len(c["mutations"]) and len(c["mutations"]) > 1:
+        trial = {**c, "mutations": c["mutations"][:i] + c["mutations"][i + 1:]}
+        if _signature(run(trial, ops)) == kind:
+            c = trial
+        else:
+            i += 1
+    return c

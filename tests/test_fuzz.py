@@ -1,11 +1,15 @@
-"""The fuzzer of tests/fuzz.py: a quick seeded run over every op, and planted bugs that it must catch and shrink."""
+"""The fuzzer of tests/fuzz.py: a quick seeded run over every op (checkpoint loading included), and planted bugs that
+it must catch and shrink."""
 import ast
+import json
 import os
 import types
+from unittest import mock
 
 import pytest
 import torch
 
+from pytransformer.models import checkpoint
 from tests import fuzz
 
 CASES = int(os.environ.get("PT_FUZZ_CASES", "25"))
@@ -15,6 +19,9 @@ CASES = int(os.environ.get("PT_FUZZ_CASES", "25"))
 def test_fuzz_every_op(seed):
     failures = fuzz.fuzz(CASES, seed)
     assert not failures, "\n".join(failures)
+
+
+KERNEL_OPS = tuple(name for name in vars(fuzz.OPS) if name != "checkpoint")
 
 
 def _planted(**bugs):
@@ -63,10 +70,36 @@ def test_planted_bugs_are_found_and_shrunk(op, bug, field, least):
     """Each planted bug is found; every report is a repro that fails when run, shrunk towards the smallest size that
     shows the bug (where it has one: at least `least`, and within a factor of two of it)."""
     ops = _planted(**bug)
-    failures = fuzz.fuzz(40, seed=3, ops=ops, malformed_share=0.5 if op == "int8_linear" else 0.0)
+    failures = fuzz.fuzz(40, seed=3, ops=ops, malformed_share=0.5 if op == "int8_linear" else 0.0, names=KERNEL_OPS)
     assert failures and all(f"'op': '{op}'" in f for f in failures), failures
     for failure in failures:
         case = ast.literal_eval(failure.split("repro: tests.fuzz.run(")[1][:-1])
         assert fuzz.run(case, ops) is not None and fuzz.run(case) is None, failure
         assert field is None or least <= case[field] < 2 * least, failure
-    assert not fuzz.fuzz(5, seed=3)  # the real ops pass such draws
+    assert not fuzz.fuzz(5, seed=3, names=KERNEL_OPS)  # the real ops pass such draws
+
+
+def _config_read_unchecked(path, base):  # reads a config field before the loader has checked the file
+    json.loads((path / "config.json").read_text())["vocab_size"] + 0
+    return fuzz.load_checkpoint(path, base)
+
+
+def _header_checks_skipped(path, base):  # dtypes and shapes no longer checked from the headers
+    with mock.patch.object(checkpoint, "_check_tensors", lambda *args: None):
+        return fuzz.load_checkpoint(path, base)
+
+
+@pytest.mark.parametrize("bug, kinds", [
+    (_config_read_unchecked, {"config_json", "config_field", "truncate", "corrupt", "rename_file"}),
+    (_header_checks_skipped, {"resize_tensor", "dtype_tensor", "corrupt"}),
+])
+def test_planted_loader_bugs_are_found_and_shrunk(bug, kinds):
+    """A loader that lets a KeyError/JSONDecodeError/TypeError out, or accepts integer and misshapen tensors, is
+    caught; each report is a one-mutation repro that fails with the bug and passes without it."""
+    ops = _planted(checkpoint=bug)
+    failures = fuzz.fuzz(16, seed=5, ops=ops, names=("checkpoint",))
+    assert failures
+    for failure in failures:
+        case = ast.literal_eval(failure.split("repro: tests.fuzz.run(")[1][:-1])
+        assert len(case["mutations"]) == 1 and case["mutations"][0][0] in kinds, failure
+        assert fuzz.run(case, ops) is not None and fuzz.run(case) is None, failure

@@ -1,6 +1,10 @@
 """`python -m pytransformer generate` end to end on a tiny random Llama saved with save_pretrained and a byte-level BPE
 tokenizer trained here (no download): the streamed text is the prompt plus the decoded greedy tokens, sampling is
-reproducible with --seed, int8/bf16 run, bad arguments print usage and exit 2."""
+reproducible with --seed, int8/bf16 run, generation stops at any id of an eos_token_id list, bad arguments print usage
+and exit 2, and a broken directory prints one line naming the file and exits 2."""
+import json
+import shutil
+import re
 import subprocess
 import sys
 
@@ -70,12 +74,64 @@ def test_bad_arguments_print_usage_and_exit_2(model_dir, args, capsys):
     assert exc.value.code == 2 and "usage: python -m pytransformer generate" in capsys.readouterr().err
 
 
-def test_missing_tokenizer(model_dir, tmp_path, capsys):
-    for f in ("config.json", "model.safetensors"):
-        (tmp_path / f).write_bytes((model_dir / f).read_bytes())
-    with pytest.raises(SystemExit) as exc:
-        run(tmp_path, "--prompt", "hi")
-    assert exc.value.code == 2 and "no tokenizer.json" in capsys.readouterr().err
+def _broken_copy(model_dir, tmp_path, name, damage):
+    """A copy of model_dir whose file `name` is rewritten as damage(its bytes) returns."""
+    path = tmp_path / "broken"
+    shutil.copytree(model_dir, path)
+    (path / name).write_bytes(damage((path / name).read_bytes()))
+    return path
+
+
+def _without(field):
+    return lambda data: json.dumps({k: v for k, v in json.loads(data).items() if k != field}).encode()
+
+
+@pytest.mark.parametrize("name, damage, match", [
+    ("tokenizer.json", None, r"tokenizer.json: no tokenizer.json in the model directory"),
+    ("tokenizer.json", lambda data: data[:len(data) // 2], r"tokenizer.json: not a readable tokenizer.json"),
+    ("model.safetensors", lambda data: data[:-100], r"model.safetensors: not a readable safetensors file"),
+    ("config.json", _without("hidden_size"), r"config.json: hidden_size: missing"),
+    ("config.json", lambda data: data.replace(b'"hidden_size": 64', b'"hidden_size": "64"'),
+     r"config.json: hidden_size: expected an integer >= 1, got '64'"),
+    ("config.json", lambda data: data[:-3], r"config.json: not valid JSON"),
+    ("generation_config.json", lambda data: b'{"eos_token_id": "</s>"}', r"generation_config.json: eos_token_id: "),
+])
+def test_broken_directory_prints_one_line_and_exits_2(model_dir, tmp_path, capsys, name, damage, match):
+    path = _broken_copy(model_dir, tmp_path, name, damage or (lambda data: data))
+    if damage is None:
+        (path / name).unlink()
+    assert run(path, "--prompt", "hi") == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("python -m pytransformer generate: error: "), err
+    assert re.search(f"{re.escape(str(path))}/{match}", err), err
+
+
+def test_eos_token_id_list_stops_at_any(model_dir, tmp_path, capsys):
+    """eos_token_id [unused, t] in generation_config.json stops at t, as transformers does."""
+    tok = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    ids = torch.tensor([tok.encode("hello").ids])
+    new = DecoderLM.from_pretrained(model_dir).generate(ids, 12)[0, ids.shape[1]:].tolist()
+    unused = next(t for t in range(tok.get_vocab_size()) if t not in new)
+    path = _broken_copy(model_dir, tmp_path, "generation_config.json",
+                        lambda data: json.dumps({"eos_token_id": [unused, new[2]]}).encode())
+    assert run(path, "--prompt", "hello", "--max-new-tokens", "12") == 0
+    out, err = capsys.readouterr()
+    stop = new.index(new[2]) + 1
+    assert out == "hello" + tok.decode(new[:stop]) + "\n" and f"decode: {stop - 1} tokens" in err
+
+
+def test_gpt2_past_its_positions_exits_2(model_dir, tmp_path, capsys):
+    """GPT-2's learned positions end at n_positions: more tokens than that is one line and status 2."""
+    path = tmp_path / "gpt2"
+    transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=300, n_embd=32, n_layer=1, n_head=2,
+                                                         n_positions=16)).save_pretrained(path)
+    shutil.copy(model_dir / "tokenizer.json", path)
+    assert run(path, "--prompt", "hello", "--max-new-tokens", "8") == 0
+    capsys.readouterr()
+    assert run(path, "--prompt", "hello", "--max-new-tokens", "40") == 2
+    out, err = capsys.readouterr()
+    assert out == "" and re.fullmatch(r"python -m pytransformer generate: error: max_new_tokens: \d+ prompt tokens \+ "
+                                      r"40 new ones exceed the model's 16 learned positions \(max_len\)\n", err), err
 
 
 def test_module_entry_point(model_dir):
@@ -83,3 +139,12 @@ def test_module_entry_point(model_dir):
                           "hello", "--max-new-tokens", "4", "--threads", "1"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("hello") and "tokens/s" in out.stderr
+
+
+def test_module_entry_point_broken_directory(model_dir, tmp_path):
+    """The process itself: one line on stderr, no traceback, status 2."""
+    path = _broken_copy(model_dir, tmp_path, "config.json", _without("hidden_size"))
+    out = subprocess.run([sys.executable, "-m", "pytransformer", "generate", "--model", str(path), "--prompt", "hi"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stdout == "" and out.stderr.count("\n") == 1, out.stderr
+    assert "config.json: hidden_size: missing" in out.stderr

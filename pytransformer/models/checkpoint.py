@@ -8,19 +8,30 @@ parameters are then copied one at a time from the tensors, read one at a time fr
 the model's size. Buffers derived from the config (rotary frequencies, sinusoidal tables) are recomputed. With
 quantize=True the model is quantized while still on the meta device and each linear weight is quantized as it is
 read, so the float weights are never all in memory: peak memory stays near the int8 model's size plus one tensor.
-A tensor the model needs that is absent, a tensor it would not use, or a tensor of the wrong shape raises ValueError
-naming it."""
+
+Every loading failure is a ValueError (FileNotFoundError for a missing path) whose message starts with the file it
+concerns (config.json, a safetensors file or the index; "config" and "state_dict" for from_hf) and names the field or
+tensor: invalid JSON, a missing, ill-typed or out-of-range config field, an unreadable or truncated safetensors file,
+a tensor that is missing, unexpected, duplicated (in two shards, under two names, or in a shard its index does not
+list it in), not floating-point (integer and bool tensors are refused, never cast), or of the wrong shape. Every check
+reads the config and the files' headers only, before the model is allocated: an absurd size in the config fails
+naming the field and the tensor whose header disagrees. Each part of a fused parameter (q, k, v; gate, up) is checked
+on its own. A tied config (tie_word_embeddings) whose checkpoint also holds an lm_head.weight different from the
+embedding is refused (transformers would warn and untie; set tie_word_embeddings to false to use that head)."""
+import abc
 import contextlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from ..nn.quantized import quantize as quantize_model, quantize_per_channel
-from .hf import architecture
+from .hf import Architecture, Source, architecture, backbone_prefix, normalized_name
 
 
 def _materialize(model: nn.Module, device) -> None:
@@ -37,16 +48,6 @@ def _materialize(model: nn.Module, device) -> None:
             if b is not None:
                 m._buffers[name] = torch.empty_like(b, device=device)
     model.to(device)  # moves nothing; recomputes the derived buffers (nn.positional)
-
-
-def _combined(tensors, names: tuple[str, ...], transpose: bool, ours: str) -> torch.Tensor:
-    parts = [tensors[n] for n in names]
-    try:
-        t = parts[0] if len(parts) == 1 else torch.cat(parts)
-    except RuntimeError as e:
-        raise ValueError(f"{ours}: tensors {list(names)} of shapes {[list(p.shape) for p in parts]} do not stack "
-                         "into one") from e
-    return t.t() if transpose else t
 
 
 def _list(names) -> str:
@@ -86,33 +87,212 @@ def _writers(model: nn.Module, quantize: bool) -> dict:
     return {name: write(name) for name in params}
 
 
-def convert(cls, config_class, d: dict, tensors: Mapping, *, dtype: torch.dtype, device,
-            quantize: bool = False) -> nn.Module:
-    """A `cls` model (its config a `config_class`) in `dtype` on `device` from a Hugging Face config dict and a
-    mapping of Hugging Face tensor names to tensors (read on access); quantize=True: its linear layers int8."""
-    arch, given = architecture(d, tensors.keys())
-    if not isinstance(arch.config, config_class):
-        raise ValueError(f"model_type: {d['model_type']!r} is not a {cls.__name__} architecture")
-    needed = {n for names, _ in arch.plan.values() for n in names}
-    missing = needed - given.keys()
-    if missing:
-        raise ValueError(f"checkpoint: missing tensors {_list(missing)}")
+@contextlib.contextmanager
+def _naming(where: str):
+    """Prefixes the ValueErrors raised inside with `where` (the file they concern)."""
+    try:
+        yield
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from e
+
+
+class Tensors(Mapping):
+    """A checkpoint's tensors by name, each read when asked for, with its shape, dtype and origin known without
+    reading it. `source` names the whole checkpoint in messages."""
+    source: str
+
+    @abc.abstractmethod
+    def shape(self, name: str) -> list[int]:
+        """The tensor's shape, without reading it."""
+
+    @abc.abstractmethod
+    def dtype(self, name: str) -> str:
+        """The tensor's dtype (for messages), without reading it."""
+
+    @abc.abstractmethod
+    def floating(self, name: str) -> bool:
+        """Whether the tensor is floating-point, without reading it."""
+
+    def where(self, name: str) -> str:
+        """The file holding tensor `name` (for messages)."""
+        return self.source
+
+
+class InMemory(Tensors):
+    """Tensors already in memory: a transformers model's state_dict()."""
+    source = "state_dict"
+
+    def __init__(self, tensors: Mapping):
+        self._tensors = tensors
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._tensors[name]
+
+    def __iter__(self):
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def shape(self, name: str) -> list[int]:
+        return list(self._tensors[name].shape)
+
+    def dtype(self, name: str) -> str:
+        return str(self._tensors[name].dtype).removeprefix("torch.")
+
+    def floating(self, name: str) -> bool:
+        return self._tensors[name].is_floating_point()
+
+
+class SafetensorsFiles(Tensors):
+    """The tensors of safetensors files by name, each read from its file when asked for (opened by the caller's
+    ExitStack); shapes and dtypes come from the headers. With an index's weight_map, every tensor must be in the file
+    the map lists it in; a tensor in two files is refused."""
+
+    def __init__(self, files: list[Path], stack: contextlib.ExitStack, index: Path | None = None,
+                 weight_map: dict | None = None):
+        self.source = str(index or files[0])
+        self._file, self._handle = {}, {}
+        for f in files:
+            handle = _open_safetensors(f, stack)
+            for name in handle.keys():
+                if name in self._file:
+                    raise ValueError(f"{f}: tensor {name!r} is also in {self._file[name]} (duplicated)")
+                listed = name if weight_map is None else weight_map.get(name)
+                if weight_map is not None and listed != f.name:
+                    raise ValueError(f"{f}: tensor {name!r} is " + (f"listed in {index.name} under {listed}" if listed
+                                                                    else f"not in the weight_map of {index.name}"))
+                self._file[name], self._handle[name] = f, handle
+        if weight_map is not None and (absent := weight_map.keys() - self._file.keys()):
+            raise ValueError(f"{index}: weight_map lists tensors that are not in their files: {_list(absent)}")
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        from safetensors import SafetensorError
+        try:
+            return self._handle[name].get_tensor(name)
+        except SafetensorError as e:
+            raise ValueError(f"{self._file[name]}: {name}: unreadable ({e})") from e
+
+    def __iter__(self):
+        return iter(self._file)
+
+    def __len__(self) -> int:
+        return len(self._file)
+
+    def shape(self, name: str) -> list[int]:
+        return list(self._handle[name].get_slice(name).get_shape())
+
+    def dtype(self, name: str) -> str:
+        return self._handle[name].get_slice(name).get_dtype()
+
+    def floating(self, name: str) -> bool:
+        return self.dtype(name).startswith(("F", "BF"))  # F64, F32, F16, BF16, F8_*; not I*, U*, BOOL
+
+    def where(self, name: str) -> str:
+        return str(self._file[name])
+
+
+def _open_safetensors(path: Path, stack: contextlib.ExitStack):
+    """A safe_open handle of `path` on the caller's stack; ValueError naming the file when its header is unreadable
+    (corrupt or truncated: safetensors checks that the header covers the whole file)."""
+    from safetensors import SafetensorError, safe_open
+    try:
+        return stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{path}: not a readable safetensors file ({e})") from e
+
+
+def _normalized(tensors: Tensors, prefix: str) -> dict[str, str]:
+    """Normalized name (hf.normalized_name) -> the name as given; ValueError naming both tensors when two names
+    normalize to one (model.norm.weight and norm.weight)."""
+    given = {}
+    for name in tensors:
+        n = normalized_name(name, prefix)
+        if n in given:
+            raise ValueError(f"{tensors.where(name)}: tensors {given[n]!r} and {name!r} are both {n!r} (duplicated)")
+        given[n] = name
+    return given
+
+
+def _check_names(arch: Architecture, given: dict, tensors: Tensors) -> None:
+    """ValueError naming the tensors the plan needs and the checkpoint lacks, or that it holds and the plan does not
+    use (nor ignore)."""
+    needed = {n for source in arch.plan.values() for n in source.names}
+    if missing := needed - given.keys():
+        raise ValueError(f"{tensors.source}: missing tensors {_list(missing)}")
     unexpected = {n for n in given.keys() - needed if not any(re.fullmatch(p, n) for p in arch.ignored)}
     if unexpected:
-        raise ValueError(f"checkpoint: unexpected tensors {_list(unexpected)}")
-    with torch.device("meta"):
+        raise ValueError(f"{tensors.source}: unexpected tensors {_list(unexpected)}")
+
+
+def _check_sizes(arch: Architecture, tensors: Tensors, config_name: str) -> None:
+    """ValueError naming a config size larger than the largest tensor's number of elements: no tensor can have that
+    dimension, and the model is not even built on the meta device (whose sizes could overflow)."""
+    largest = max(tensors, key=lambda n: math.prod(tensors.shape(n)))
+    most = math.prod(tensors.shape(largest))
+    for field, value in arch.sizes.items():
+        if value > most:
+            raise ValueError(f"{config_name}: {field}: {value} is larger than any tensor of the checkpoint (the largest, "
+                             f"{largest} in {tensors.where(largest)}, has {most} elements)")
+
+
+def _parts(source: Source, shape) -> list[list[int]]:
+    """The shape each tensor of `source` must have for our parameter of `shape`."""
+    if source.rows is None:
+        return [list(shape)[::-1] if source.transpose else list(shape)]
+    return [[rows, *shape[1:]] for rows in source.rows]
+
+
+def _fields(sizes: dict, needed: list[int], got: list[int]) -> str:
+    """The config fields whose value is a size `needed` has where `got` differs, as ' (field = value)'."""
+    named = [f"{f} = {v}" for f, v in sizes.items() if any(n == v != g for n, g in zip(needed, got))]
+    return f" ({', '.join(named)})" if named else ""
+
+
+def _check_tensors(arch: Architecture, given: dict, tensors: Tensors, shapes: dict) -> None:
+    """ValueError naming the first tensor that is not floating-point or whose header shape does not fit the config
+    (each part of a fused parameter on its own), and a tied head that differs from the embedding."""
+    for ours, source in arch.plan.items():
+        for name, needed in zip(source.names, _parts(source, shapes[ours])):
+            n, where = given[name], tensors.where(given[name])
+            if not tensors.floating(n):
+                raise ValueError(f"{where}: {n}: dtype {tensors.dtype(n)} is not a floating-point type (weights are "
+                                 "never cast from integers or booleans)")
+            if (got := tensors.shape(n)) != needed:
+                raise ValueError(f"{where}: {n}: shape {got} does not fit {ours} of the config, which needs "
+                                 f"{needed}{_fields(arch.sizes, needed, got)}")
+    head, embedding = given.get("lm_head.weight"), given[arch.plan["embed.tok.weight"].names[0]]
+    if arch.config.tie_embeddings and head is not None and not (
+            tensors.shape(head) == tensors.shape(embedding) and torch.equal(tensors[head], tensors[embedding])):
+        raise ValueError(f"{tensors.where(head)}: {head}: differs from the embedding {embedding} while "
+                         "tie_word_embeddings is true (set it to false to use this head)")
+
+
+def convert(cls, config_class, d, tensors: Mapping, *, dtype: torch.dtype, device, quantize: bool = False,
+            config_name: str = "config") -> nn.Module:
+    """A `cls` model (its config a `config_class`) in `dtype` on `device` from a Hugging Face config dict (read from
+    `config_name`, for messages) and a mapping of Hugging Face tensor names to tensors (a Tensors reads them on
+    access); quantize=True: its linear layers int8. Everything is checked before the model is allocated."""
+    tensors = tensors if isinstance(tensors, Tensors) else InMemory(tensors)
+    with _naming(config_name):
+        prefix = backbone_prefix(d, config_class, cls.__name__)
+    given = _normalized(tensors, prefix)
+    with _naming(config_name):
+        arch = architecture(d, given.keys())
+    _check_names(arch, given, tensors)
+    _check_sizes(arch, tensors, config_name)
+    with _naming(config_name), torch.device("meta"):
         model = cls(arch.config).to(dtype)
     shapes = {name: p.shape for name, p in model.named_parameters()}
     assert shapes.keys() == arch.plan.keys(), "hf.py: the plan must cover the model's parameters"
+    _check_tensors(arch, given, tensors, shapes)
     writers = _writers(model, quantize)
     _materialize(model, device)
     with torch.no_grad():
-        for ours, (names, transpose) in arch.plan.items():
-            t = _combined(tensors, tuple(given[n] for n in names), transpose, ours)
-            if t.shape != shapes[ours]:
-                raise ValueError(f"{' + '.join(names)}: shape {list(t.shape)} does not fit {ours} "
-                                 f"{list(shapes[ours])} of the config")
-            writers[ours](t)
+        for ours, source in arch.plan.items():
+            parts = [tensors[given[n]] for n in source.names]
+            t = parts[0] if len(parts) == 1 else torch.cat(parts)
+            writers[ours](t.t() if source.transpose else t)
     return model
 
 
@@ -123,30 +303,38 @@ def from_hf(cls, config_class, model) -> nn.Module:
     return ours.train(model.training)
 
 
-class SafetensorsFiles(Mapping):
-    """The tensors of safetensors files by name, each read from its file when asked for (opened by the caller's
-    ExitStack)."""
-
-    def __init__(self, files, stack: contextlib.ExitStack):
-        from safetensors import safe_open
-        self._file = {}
-        for f in files:
-            handle = stack.enter_context(safe_open(str(f), framework="pt", device="cpu"))
-            self._file |= dict.fromkeys(handle.keys(), handle)
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        return self._file[name].get_tensor(name)
-
-    def __iter__(self):
-        return iter(self._file)
-
-    def __len__(self) -> int:
-        return len(self._file)
+def read_json(path: Path):
+    """The parsed JSON of a file; ValueError naming the file when it is not valid JSON (or not UTF-8)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
 
 
-def checkpoint_files(path) -> tuple[dict, list[Path]]:
-    """config.json's dict and the safetensors files of a save_pretrained directory; FileNotFoundError naming what
-    is missing."""
+def _weight_map(index: Path) -> dict[str, str]:
+    """The weight_map of a sharded checkpoint's index (tensor name -> file name in the same directory)."""
+    d = read_json(index)
+    weight_map = d.get("weight_map") if isinstance(d, dict) else None
+    if not (isinstance(weight_map, dict) and weight_map and all(
+            isinstance(v, str) and Path(v).name == v and v not in ("", ".", "..") for v in weight_map.values())):
+        raise ValueError(f"{index}: weight_map: expected a JSON object of tensor names -> file names in the directory, "
+                         f"got {str(weight_map)[:80]}")
+    return weight_map
+
+
+class Folder(NamedTuple):
+    """What a save_pretrained directory holds: config.json's path and dict, the safetensors files, and for a
+    sharded checkpoint its index and weight_map (else None)."""
+    config_path: Path
+    config: dict
+    files: list[Path]
+    index: Path | None
+    weight_map: dict | None
+
+
+def checkpoint_files(path) -> Folder:
+    """The files of a save_pretrained directory; FileNotFoundError naming what is missing, ValueError naming a file
+    that is not valid JSON or an index without a usable weight_map."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"path: {path} is not a directory")
@@ -155,24 +343,25 @@ def checkpoint_files(path) -> tuple[dict, list[Path]]:
         raise FileNotFoundError(f"{config}: no such file (a save_pretrained directory has config.json)")
     single, index = path / "model.safetensors", path / "model.safetensors.index.json"
     if single.is_file():
-        files = [single]
-    elif index.is_file():
-        files = [path / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-        for f in files:
-            if not f.is_file():
-                raise FileNotFoundError(f"{f}: no such file (listed in {index.name})")
-    else:
+        return Folder(config, read_json(config), [single], None, None)
+    if not index.is_file():
         raise FileNotFoundError(f"{path}: neither model.safetensors nor model.safetensors.index.json (only safetensors "
                                 "checkpoints are read)")
-    return json.loads(config.read_text()), files
+    weight_map = _weight_map(index)
+    files = [path / f for f in sorted(set(weight_map.values()))]
+    for f in files:
+        if not f.is_file():
+            raise FileNotFoundError(f"{f}: no such file (listed in {index.name})")
+    return Folder(config, read_json(config), files, index, weight_map)
 
 
 def from_pretrained(cls, config_class, path, *, dtype: torch.dtype = torch.float32, device=None,
                     quantize: bool = False) -> nn.Module:
     """`cls` from a save_pretrained directory, in `dtype` on `device` (default CPU), in eval mode; quantize=True:
     the weight-only int8 model (pytransformer.quantize), quantized tensor by tensor as the weights are read."""
-    d, files = checkpoint_files(path)
+    folder = checkpoint_files(path)
     with contextlib.ExitStack() as stack:
-        model = convert(cls, config_class, d, SafetensorsFiles(files, stack), dtype=dtype,
-                        device=torch.device("cpu") if device is None else device, quantize=quantize)
+        tensors = SafetensorsFiles(folder.files, stack, folder.index, folder.weight_map)
+        model = convert(cls, config_class, folder.config, tensors, dtype=dtype, quantize=quantize,
+                        device=torch.device("cpu") if device is None else device, config_name=str(folder.config_path))
     return model.eval()

@@ -5,7 +5,7 @@ from torch import Tensor, nn
 from ..nn import KVCache, Linear, TransformerDecoder, token_positions
 from .common import Embeddings, float_parameter, init_normal, rotary_for
 from .configs import DecoderConfig
-from .generation import beam_search, check_generate_args, decode, next_token
+from .generation import beam_search, check_generate_args, check_key_lengths, decode, next_token
 from . import checkpoint
 
 
@@ -56,15 +56,22 @@ class DecoderLM(nn.Module):
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None, *,
-                 key_lengths: Tensor | None = None, eos_id: int | None = None, beam_size: int = 1,
+                 key_lengths: Tensor | None = None, eos_id: int | list[int] | None = None, beam_size: int = 1,
                  length_penalty: float = 1.0, use_cache: bool = True, on_token=None) -> Tensor:
         """Prompt [B, L] (right-padded to key_lengths [B] if given) -> prompt + new tokens [B, L + n]: greedy,
-        sampled, or beam search when beam_size > 1; n < max_new_tokens when every row emitted eos_id. on_token(tokens
-        [B]) is called as each step's tokens are chosen (streaming; not with beam search)."""
+        sampled, or beam search when beam_size > 1; n < max_new_tokens when every row emitted an eos_id (an int, or a
+        list of ids any of which ends a row). on_token(tokens [B]) is called as each step's tokens are chosen
+        (streaming; not with beam search). ValueError naming the argument for key_lengths that are not [B] lengths in
+        [1, L], or for more tokens than learned positions (max_len)."""
         check_generate_args(max_new_tokens, beam_size, do_sample, temperature, top_k, top_p)
         if on_token is not None and beam_size > 1:
             raise ValueError("on_token: beam search settles its tokens only at the end")
         n_rows, length = input_ids.shape[0] * beam_size, input_ids.shape[1]
+        if key_lengths is not None:
+            check_key_lengths(key_lengths, input_ids.shape[0], length)
+        if self.config.positional == "learned" and length + max_new_tokens > self.config.max_len:
+            raise ValueError(f"max_new_tokens: {length} prompt tokens + {max_new_tokens} new ones exceed the model's "
+                             f"{self.config.max_len} learned positions (max_len)")
         ids = input_ids.repeat_interleave(beam_size, 0)  # [N, L]
         lens = None if key_lengths is None else key_lengths.to(ids.device).repeat_interleave(beam_size, 0)
         if use_cache:
@@ -110,5 +117,8 @@ class DecoderLM(nn.Module):
         (config.json with model_type gpt2, llama, mistral or qwen2; model.safetensors or a sharded
         model.safetensors.index.json), in `dtype` on `device` (default CPU), without importing transformers.
         quantize=True returns the weight-only int8 model (pytransformer.quantize), each weight quantized as it is
-        read, so the float weights are never all in memory."""
+        read, so the float weights are never all in memory. A broken directory raises ValueError (FileNotFoundError
+        for a missing path) naming the file and the field or tensor, checked from config.json and the safetensors
+        headers before anything is allocated; integer weights and a tied config whose file holds a different
+        lm_head.weight are refused (models/checkpoint.py)."""
         return checkpoint.from_pretrained(cls, DecoderConfig, path, dtype=dtype, device=device, quantize=quantize)

@@ -24,6 +24,28 @@ def check_generate_args(max_new_tokens, beam_size: int, do_sample: bool, tempera
         raise ValueError(f"temperature: expected a finite value > 0 when sampling, got {temperature!r}")
 
 
+def eos_ids(eos_id, device) -> Tensor | None:
+    """The end-of-sequence ids [E] of an int or a non-empty list of ints (None: none; an id no token has, such as -1,
+    ends no row); ValueError naming eos_id."""
+    if eos_id is None:
+        return None
+    ids = [eos_id] if not isinstance(eos_id, (list, tuple)) else list(eos_id)
+    if not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"eos_id: expected None, an int or a non-empty list of ints, got {eos_id!r}")
+    return torch.tensor(ids, device=device)
+
+
+def check_key_lengths(key_lengths, rows: int, length: int) -> None:
+    """ValueError naming key_lengths unless it is an integer tensor [rows] of prompt lengths in [1, length]."""
+    if not (torch.is_tensor(key_lengths) and not key_lengths.is_floating_point() and key_lengths.dtype != torch.bool
+            and tuple(key_lengths.shape) == (rows,)):
+        raise ValueError(f"key_lengths: expected an integer tensor of shape [{rows}] (one length per prompt row), got "
+                         f"{key_lengths!r:.80}")
+    if rows and not (int(key_lengths.min()) >= 1 and int(key_lengths.max()) <= length):
+        raise ValueError(f"key_lengths: expected each in [1, {length}] (the prompt's length), got "
+                         f"{key_lengths.tolist()}")
+
+
 def next_token(logits: Tensor, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
     """logits [N, V] -> tokens [N]: the argmax, or a sample after temperature, top-k and top-p (nucleus) filtering."""
@@ -41,29 +63,33 @@ def next_token(logits: Tensor, do_sample: bool = False, temperature: float = 1.0
     return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
 
 
-def decode(step, logits: Tensor, max_new_tokens: int, pick, eos_id: int | None = None, on_token=None) -> Tensor:
-    """Greedy or sampled decoding: tokens [N, n <= max_new_tokens]; a row that emitted eos_id keeps emitting it, and
-    decoding stops early once every row has. on_token(tokens [N]) is called with each step's tokens (streaming)."""
+def decode(step, logits: Tensor, max_new_tokens: int, pick, eos_id: int | list[int] | None = None,
+           on_token=None) -> Tensor:
+    """Greedy or sampled decoding: tokens [N, n <= max_new_tokens]; a row that emitted an eos_id (an int or a list:
+    any of them) keeps emitting the first, and decoding stops early once every row has. on_token(tokens [N]) is
+    called with each step's tokens (streaming)."""
+    eos = eos_ids(eos_id, logits.device)  # [E]
     tokens, finished = [], torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
     for i in range(max_new_tokens):
         tok = pick(logits)  # [N]
-        if eos_id is not None:
-            tok = tok.masked_fill(finished, eos_id)
-            finished = finished | (tok == eos_id)
+        if eos is not None:
+            tok = tok.masked_fill(finished, eos[0])
+            finished = finished | torch.isin(tok, eos)
         tokens.append(tok)
         if on_token is not None:
             on_token(tok)
-        if i + 1 == max_new_tokens or (eos_id is not None and bool(finished.all())):
+        if i + 1 == max_new_tokens or (eos is not None and bool(finished.all())):
             break
         logits = step(tok[:, None])
     return torch.stack(tokens, 1) if tokens else logits.new_zeros(logits.shape[0], 0, dtype=torch.long)
 
 
-def beam_search(step, reorder, logits: Tensor, beam_size: int, max_new_tokens: int, eos_id: int | None = None,
-                length_penalty: float = 1.0) -> Tensor:
+def beam_search(step, reorder, logits: Tensor, beam_size: int, max_new_tokens: int,
+                eos_id: int | list[int] | None = None, length_penalty: float = 1.0) -> Tensor:
     """Beam search over N = B * beam_size rows (beams of one input adjacent, all starting from the same state):
     tokens [B, n] of each input's best beam by log-probability / length ** length_penalty, where length counts the
-    tokens up to and including EOS. `reorder(index [N])` makes row i continue from row index[i]."""
+    tokens up to and including EOS (any of eos_id's; a finished beam continues with the first). `reorder(index [N])`
+    makes row i continue from row index[i]."""
     n_rows, vocab = logits.shape
     batch, k = n_rows // beam_size, beam_size
     device = logits.device
@@ -72,9 +98,10 @@ def beam_search(step, reorder, logits: Tensor, beam_size: int, max_new_tokens: i
     finished = torch.zeros(batch, k, dtype=torch.bool, device=device)
     lengths = torch.zeros(batch, k, dtype=torch.long, device=device)
     seqs = torch.zeros(batch, k, 0, dtype=torch.long, device=device)
+    eos = eos_ids(eos_id, device)  # [E]
     eos_only = torch.full((vocab,), float("-inf"), device=device)  # a finished beam extends with EOS at no cost
-    if eos_id is not None:
-        eos_only[eos_id] = 0.0
+    if eos is not None:
+        eos_only[eos[0]] = 0.0
     rows = torch.arange(batch, device=device)[:, None] * k  # [B, 1]
     for i in range(max_new_tokens):
         logp = torch.log_softmax(logits.float(), -1).view(batch, k, vocab)
@@ -84,7 +111,7 @@ def beam_search(step, reorder, logits: Tensor, beam_size: int, max_new_tokens: i
         seqs = torch.cat([seqs.gather(1, beam[..., None].expand(-1, -1, i)), tok[..., None]], -1)
         was_finished = finished.gather(1, beam)
         lengths = lengths.gather(1, beam) + (~was_finished).long()
-        finished = was_finished | (tok == eos_id) if eos_id is not None else was_finished
+        finished = was_finished | torch.isin(tok, eos) if eos is not None else was_finished
         if i + 1 == max_new_tokens or bool(finished.all()):
             break
         reorder((rows + beam).view(-1))

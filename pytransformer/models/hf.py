@@ -5,16 +5,20 @@ checkpoint.py loads the tensors; transformers itself is never imported.
 
 Supported model_type values: "gpt2" (GPT2LMHeadModel), "llama", "mistral", "qwen2" (their *ForCausalLM) -> DecoderLM;
 "bert" (BertModel, or the encoder and pooler of a BertFor* checkpoint) -> EncoderModel. A config field that would make
-the Hugging Face model compute something our model does not raises ValueError naming the field.
+the Hugging Face model compute something our model does not, or that is missing, of the wrong type or out of range,
+raises ValueError naming the field; nothing here allocates tensors.
 
 Decisions: Hugging Face's q/k/v (and gate/up) projections are concatenated by rows into our fused qkv_proj (and the
 SwiGLU fc1 = gate | up); RoPE needs no permutation (both use the rotate-half layout). Rope types: default and llama3
 (any other rope_type, and partial_rotary_factor != 1, raise). Mistral's sliding_window applies to every layer; Qwen2's
 use_sliding_window only when it makes every layer windowed (a mix raises, naming layer_types). attention_dropout must
 be 0 (our one dropout rate would also act on the residuals). A tied checkpoint's lm_head.weight (present in
-state_dict(), absent from save_pretrained files) is not loaded; buffers of older versions (GPT-2's attn.bias mask,
-Llama's rotary_emb.inv_freq, BERT's position_ids) and BertFor* task heads (cls.*) are skipped; any other tensor the
-plan does not use is an error."""
+state_dict(), absent from save_pretrained files) is not loaded when it equals the embedding (checkpoint.py refuses a
+different one: set tie_word_embeddings to false to use it); buffers of older versions (GPT-2's attn.bias mask, Llama's
+rotary_emb.inv_freq, BERT's position_ids) and the task heads of BertFor* checkpoints (cls.* of the masked-LM and
+pre-training models, classifier.* of the sequence, token and multiple-choice classifiers, qa_outputs.* of question
+answering) are skipped; any other tensor the plan does not use is an error."""
+import math
 from typing import Callable, NamedTuple
 
 from .configs import DecoderConfig, EncoderConfig, bert_base, gpt2_small
@@ -25,14 +29,77 @@ _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu
 class Architecture(NamedTuple):
     """A checkpoint's architecture in our terms."""
     config: DecoderConfig | EncoderConfig
-    plan: dict  # our parameter name -> (its Hugging Face tensor names, concatenated by rows; transpose: bool)
+    plan: dict  # our parameter name -> Source
     ignored: tuple[str, ...]  # regular expressions of Hugging Face tensor names that are not loaded
+    sizes: dict  # the config fields that set tensor sizes -> their values (named when a tensor's shape disagrees)
 
 
-def _activation(name: str) -> str:
-    if name not in _ACTIVATIONS:
-        raise ValueError(f"model: activation {name!r} is not supported ({sorted(_ACTIVATIONS)})")
+class Source(NamedTuple):
+    """The Hugging Face tensors of one of our parameters: concatenated by rows (`rows`: each one's row count; None
+    for a single tensor), or one tensor transposed."""
+    names: tuple[str, ...]
+    transpose: bool = False
+    rows: tuple[int, ...] | None = None
+
+
+def _activation(d: dict, field: str, default: str) -> str:
+    """Our name of the config's activation `field`; ValueError naming the field when it is not one we compute."""
+    name = d.get(field, default)
+    if not isinstance(name, str) or name not in _ACTIVATIONS:
+        raise ValueError(f"{field}: activation {name!r} is not supported ({sorted(_ACTIVATIONS)})")
     return _ACTIVATIONS[name]
+
+
+def _integer(d: dict, field: str, default=None, least: int = 1) -> int:
+    """The config's integer `field` (default when absent or null; an integral float such as 3e8 counts), at least
+    `least`; ValueError naming the field otherwise."""
+    value = d.get(field)
+    value = default if value is None else value
+    if value is None:
+        raise ValueError(f"{field}: missing (a required field of model_type {d['model_type']!r})")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ValueError(f"{field}: expected an integer >= {least}, got {value!r}")
+    return value
+
+
+def _number(d: dict, field: str, default: float, least: float = 0.0, below: float = math.inf) -> float:
+    """The config's number `field` (default when absent or null) in [least, below); ValueError naming it otherwise."""
+    value = d.get(field)
+    value = default if value is None else value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not least <= value < below:
+        raise ValueError(f"{field}: expected a number in [{least}, {below}), got {value!r}")
+    return float(value)
+
+
+def _flag(d: dict, field: str, default: bool) -> bool:
+    """The config's boolean `field` (default when absent); ValueError naming it otherwise."""
+    value = d.get(field, default)
+    if not isinstance(value, bool):
+        raise ValueError(f"{field}: expected true or false, got {value!r}")
+    return value
+
+
+def _heads(d: dict, width: str, heads: str, kv_heads: str | None = None) -> tuple[int, int, int]:
+    """(width, heads, key/value heads) of the config: the width a multiple of the heads, the heads of the key/value
+    heads; ValueError naming the field otherwise."""
+    w, h = _integer(d, width), _integer(d, heads)
+    kv = _integer(d, kv_heads, h) if kv_heads else h
+    if w % h:
+        raise ValueError(f"{heads}: {h} does not divide {width} {w}")
+    if h % kv:
+        raise ValueError(f"{kv_heads}: {kv} does not divide {heads} {h}")
+    return w, h, kv
+
+
+def _layers(d: dict, field: str, names) -> int:
+    """The number of layers; ValueError naming the field when the checkpoint has fewer tensors than layers (each
+    layer has several), so an absurd count fails before a plan of that many layers is built."""
+    n = _integer(d, field)
+    if n > len(names):
+        raise ValueError(f"{field}: {n} layers, but the checkpoint holds only {len(names)} tensors")
+    return n
 
 
 def _require(d: dict, field: str, supported, default=None) -> None:
@@ -42,20 +109,21 @@ def _require(d: dict, field: str, supported, default=None) -> None:
         raise ValueError(f"{field}: {value!r} is not supported by pytransformer (only {supported!r})")
 
 
-def _rows(prefix: str, *names: str, transpose: bool = False) -> tuple:
-    return tuple(f"{prefix}{n}" for n in names), transpose
+def _rows(prefix: str, names: tuple[str, ...], rows: tuple[int, ...]) -> Source:
+    """Tensors prefix + names, of `rows` rows each, concatenated by rows."""
+    return Source(tuple(f"{prefix}{n}" for n in names), rows=rows)
 
 
 def _module(ours: str, theirs: str, bias: bool = True, transpose: bool = False) -> dict:
     """The weight (transposed if asked) and bias of a Linear or norm."""
-    return ({f"{ours}.weight": ((f"{theirs}.weight",), transpose)}
-            | ({f"{ours}.bias": ((f"{theirs}.bias",), False)} if bias else {}))
+    return ({f"{ours}.weight": Source((f"{theirs}.weight",), transpose)}
+            | ({f"{ours}.bias": Source((f"{theirs}.bias",))} if bias else {}))
 
 
 def _head(plan: dict, tied: bool) -> tuple[str, ...]:
     """Add the untied LM head to plan; a tied checkpoint may still hold it (as state_dict() does): not loaded."""
     if not tied:
-        plan["lm_head.weight"] = (("lm_head.weight",), False)
+        plan["lm_head.weight"] = Source(("lm_head.weight",))
     return (r"lm_head\.weight",) if tied else ()
 
 
@@ -64,13 +132,16 @@ def gpt2(d: dict, names) -> Architecture:
     _require(d, "scale_attn_weights", True, True)
     _require(d, "scale_attn_by_inverse_layer_idx", False, False)
     _require(d, "add_cross_attention", False, False)
-    tied = d.get("tie_word_embeddings", True)
-    config = gpt2_small(vocab_size=d["vocab_size"], d_model=d["n_embd"], n_heads=d["n_head"], n_layers=d["n_layer"],
-                        d_ff=d.get("n_inner") or 4 * d["n_embd"], max_len=d["n_positions"],
-                        dropout=d.get("resid_pdrop", 0.1), activation=_activation(d.get("activation_function",
-                                                                                          "gelu_new")),
-                        eps=d.get("layer_norm_epsilon", 1e-5), tie_embeddings=tied)
-    plan = {"embed.tok.weight": (("wte.weight",), False), "embed.pos.weight": (("wpe.weight",), False),
+    tied = _flag(d, "tie_word_embeddings", True)
+    width, heads, _ = _heads(d, "n_embd", "n_head")
+    sizes = {"vocab_size": _integer(d, "vocab_size"), "n_embd": width, "n_inner": _integer(d, "n_inner", 4 * width),
+             "n_positions": _integer(d, "n_positions")}
+    config = gpt2_small(vocab_size=sizes["vocab_size"], d_model=width, n_heads=heads,
+                        n_layers=_layers(d, "n_layer", names), d_ff=sizes["n_inner"], max_len=sizes["n_positions"],
+                        dropout=_number(d, "resid_pdrop", 0.1, below=1.0),
+                        activation=_activation(d, "activation_function", "gelu_new"),
+                        eps=_number(d, "layer_norm_epsilon", 1e-5), tie_embeddings=tied)
+    plan = {"embed.tok.weight": Source(("wte.weight",)), "embed.pos.weight": Source(("wpe.weight",)),
             **_module("decoder.norm", "ln_f")}
     for i in range(config.n_layers):
         p, h = f"decoder.layers.{i}", f"h.{i}"
@@ -79,37 +150,50 @@ def gpt2(d: dict, names) -> Architecture:
                  | _module(f"{p}.self_attn.out_proj", f"{h}.attn.c_proj", transpose=True)
                  | _module(f"{p}.ff.fc1", f"{h}.mlp.c_fc", transpose=True)
                  | _module(f"{p}.ff.fc2", f"{h}.mlp.c_proj", transpose=True))
-    return Architecture(config, plan, _head(plan, tied) + (r"h\.\d+\.attn\.(masked_)?bias",))  # old mask buffers
+    return Architecture(config, plan, _head(plan, tied) + (r"h\.\d+\.attn\.(masked_)?bias",), sizes)  # old masks
 
 
 def _rope(d: dict) -> tuple[float, dict | None]:
     """rope_theta and the scaling dict (None: plain RoPE), from transformers 5's `rope_parameters` or the older
     top-level `rope_theta` and `rope_scaling`."""
-    params = d.get("rope_parameters") or {**(d.get("rope_scaling") or {}), "rope_theta": d.get("rope_theta", 1e4)}
+    field = "rope_parameters" if d.get("rope_parameters") else "rope_scaling"
+    params = d.get("rope_parameters") or d.get("rope_scaling") or {}
+    if not isinstance(params, dict):
+        raise ValueError(f"{field}: expected a JSON object, got {params!r}")
+    params = {**params} if field == "rope_parameters" else {**params, "rope_theta": d.get("rope_theta")}
     if params.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError(f"partial_rotary_factor: {params['partial_rotary_factor']!r} is not supported (only 1.0)")
     kind = params.get("rope_type", params.get("type", "default"))
+    if not isinstance(kind, str):
+        raise ValueError(f"{field}: rope_type: expected a string, got {kind!r}")
+    for name in ("rope_theta", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"):
+        if name in params or name == "rope_theta":
+            params[name] = _number(params, name, 1e4, least=1e-30)
     return params["rope_theta"], None if kind == "default" else {**params, "rope_type": kind}
 
 
 def _window(d: dict, n_layers: int) -> int | None:
     """The sliding window of every layer (None: full attention); ValueError for a mix of full and windowed layers."""
     if d["model_type"] == "mistral":
-        return d.get("sliding_window")
-    if d["model_type"] == "llama" or not d.get("use_sliding_window", False):
+        return None if d.get("sliding_window") is None else _integer(d, "sliding_window")
+    if d["model_type"] == "llama" or not _flag(d, "use_sliding_window", False):
         return None
-    kinds = set(d.get("layer_types") or ["full_attention" if i < d.get("max_window_layers", n_layers)
-                                         else "sliding_attention" for i in range(n_layers)])
+    types = d.get("layer_types")
+    if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
+        raise ValueError(f"layer_types: expected a list of strings, got {types!r}")
+    kinds = set(types or ["full_attention" if i < _integer(d, "max_window_layers", n_layers, least=0)
+                          else "sliding_attention" for i in range(n_layers)])
     if len(kinds) > 1:
         raise ValueError("layer_types: Qwen2 with use_sliding_window and max_window_layers mixes full and sliding-window"
                          " attention layers, which is not supported (one window for all layers)")
-    return d["sliding_window"] if kinds == {"sliding_attention"} else None
+    return _integer(d, "sliding_window") if kinds == {"sliding_attention"} else None
 
 
 def llama(d: dict, names) -> Architecture:
     """LlamaForCausalLM, MistralForCausalLM (sliding window) and Qwen2ForCausalLM (Q/K/V biases): pre-RMSNorm,
     rotary (rotate-half, as ours: no permutation), SwiGLU (fc1 rows = gate_proj | up_proj), GQA."""
-    hidden, heads, n_layers = d["hidden_size"], d["num_attention_heads"], d["num_hidden_layers"]
+    hidden, heads, kv_heads = _heads(d, "hidden_size", "num_attention_heads", "num_key_value_heads")
+    n_layers = _layers(d, "num_hidden_layers", names)
     _require(d, "hidden_act", "silu", "silu")
     if d.get("head_dim") not in (None, hidden // heads) or hidden % heads:
         raise ValueError(f"head_dim: {d.get('head_dim')!r} is not supported (only hidden_size // num_attention_heads = "
@@ -119,62 +203,76 @@ def llama(d: dict, names) -> Architecture:
     _require(d, "attention_dropout", 0.0, 0.0)
     qwen2 = d["model_type"] == "qwen2"
     theta, scaling = _rope(d)
-    tied = d.get("tie_word_embeddings", False)
-    config = DecoderConfig(vocab_size=d["vocab_size"], d_model=hidden, n_heads=heads,
-                           n_kv_heads=d.get("num_key_value_heads") or heads, d_ff=d["intermediate_size"],
-                           n_layers=n_layers, max_len=d.get("max_position_embeddings", 2048), dropout=0.0,
-                           activation="swiglu", norm="pre", norm_type="rmsnorm", positional="rotary", rope_theta=theta,
-                           rope_scaling=scaling, tie_embeddings=tied, eps=d.get("rms_norm_eps", 1e-6), bias=False,
-                           qkv_bias=qwen2, window=_window(d, n_layers))
-    plan = {"embed.tok.weight": (("embed_tokens.weight",), False), **_module("decoder.norm", "norm", bias=False)}
+    tied = _flag(d, "tie_word_embeddings", False)
+    sizes = {"vocab_size": _integer(d, "vocab_size"), "hidden_size": hidden,
+             "intermediate_size": _integer(d, "intermediate_size")}
+    config = DecoderConfig(vocab_size=sizes["vocab_size"], d_model=hidden, n_heads=heads, n_kv_heads=kv_heads,
+                           d_ff=sizes["intermediate_size"], n_layers=n_layers,
+                           max_len=_integer(d, "max_position_embeddings", 2048), dropout=0.0, activation="swiglu",
+                           norm="pre", norm_type="rmsnorm", positional="rotary", rope_theta=theta, rope_scaling=scaling,
+                           tie_embeddings=tied, eps=_number(d, "rms_norm_eps", 1e-6), bias=False, qkv_bias=qwen2,
+                           window=_window(d, n_layers))
+    qkv = (hidden, kv_heads * (hidden // heads), kv_heads * (hidden // heads))
+    plan = {"embed.tok.weight": Source(("embed_tokens.weight",)), **_module("decoder.norm", "norm", bias=False)}
     for i in range(n_layers):
         p, h = f"decoder.layers.{i}", f"layers.{i}"
         plan |= (_module(f"{p}.res_self.norm", f"{h}.input_layernorm", bias=False)
                  | _module(f"{p}.res_ff.norm", f"{h}.post_attention_layernorm", bias=False)
-                 | {f"{p}.self_attn.qkv_proj.weight": _rows(f"{h}.self_attn.", "q_proj.weight", "k_proj.weight",
-                                                            "v_proj.weight")}
+                 | {f"{p}.self_attn.qkv_proj.weight": _rows(f"{h}.self_attn.", ("q_proj.weight", "k_proj.weight",
+                                                                                 "v_proj.weight"), qkv)}
                  | _module(f"{p}.self_attn.out_proj", f"{h}.self_attn.o_proj", bias=False)
-                 | {f"{p}.ff.fc1.weight": _rows(f"{h}.mlp.", "gate_proj.weight", "up_proj.weight")}
+                 | {f"{p}.ff.fc1.weight": _rows(f"{h}.mlp.", ("gate_proj.weight", "up_proj.weight"),
+                                                (config.d_ff, config.d_ff))}
                  | _module(f"{p}.ff.fc2", f"{h}.mlp.down_proj", bias=False))
         if qwen2:
-            plan[f"{p}.self_attn.qkv_proj.bias"] = _rows(f"{h}.self_attn.", "q_proj.bias", "k_proj.bias", "v_proj.bias")
-    return Architecture(config, plan, _head(plan, tied) + (r"layers\.\d+\.self_attn\.rotary_emb\.inv_freq",))
+            plan[f"{p}.self_attn.qkv_proj.bias"] = _rows(f"{h}.self_attn.", ("q_proj.bias", "k_proj.bias",
+                                                                             "v_proj.bias"), qkv)
+    return Architecture(config, plan, _head(plan, tied) + (r"layers\.\d+\.self_attn\.rotary_emb\.inv_freq",), sizes)
 
 
 def bert(d: dict, names) -> Architecture:
     """BertModel: the embeddings, encoder and pooler (when the checkpoint has one); a BertFor* checkpoint's task heads
-    (cls.*) are not loaded."""
+    (cls.*, classifier.*, qa_outputs.*) are not loaded."""
     _require(d, "position_embedding_type", "absolute", "absolute")
     _require(d, "is_decoder", False, False)
     _require(d, "add_cross_attention", False, False)
     pooler = "pooler.dense.weight" in names
-    config = bert_base(vocab_size=d["vocab_size"], d_model=d["hidden_size"], n_heads=d["num_attention_heads"],
-                       n_layers=d["num_hidden_layers"], d_ff=d["intermediate_size"],
-                       max_len=d["max_position_embeddings"], dropout=d.get("hidden_dropout_prob", 0.1),
-                       activation=_activation(d.get("hidden_act", "gelu")), eps=d.get("layer_norm_eps", 1e-12),
-                       type_vocab_size=d.get("type_vocab_size", 2), pooler=pooler)
+    hidden, heads, _ = _heads(d, "hidden_size", "num_attention_heads")
+    sizes = {field: _integer(d, field, default) for field, default in (
+        ("vocab_size", None), ("intermediate_size", None), ("max_position_embeddings", None), ("type_vocab_size", 2))}
+    config = bert_base(vocab_size=sizes["vocab_size"], d_model=hidden, n_heads=heads,
+                       n_layers=_layers(d, "num_hidden_layers", names), d_ff=sizes["intermediate_size"],
+                       max_len=sizes["max_position_embeddings"],
+                       dropout=_number(d, "hidden_dropout_prob", 0.1, below=1.0),
+                       activation=_activation(d, "hidden_act", "gelu"), eps=_number(d, "layer_norm_eps", 1e-12),
+                       type_vocab_size=sizes["type_vocab_size"], pooler=pooler)
     e = "embeddings."
-    plan = {"embed.tok.weight": ((f"{e}word_embeddings.weight",), False),
-            "embed.pos.weight": ((f"{e}position_embeddings.weight",), False),
-            "embed.types.weight": ((f"{e}token_type_embeddings.weight",), False), **_module("embed.norm", f"{e}LayerNorm")}
+    plan = {"embed.tok.weight": Source((f"{e}word_embeddings.weight",)),
+            "embed.pos.weight": Source((f"{e}position_embeddings.weight",)),
+            "embed.types.weight": Source((f"{e}token_type_embeddings.weight",)),
+            **_module("embed.norm", f"{e}LayerNorm")}
     if pooler:
         plan |= _module("pooler", "pooler.dense")
     for i in range(config.n_layers):
         p, h = f"encoder.layers.{i}", f"encoder.layer.{i}"
         a = f"{h}.attention.self."
-        plan |= ({f"{p}.self_attn.qkv_proj.weight": _rows(a, "query.weight", "key.weight", "value.weight"),
-                  f"{p}.self_attn.qkv_proj.bias": _rows(a, "query.bias", "key.bias", "value.bias")}
+        plan |= ({f"{p}.self_attn.qkv_proj.weight": _rows(a, ("query.weight", "key.weight", "value.weight"),
+                                                          (hidden,) * 3),
+                  f"{p}.self_attn.qkv_proj.bias": _rows(a, ("query.bias", "key.bias", "value.bias"), (hidden,) * 3)}
                  | _module(f"{p}.self_attn.out_proj", f"{h}.attention.output.dense")
                  | _module(f"{p}.res_attn.norm", f"{h}.attention.output.LayerNorm")
                  | _module(f"{p}.ff.fc1", f"{h}.intermediate.dense") | _module(f"{p}.ff.fc2", f"{h}.output.dense")
                  | _module(f"{p}.res_ff.norm", f"{h}.output.LayerNorm"))
-    return Architecture(config, plan, (r"embeddings\.position_ids", r"cls\..*"))
+    return Architecture(config, plan, (r"embeddings\.position_ids", r"(cls|classifier|qa_outputs)\..*"),
+                        sizes | {"hidden_size": hidden})
 
 
-# model_type -> (the backbone's prefix in a task model's tensor names, optional in a file; the architecture)
-ARCHITECTURES: dict[str, tuple[str, Callable[[dict, set], Architecture]]] = {
-    "gpt2": ("transformer.", gpt2), "llama": ("model.", llama), "mistral": ("model.", llama),
-    "qwen2": ("model.", llama), "bert": ("bert.", bert)}
+# model_type -> (the backbone's prefix in a task model's tensor names, optional in a file; the config class it builds;
+# the architecture)
+ARCHITECTURES: dict[str, tuple[str, type, Callable[[dict, set], Architecture]]] = {
+    "gpt2": ("transformer.", DecoderConfig, gpt2), "llama": ("model.", DecoderConfig, llama),
+    "mistral": ("model.", DecoderConfig, llama), "qwen2": ("model.", DecoderConfig, llama),
+    "bert": ("bert.", EncoderConfig, bert)}
 
 
 def normalized_name(name: str, prefix: str) -> str:
@@ -187,12 +285,21 @@ def normalized_name(name: str, prefix: str) -> str:
     return name
 
 
-def architecture(d: dict, names) -> tuple[Architecture, dict[str, str]]:
-    """The Architecture of a config dict (with "model_type") and its tensors' names, and the map from normalized
-    names (those the plan uses) to the names as given."""
+def backbone_prefix(d, config_class: type, model: str) -> str:
+    """The backbone prefix of a config dict's model_type; ValueError naming model_type when it is not supported, or
+    is not an architecture of `model` (whose config is a config_class), before any other field is read."""
+    if not isinstance(d, dict):
+        raise ValueError(f"expected a JSON object of config fields, got {type(d).__name__}")
     model_type = d.get("model_type")
-    if model_type not in ARCHITECTURES:
+    if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
         raise ValueError(f"model_type: {model_type!r} is not supported (one of {sorted(ARCHITECTURES)})")
-    prefix, build = ARCHITECTURES[model_type]
-    given = {normalized_name(n, prefix): n for n in names}
-    return build(d, set(given)), given
+    prefix, config, _ = ARCHITECTURES[model_type]
+    if config is not config_class:
+        raise ValueError(f"model_type: {model_type!r} is not a {model} architecture (those are "
+                         f"{sorted(t for t, (_, c, _) in ARCHITECTURES.items() if c is config_class)})")
+    return prefix
+
+
+def architecture(d: dict, names) -> Architecture:
+    """The Architecture of a config dict (checked by backbone_prefix) and its tensors' normalized names."""
+    return ARCHITECTURES[d["model_type"]][2](d, set(names))

@@ -1,18 +1,19 @@
 """Text generation from a save_pretrained directory (`python -m pytransformer generate`): the prompt is tokenized with
 the directory's tokenizer.json (the optional `tokenizers` package), the model loaded by DecoderLM.from_pretrained, the
 text written as the tokens arrive, and the prefill and decode throughput reported at the end."""
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from .checkpoint import read_json
 from .decoder import DecoderLM
 
 
 def load_tokenizer(model_dir):
-    """The tokenizers.Tokenizer of model_dir/tokenizer.json; ValueError saying what is missing otherwise."""
+    """The tokenizers.Tokenizer of model_dir/tokenizer.json; ValueError saying what is missing or naming the file
+    when it is unreadable."""
     path = Path(model_dir) / "tokenizer.json"
     try:
         from tokenizers import Tokenizer
@@ -20,16 +21,25 @@ def load_tokenizer(model_dir):
         raise ValueError("the tokenizers package is needed to read tokenizer.json (pip install tokenizers)") from None
     if not path.is_file():
         raise ValueError(f"{path}: no tokenizer.json in the model directory (save the tokenizer with it)")
-    return Tokenizer.from_file(str(path))
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 -- tokenizers raises a bare Exception for a corrupt file
+        raise ValueError(f"{path}: not a readable tokenizer.json ({e})") from e
 
 
-def eos_token(model_dir) -> int | None:
-    """The end-of-sequence id of generation_config.json, else config.json (the first one if a list), or None."""
+def eos_tokens(model_dir) -> list[int] | None:
+    """The end-of-sequence ids of generation_config.json, else config.json (every id of a list ends the text, as in
+    transformers), or None; ValueError naming the file and eos_token_id when it is not an id or a list of ids."""
     for name in ("generation_config.json", "config.json"):
         path = Path(model_dir) / name
-        eos = json.loads(path.read_text()).get("eos_token_id") if path.is_file() else None
-        if eos is not None:
-            return eos[0] if isinstance(eos, list) else eos
+        d = read_json(path) if path.is_file() else {}
+        eos = d.get("eos_token_id") if isinstance(d, dict) else None
+        if eos is None:
+            continue
+        ids = eos if isinstance(eos, list) else [eos]
+        if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise ValueError(f"{path}: eos_token_id: expected a token id or a non-empty list of them, got {eos!r}")
+        return ids
     return None
 
 
@@ -70,11 +80,12 @@ def prepare(model_dir, prompt: str, *, int8: bool = False, bf16: bool = False, d
 
 
 def stream(tokenizer, model, ids, prompt: str, *, max_new_tokens: int = 64, temperature: float | None = None,
-           top_p: float | None = None, top_k: int | None = None, seed: int | None = None, eos_id: int | None = None,
-           out=None, err=None) -> list[int]:
+           top_p: float | None = None, top_k: int | None = None, seed: int | None = None,
+           eos_id: int | list[int] | None = None, out=None, err=None) -> list[int]:
     """Write the prompt and its continuation to `out` (default stdout) as it is generated, then the prefill and
     decode throughput to `err` (default stderr); the new token ids. Greedy unless temperature (> 0), top_p or top_k
-    is given (then sampled, temperature 1 by default)."""
+    is given (then sampled, temperature 1 by default). Nothing is written when generate refuses the arguments (the
+    prompt goes out with the first new token)."""
     out, err = out or sys.stdout, err or sys.stderr
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
@@ -84,8 +95,9 @@ def stream(tokenizer, model, ids, prompt: str, *, max_new_tokens: int = 64, temp
 
     def on_token(tokens):
         times.append(time.perf_counter())
+        if len(times) == 1:
+            out.write(prompt)
         text(tokens)
-    out.write(prompt)
     start = time.perf_counter()
     new = model.generate(ids, max_new_tokens, do_sample, temperature or 1.0, top_k, top_p, generator, eos_id=eos_id,
                          on_token=on_token)[0, ids.shape[1]:]

@@ -230,8 +230,8 @@ def test_missing_files(saved, tmp_path):
     ({"attention_bias": True}, "attention_bias"),
     ({"mlp_bias": True}, "mlp_bias"),
     ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"intermediate_size": 96}, r"mlp.gate_proj.weight \+ .*up_proj.weight: shape \[256, 64\] does not fit "
-                                r"decoder.layers.0.ff.fc1.weight \[192, 64\]"),
+    ({"intermediate_size": 96}, r"mlp.gate_proj.weight: shape \[128, 64\] does not fit decoder.layers.0.ff.fc1.weight "
+                                r"of the config, which needs \[96, 64\] \(intermediate_size = 96\)"),
 ])
 def test_unsupported_or_mismatched_config(saved, tmp_path, changes, match):
     with pytest.raises(ValueError, match=match):
