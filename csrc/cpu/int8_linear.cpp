@@ -21,9 +21,8 @@ namespace {
 constexpr int64_t kMaxGemvRows = 16;
 // With AVX-512 VNNI and float32 accumulation, more than kMaxGemvRows rows (prefill) go through the row-by-row kernel
 // too, this many rows a call: its integer dot products do 32 or 64 products an instruction, where the GEMM path's
-// float32 FMAs do 16 after widening every weight to float32 through memory. 2 threads, weights in cache, against that
-// path (dequantized blocks and ATen's GEMM), 16-bit x: 64 and 1024 rows at N 2304-3072 K 768 3.1-4.4x faster, N 768 K
-// 3072 2.2x, N 50257 K 768 3.3-6.2x; 17-32 rows 2.8-5.9x; 16-row blocks 2.0-3.4x. It also keeps a row's result the same
+// float32 FMAs do 16 after widening every weight to float32 through memory, so it is several times faster at every row
+// count (benchmarks/results/cpu_kernel_notes_2026-11-28.md, int8_linear.cpp). It also keeps a row's result the same
 // whatever the number of rows.
 constexpr int64_t kVnniRowBlock = 8;
 // Bytes of dequantized weight per block of the many-rows path (the transient memory it needs).
