@@ -37,7 +37,7 @@ TORCH_LIBRARY(pytransformer, m) {
   // Linear layer: x [..., K] @ weight [N, K]^T + bias [N] -> [..., N] (F.linear); its backward is ATen's matmuls.
   m.def("linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   // Weight-only int8 linear (inference): (x [..., K] @ weight int8 [N, K]^T) * scale [N] + bias [N] -> [..., N].
-  m.def("int8_linear(Tensor x, Tensor weight, Tensor scale, Tensor? bias, int x_bits=16) -> Tensor");
+  m.def("int8_linear(Tensor x, Tensor weight, Tensor scale, Tensor? bias, int x_bits) -> Tensor");
 }
 
 namespace {

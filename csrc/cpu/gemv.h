@@ -383,9 +383,9 @@ struct GemvPlan {
   int64_t chunk_bytes = 0;     // chunked: the bytes of each weight row a chunk of K covers
 };
 
-// The plan of gemv_rows<acc_t, w_t, io_t> for M rows of x of K elements (x_8_bits: see gemv_rows).
+// The plan of gemv_rows<acc_t, w_t, io_t> for M rows of x of K elements (x_quant_bits: see gemv_rows).
 template <typename acc_t, typename w_t, typename io_t>
-GemvPlan plan_gemv(int64_t M, int64_t K, bool x_8_bits) {
+GemvPlan plan_gemv(int64_t M, int64_t K, int64_t x_quant_bits) {
   constexpr bool kFloatIo = std::is_same_v<io_t, float> && std::is_same_v<acc_t, float>;
   GemvPlan p;
 #if defined(CPU_CAPABILITY_AVX512)
@@ -395,9 +395,9 @@ GemvPlan plan_gemv(int64_t M, int64_t K, bool x_8_bits) {
   // Integer dot products take 2 (16-bit x) or 4 (8-bit x) times fewer instructions a weight line than the float32
   // fmas on widened weights that bound 8 rows of x, and they are exact, so a row's result does not depend on M or on
   // the path.
-  if constexpr (kIntTypes) p.int_dots = has_avx512_vnni();
+  if constexpr (kIntTypes) p.int_dots = x_quant_bits != 0;
 #endif
-  p.x_8_bits = p.int_dots && x_8_bits;
+  p.x_8_bits = p.int_dots && x_quant_bits == 8;
   p.x_bytes = M * K * (p.x_8_bits ? 1 : p.bf16_dots || p.int_dots ? 2 : static_cast<int64_t>(sizeof(acc_t)));
 #if defined(CPU_CAPABILITY_AVX512)
   // Chunks of K keep a large x in L1 while the weights stream past, where that measured faster: 3 to 8 rows of x with
@@ -443,9 +443,9 @@ template <typename acc_t, typename w_t, typename io_t>
 class GemvRows {
  public:
   GemvRows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, const acc_t* scale, const io_t* bias,
-           io_t* out, bool x_8_bits)
+           io_t* out, int64_t x_quant_bits)
       : M(M), N(N), K(K), x(x), w(w), scale(scale), bias(bias), out(out),
-        plan(plan_gemv<acc_t, w_t, io_t>(M, K, x_8_bits)), xs(prepare_x()) {}
+        plan(plan_gemv<acc_t, w_t, io_t>(M, K, x_quant_bits)), xs(prepare_x()) {}
 
   // The output features split over all threads, each thread a contiguous range of blocks of weight rows.
   void run() const {
@@ -671,13 +671,14 @@ class GemvRows {
 
 // out [M, N] = (x [M, K] @ w [N, K]^T) * scale + bias, every array contiguous; scale and bias may be nullptr (1 and 0).
 // x, bias and out are io_t (float32, or bfloat16/float16 that is widened to acc_t and rounded back once at the end).
-// x_8_bits (int8 weights, float32 x, with VNNI): x quantized to 8 bits instead of 16 (int8_linear's x_bits = 8).
+// x_quant_bits (int8 weights, float32 x; only where has_avx512_vnni(), as int8_linear's glue decides): 16 or 8, x
+// quantized per row to that many bits for integer dot products; 0, x as it is.
 // The steps: plan_gemv decides the path, GemvRows prepares x (widened or quantized) and runs the blocks of weight
 // rows over all threads.
 template <typename acc_t, typename w_t, typename io_t>
 void gemv_rows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, const acc_t* scale, const io_t* bias,
-               io_t* out, bool x_8_bits = false) {
-  GemvRows<acc_t, w_t, io_t>(M, N, K, x, w, scale, bias, out, x_8_bits).run();
+               io_t* out, int64_t x_quant_bits) {
+  GemvRows<acc_t, w_t, io_t>(M, N, K, x, w, scale, bias, out, x_quant_bits).run();
 }
 
 }  // namespace CPU_CAPABILITY

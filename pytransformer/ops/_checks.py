@@ -195,9 +195,14 @@ def linear(x: Tensor, weight: Tensor, bias) -> None:
               f"(the rows of weight), got {list(bias.shape)}")
 
 
+def known_x_bits(x_bits: int) -> None:
+    """csrc/int8_linear.h: check_x_bits (int8_linear, and the int8 modules' x_bits)."""
+    check(x_bits in (8, 16), f"x_bits: expected 8 or 16, got {x_bits}")
+
+
 def int8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias, x_bits: int) -> None:
     """csrc/int8_linear.h: check_int8_linear_args."""
-    check(x_bits in (8, 16), f"x_bits: expected 8 or 16, got {x_bits}")
+    known_x_bits(x_bits)
     float_dtype(x, "x")
     check(x.dim() >= 1, "x: expected a tensor [..., K], got a 0-d tensor")
     like(weight, "weight", x, "x", same_dtype=False)
