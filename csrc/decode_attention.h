@@ -2,6 +2,7 @@
 // decode_attention: argument checks and the plain parameter struct shared by the CPU and CUDA glue. Shapes: queries
 // [B, Hq, T, D], caches [B, Hkv, capacity, D] (values [B, Hkv, capacity, Dv]), cache_lengths int [B]. Strides are in
 // elements; kernels read rows of the last dim, so the tensors must have a unit last-dim stride (the glue ensures it).
+#include "attention.h"  // check_positive_window
 #include "common.h"
 
 #include <cmath>
@@ -47,7 +48,7 @@ inline DecodeAttentionParams check_decode_attention_args(const at::Tensor& q, co
   TORCH_CHECK_VALUE(Hkv >= 1 && Hq % Hkv == 0, "q: the number of query heads Hq = ", Hq,
                     " must be a multiple of the number of cache heads Hkv = ", Hkv);
   check_index_vector(cache_lengths, "cache_lengths", q, "q", B);
-  TORCH_CHECK_VALUE(!window || *window >= 1, "window: expected None or a positive int, got ", window.value_or(0));
+  check_positive_window(window);
   TORCH_CHECK_VALUE(std::isfinite(scale), "scale: expected a finite value, got ", scale);
   DecodeAttentionParams p{B, Hq, Hkv, T, D, v_cache.size(3), cap, window.value_or(0), scale, {}, {}, {}};
   copy_strides(q, p.q_stride);

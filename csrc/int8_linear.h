@@ -17,17 +17,24 @@ struct Int8LinearParams {
 
 // The CPU kernels (csrc/cpu/int8_linear_kernel.cpp) compute in the accumulation type `acc` (float32, float64 for
 // float64 x); every array is contiguous. Few rows (any number with VNNI, called on blocks of rows): out [M, N] =
-// (x [M, K] @ weight^T) * scale [N] + bias [N] (bias may be nullptr); x_8_bits: x quantized to 8 bits (with VNNI;
-// otherwise the glue has rounded it, round_x_to_8_bits).
+// (x [M, K] @ weight^T) * scale [N] + bias [N] (bias may be nullptr); x_quant_bits 16 or 8: the kernel quantizes each
+// row of float32 x to that many bits and sums in integers (only where has_avx512_vnni()), 0: x as it is (the glue
+// decides which, see x_for_kernels in cpu/int8_linear.cpp).
 // Many rows: deq [n, K] = weight[:n] * scale[:n, None], a block of dequantized weight rows for a GEMM.
 using Int8GemvCpuFn = void (*)(const Int8LinearParams& p, at::ScalarType acc, const void* x, const int8_t* weight,
-                               const void* scale, const void* bias, void* out, bool x_8_bits);
+                               const void* scale, const void* bias, void* out, int64_t x_quant_bits);
 using Int8DequantizeCpuFn = void (*)(at::ScalarType acc, int64_t n, int64_t in_features, const int8_t* weight,
                                      const void* scale, void* deq);
 
+// x_bits: 16 (weight-only quantization) or 8 (x quantized per row to 8 bits too); pytransformer/ops/_checks.py mirrors
+// it (known_x_bits), and pytransformer/ops/int8_linear.py holds the default.
+inline void check_x_bits(int64_t x_bits) {
+  TORCH_CHECK_VALUE(x_bits == 8 || x_bits == 16, "x_bits: expected 8 or 16, got ", x_bits);
+}
+
 inline Int8LinearParams check_int8_linear_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
                                                const std::optional<at::Tensor>& bias, int64_t x_bits) {
-  TORCH_CHECK_VALUE(x_bits == 8 || x_bits == 16, "x_bits: expected 8 or 16, got ", x_bits);
+  check_x_bits(x_bits);
   check_float_dtype(x, "x");
   TORCH_CHECK_VALUE(x.dim() >= 1, "x: expected a tensor [..., K], got a 0-d tensor");
   const int64_t K = x.size(-1);

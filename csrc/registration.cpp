@@ -37,7 +37,7 @@ TORCH_LIBRARY(pytransformer, m) {
   // Linear layer: x [..., K] @ weight [N, K]^T + bias [N] -> [..., N] (F.linear); its backward is ATen's matmuls.
   m.def("linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   // Weight-only int8 linear (inference): (x [..., K] @ weight int8 [N, K]^T) * scale [N] + bias [N] -> [..., N].
-  m.def("int8_linear(Tensor x, Tensor weight, Tensor scale, Tensor? bias, int x_bits=16) -> Tensor");
+  m.def("int8_linear(Tensor x, Tensor weight, Tensor scale, Tensor? bias, int x_bits) -> Tensor");
 }
 
 namespace {
@@ -50,9 +50,9 @@ c10::TypedOperatorHandle<Sig> find_op(const char* name) {
 // op(args...) below autograd: inside an autograd function's forward, or in place of the function where the call
 // records no history (grad mode off, or no tensor argument requiring grad; torch::autograd::compute_requires_grad),
 // which is what the function's apply returns then, without the graph node, context and saved data that apply builds
-// at every call. Decoding calls linear, int8_linear and decode_attention per layer per token under no_grad: a call of
-// linear (1 row, N 4, K 16) took 2.9 -> 2.3 us, of int8_linear 3.1 -> 2.3 us. Returns what op.call returns (a tensor,
-// or a tuple of them for the norms).
+// at every call. Decoding calls linear, int8_linear and decode_attention per layer per token under no_grad, where that
+// is about a fifth of a small call's time (benchmarks/results/cpu_kernel_notes_2026-11-28.md, registration.cpp). Returns
+// what op.call returns (a tensor, or a tuple of them for the norms).
 template <class Op, class... Args>
 auto call_below_autograd(const Op& op, const Args&... args) {
   at::AutoDispatchBelowADInplaceOrView guard;
@@ -115,8 +115,8 @@ at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight, const 
 
 // layer_norm's and rms_norm's backward is their backward op, from the input and the statistics the forward saved (the
 // statistics are outputs without gradients). C++ autograd functions for linear's reason: a decoding step calls a norm
-// twice per layer, and a Python autograd kernel made a call (1 row of 768 features, no_grad) 6.6 us against
-// F.layer_norm's 2.3.
+// twice per layer, and a Python autograd kernel makes a small call several times slower than F.layer_norm
+// (cpu_kernel_notes_2026-11-28.md, registration.cpp).
 using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 using Tensor2 = std::tuple<at::Tensor, at::Tensor>;
 using OptionalTensor = std::optional<at::Tensor>;

@@ -211,8 +211,14 @@ def test_x_bits_8(device):
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(q, fullgraph=True, backend="aot_eager")(ids), got)
     assert all(m.x_bits == 16 for m in pytransformer.quantize(q).modules() if isinstance(m, QuantizedLinear))
-    with pytest.raises(ValueError, match="x_bits"):
+    with pytest.raises(ValueError, match="x_bits: expected 8 or 16, got 4"):  # the op's own check and message
         pytransformer.quantize(q, x_bits=4)
+    fresh = copy.deepcopy(model)
+    with pytest.raises(ValueError, match="x_bits"):
+        pytransformer.quantize(fresh, x_bits=4)
+    assert not any(isinstance(m, QuantizedLinear) for m in fresh.modules())  # checked before the model changes
     with pytest.raises(ValueError, match="x_bits"):
         QuantizedLinear(4, 4, x_bits=12)
+    with pytest.raises(ValueError, match="x_bits"):
+        layers[0].x_bits = 4
 

@@ -25,17 +25,15 @@ constexpr int kDotCols = 2;
 #endif
 
 // Whether a block of R x C sums keeps two sets of them, which take alternate vectors and are added at the end: fewer
-// than 8 sums cannot hide an fma's latency (4 cycles, 2 a cycle). Weights in cache, 2 threads, 1 row of x, N 768
-// K 3072: int8 50 -> 33 us, float16 64 -> 50, bfloat16 (dot_block_bf16 in gemv.h) 51 -> 40.
+// than 8 sums cannot hide an fma's latency (4 cycles, 2 a cycle); benchmarks/results/cpu_kernel_notes_2026-11-28.md,
+// kTwoSumSets.
 template <int R, int C>
 constexpr bool kTwoSumSets = R * C < 8;
 
 // Asks for the lines `ahead` and `ahead / 2` bytes on from p to be brought into L1 (a streaming reader calls it for
 // each line it reads). The second request is for a line that the first, made earlier, did not bring: a prefetch is a
-// hint that the processor may drop. 2 threads, cold weights, A/B in one process, fraction of a read of the same bytes
-// (two streams a thread, see gemv_rows), 8 rows of x: float32 K 768 80-84% with the first request alone -> 84-89%
-// with both (at about 45 GB/s); bfloat16 K 768-2048 62-71% with a single request half as far ahead -> 74-79% (at
-// about 70 GB/s). A second request into L2 only did the same. Always inlined, as prefetch_rows in gemv.h is.
+// hint that the processor may drop. Two requests read cold weights faster than either alone
+// (cpu_kernel_notes_2026-11-28.md, prefetch_line). Always inlined, as prefetch_rows in gemv.h is.
 __attribute__((always_inline)) inline void prefetch_line(const void* p, int64_t ahead) {
   __builtin_prefetch(static_cast<const char*>(p) + ahead, 0, 3);
   __builtin_prefetch(static_cast<const char*>(p) + ahead / 2, 0, 3);
@@ -133,11 +131,11 @@ __attribute__((always_inline)) inline void store_sums_8(const __m512* v, const O
 // lines `prefetch` and `prefetch / 2` bytes on are asked for, for a streaming caller (see prefetch_line).
 // kLanes: each sum stays a vector, Vectorized<acc_t>::size() partial sums at out + (r * out_r + c * out_c) * size(),
 // added to (a caller that takes the elements in chunks sums the lanes at the end). Never inlined: inlined into
-// gemv_rows' chunked loop, a 2 x 8 block took 1.5x the time (float32, 8 rows, K 1100-3072, weights in cache), and a
-// call costs nothing beside a block's loop.
+// gemv_rows' chunked loop, a block is slower, and a call costs nothing beside a block's loop.
 // fused (AVX-512, float32, 8 rows of x, not kLanes): fused->blocks blocks of R weight rows in one call, each row's 8
 // sums reduced together (sum_lanes_of) and written to out scaled (store_8) instead of to out as sums, one at a time,
-// and stored again by the caller: weights in cache, K 768, 10-16% less time (see gemv_rows).
+// and stored again by the caller, which takes more instructions (see gemv_rows). The numbers of both:
+// cpu_kernel_notes_2026-11-28.md, dot_block.
 template <int R, int C, bool kLanes = false, typename acc_t, typename a_t>
 __attribute__((noinline)) void dot_block(const a_t* a_first, int64_t a_step, const acc_t* b, int64_t b_step, int64_t n,
                                          acc_t* out, int64_t out_r, int64_t out_c, int64_t prefetch = 0,
@@ -168,8 +166,7 @@ __attribute__((noinline)) void dot_block(const a_t* a_first, int64_t a_step, con
     // The vector at i into acc (set 0) or acc2 (set 1); count < kV: a zero-filled tail. With AVX-512, each b vector is
     // pinned to a register by an empty asm: GCC 12 otherwise folds its load into every fma that uses it, R loads where
     // one does, and a 2 x 8 block then does 18 loads for 16 fmas, more than the two load ports take in the fmas' time
-    // (float32, 8 rows, weights in cache, 1 thread: 14-20% less time; cold weights, 2 threads, 3-7 points more of the
-    // read stream).
+    // (cpu_kernel_notes_2026-11-28.md, dot_block).
     const auto step = [&](auto set, int64_t i, int64_t count) __attribute__((always_inline)) {
       Vec bv[C];
 #pragma GCC unroll 8

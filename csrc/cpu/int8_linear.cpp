@@ -21,23 +21,35 @@ namespace {
 constexpr int64_t kMaxGemvRows = 16;
 // With AVX-512 VNNI and float32 accumulation, more than kMaxGemvRows rows (prefill) go through the row-by-row kernel
 // too, this many rows a call: its integer dot products do 32 or 64 products an instruction, where the GEMM path's
-// float32 FMAs do 16 after widening every weight to float32 through memory. 2 threads, weights in cache, against that
-// path (dequantized blocks and ATen's GEMM), 16-bit x: 64 and 1024 rows at N 2304-3072 K 768 3.1-4.4x faster, N 768 K
-// 3072 2.2x, N 50257 K 768 3.3-6.2x; 17-32 rows 2.8-5.9x; 16-row blocks 2.0-3.4x. It also keeps a row's result the same
+// float32 FMAs do 16 after widening every weight to float32 through memory, so it is several times faster at every row
+// count (benchmarks/results/cpu_kernel_notes_2026-11-28.md, int8_linear.cpp). It also keeps a row's result the same
 // whatever the number of rows.
 constexpr int64_t kVnniRowBlock = 8;
 // Bytes of dequantized weight per block of the many-rows path (the transient memory it needs).
 constexpr int64_t kDequantizeBytes = int64_t(16) << 20;
 
+// x as the kernels take it: [M, K] in acc, and the bits to which the row-by-row kernel quantizes each row itself.
+struct KernelX {
+  at::Tensor x;
+  int64_t quant_bits;  // 16 or 8; 0: none
+};
+
+// The one place where x_bits takes effect on the CPU. With AVX-512 VNNI and float32 accumulation the row-by-row kernel
+// quantizes x to x_bits itself and sums in integers (16 bits too, see int8_linear_kernel.cpp); elsewhere x_bits 8
+// rounds x here to the values that quantization gives (round_x_to_8_bits) and x_bits 16 leaves x as it is.
+KernelX x_for_kernels(const at::Tensor& x, const Int8LinearParams& p, at::ScalarType acc, int64_t x_bits) {
+  const at::Tensor xa = x.reshape({p.rows, p.in_features}).to(acc).contiguous();
+  if (acc == at::kFloat && has_avx512_vnni()) return {xa, x_bits};
+  return {x_bits == 8 ? round_x_to_8_bits(xa) : xa, 0};
+}
+
 at::Tensor int8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
                            const std::optional<at::Tensor>& bias, int64_t x_bits) {
   const Int8LinearParams p = check_int8_linear_args(x, weight, scale, bias, x_bits);
   const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  // With VNNI the row-by-row kernel takes every row count and quantizes float32 x itself (x_bits 8 too); elsewhere x
-  // is rounded here for x_bits 8
-  const bool kernel_quantizes = acc == at::kFloat && has_avx512_vnni();
-  at::Tensor xa = x.reshape({p.rows, p.in_features}).to(acc).contiguous();  // [M, K]
-  if (x_bits == 8 && !kernel_quantizes) xa = round_x_to_8_bits(xa);
+  const KernelX kx = x_for_kernels(x, p, acc, x_bits);
+  const at::Tensor& xa = kx.x;                       // [M, K]
+  const bool kernel_quantizes = kx.quant_bits != 0;  // then the row-by-row kernel takes every row count
   const at::Tensor w = weight.contiguous();                                       // [N, K]
   const at::Tensor s = scale.to(acc).contiguous();                                 // [N]
   const std::optional<at::Tensor> b = bias ? std::optional(bias->to(acc).contiguous()) : std::nullopt;
@@ -50,7 +62,7 @@ at::Tensor int8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
     for_row_blocks(p.rows, block, [&](int64_t m0, int64_t mb) {  // rows [m0, m0 + mb) of x and out
       int8_gemv_kernel.get()({mb, p.out_features, p.in_features}, acc, xp + m0 * p.in_features * xa.element_size(),
                              w.const_data_ptr<int8_t>(), s.const_data_ptr(), b ? b->const_data_ptr() : nullptr,
-                             op + m0 * p.out_features * out.element_size(), x_bits == 8);
+                             op + m0 * p.out_features * out.element_size(), kx.quant_bits);
     });
   } else {  // out^T [N, M] = deq @ x^T, block by block of weight rows (few blocks: each is two parallel regions)
     const at::Tensor out_t = at::empty({p.out_features, p.rows}, xa.options());

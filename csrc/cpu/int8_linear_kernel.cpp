@@ -45,11 +45,11 @@ void int8_dequantize_typed(int64_t N, int64_t K, const int8_t* wp, const void* s
 }
 
 void int8_gemv(const Int8LinearParams& p, at::ScalarType acc, const void* x, const int8_t* weight, const void* scale,
-               const void* bias, void* out, bool x_8_bits) {
+               const void* bias, void* out, int64_t x_quant_bits) {
   AT_DISPATCH_FLOATING_TYPES(acc, "int8_linear", [&] {
     gemv_rows<scalar_t>(p.rows, p.out_features, p.in_features, static_cast<const scalar_t*>(x), weight,
                         static_cast<const scalar_t*>(scale), static_cast<const scalar_t*>(bias),
-                        static_cast<scalar_t*>(out), x_8_bits);
+                        static_cast<scalar_t*>(out), x_quant_bits);
   });
 }
 

@@ -19,25 +19,16 @@ constexpr int64_t kRowBlock = 32;
 constexpr int64_t kLongK = 6144, kLongKRows = 128;
 
 // Whether `rows` rows of x of `in_features` take the weight-streaming kernel (decoding), by dtype; more rows (prefill)
-// go to ATen's GEMM. Measured on an AVX-512 EPYC with AVX-512 BF16, weights cycled from memory
-// (benchmarks/bench_linear.py has the crossover rows). float32: every row count (but long rows, below), up to kRowBlock
-// rows a call. The kernel took 0.6-0.7x the time of ATen's GEMM at every row count tried, 1 to 512, in one call; in
-// calls of 32 rows, 2 threads, Zen 5 (where ATen's float32 GEMM reaches 40-44% of the FMA peak), the weight cached
-// across calls as a forward's rows have it, 128-4096 rows of x: GPT-2's layers and LM head 0.48-0.89x its time (2048 x
-// 3072 x 768: 28.6-29.8 ms against 53.7-56.1), 1024 rows of 4096 x 4096 0.89x, 512 of 11008 x 4096 0.85x; in calls of
-// 16 rows 0.61-1.09x. Except for long rows: with more than kLongK features, 32 rows of x (over 768 KiB) no longer stay
-// in L2 beside the weights, and from about a hundred rows ATen's GEMM is as fast or faster (2 threads, Zen 5, one
-// weight reused, N 4096, median of 5, ours / ATen, over two states of the host whose GEMM speed differed by up to 30%:
-// K 7168 128 rows 0.90x, 512 0.95x, 1024 1.01x; K 8192 128 rows 0.73-0.95x, 192 1.01-1.04x, 384 0.95-1.10x, 1024 1.04x;
-// K 11008 128 rows 0.77-1.04x, 192 1.08x, 256 0.97-1.14x, 512 1.07x, 1024 1.14x, 4096 1.16x; N 1024 K 11008 1024 rows
-// 1.12x; at K 6144 and below 0.85-0.97x at 128-8192 rows), so there float32 takes the kernel up to kLongKRows rows.
-// float16: the kernel at every row count (ATen's float16 GEMM was 4-7x slower still; 512 rows of 4096 x 11008 3.7x).
-// bfloat16 with AVX-512 BF16 dot products (has_avx512_bf16): up to 8 rows always (one pass over 2 weight rows at a
-// time), then up to 28 while x is at most 64 KiB in rows of at most 4 KiB (K <= 2048). 2 threads, in turns with
-// F.linear: 12-16 rows at K 2048 0.71-0.89x its time, 16-21 rows at K 1536 0.80-0.83x, 24-28 rows at K 768-1024
-// 0.76-0.91x; 10 rows at K 3072 (60 KiB, rows of 6 KiB) 1.05-1.08x. 32 rows depend on the memory bandwidth (the kernel
-// streams the weights, the GEMM computes): at K 768-1024 0.83-0.96x at 77 GB/s, 1.02-1.18x at 45 GB/s. Widening
-// bfloat16 instead, it was as fast from 2 rows and slower from 4: 2 rows.
+// go to ATen's GEMM, from the row count where the GEMM measured as fast (an AVX-512 EPYC with AVX-512 BF16;
+// benchmarks/bench_linear.py has the crossover rows, benchmarks/results/cpu_kernel_notes_2026-11-28.md, use_gemv, the
+// measurements):
+// - float32: every row count, up to kRowBlock rows a call (the kernel is faster than ATen's GEMM even with the weight
+//   cached across calls), except for rows of more than kLongK features: there 32 rows of x no longer stay in L2 beside
+//   the weights, and above kLongKRows rows ATen's GEMM is as fast or faster;
+// - float16: every row count (ATen's float16 GEMM is several times slower still);
+// - bfloat16 with AVX-512 BF16 dot products (has_avx512_bf16): up to 8 rows always (one pass over 2 weight rows at a
+//   time), then up to 28 while x is at most 64 KiB in rows of at most 4 KiB (K <= 2048); widening bfloat16 instead,
+//   up to 2 rows.
 bool use_gemv(at::ScalarType dtype, int64_t rows, int64_t in_features) {
   if (dtype == at::kFloat) return in_features <= kLongK || rows <= kLongKRows;
   if (dtype != at::kBFloat16) return true;

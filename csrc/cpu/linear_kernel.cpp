@@ -17,7 +17,7 @@ void linear_gemv(const LinearParams& p, at::ScalarType dtype, const void* x, con
   const auto run = [&](auto io) {
     using T = decltype(io);
     gemv_rows<float>(p.rows, p.out_features, p.in_features, static_cast<const T*>(x), static_cast<const T*>(weight),
-                     nullptr, static_cast<const T*>(bias), static_cast<T*>(out));
+                     nullptr, static_cast<const T*>(bias), static_cast<T*>(out), /*x_quant_bits=*/0);
   };
   switch (dtype) {  // the glue passes float32, bfloat16 or float16 only
     case at::kBFloat16: return run(c10::BFloat16());

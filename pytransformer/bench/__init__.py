@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 
-# Bytes that a case reading memory (a layer's weight, a KV cache) cycles through: 32x a 32 MiB last-level cache
-# (through 256 MiB, an AMD EPYC's L3 still served part of the reads: float32 linear M1 N3072 K768 read 82 GB/s against
-# 70 at 1 GiB, measured). A model reads far more than the cache holds between two reads of the same tensor.
+# Bytes that a case reading memory (a layer's weight, a KV cache) cycles through: 32x a 32 MiB last-level cache (at a
+# quarter of that, an AMD EPYC's L3 still served part of the reads: benchmarks/results/cpu_kernel_notes_2026-11-28.md,
+# bench). A model reads far more than the cache holds between two reads of the same tensor.
 COLD_BYTES = 1 << 30
 _pools = {}  # (dtype, device) -> one random tensor that the copies of every case are views of
 

@@ -14,8 +14,8 @@ can be compute-bound, held to the matmul ceiling of its dtype (float32 for the i
 record's notes also hold every case of ROWS against the copy bandwidth (read + write) measured just before the case, per
 dtype, with what bounds it besides memory: the fraction that our fixed cost of a call leaves (the same call with 4
 output features) and the one that the call's time with its weight in cache leaves (its compute), and against the read
-anchor: on a host whose bandwidth moves within a case, only the read anchor, timed in turns, holds. (A 256 MiB copy
-timed in turns instead slowed the case after it: GPT-2's 2.4 MB attention output projection took 1.5x its time.)"""
+anchor: on a host whose bandwidth moves within a case, only the read anchor, timed in turns, holds. (A large copy
+timed in turns instead slows the case after it: benchmarks/results/cpu_kernel_notes_2026-11-28.md, bench.)"""
 import itertools
 
 import torch
@@ -39,8 +39,8 @@ DTYPES = ("float32", "bfloat16", "int8", "int8-x8")  # int8-x8: int8_linear with
 CROSSOVERS = [(("gpt2", "mlp up", 3072, 768), ("float32", "bfloat16"), (2, 3, 4, 5, 8, 16, 28, 29, 32, 33, 64)),
               (("llama7b", "down", 4096, 11008), ("float32",), (64, 128, 129, 256))]
 # Untimed calls (each on the next cold copy) before each timed one, in every turn: a call right after F.linear's GEMM
-# at 8 rows took 6-27 us longer (int8 M8 N3072 K768, 59-64 us back to back; after an idle millisecond alone, no
-# longer), a state that F.linear leaves behind for the next op and that a model's back-to-back layers never see.
+# at 8 rows is slower (cpu_kernel_notes_2026-11-28.md, bench), a state that F.linear leaves behind for the next op and
+# that a model's back-to-back layers never see.
 LEAD = 1
 FIXED_N, FIXED_RUNS = 4, 200  # the output features and runs of the call that gives a case's fixed cost
 CACHED_BYTES = 1 << 19  # the weight bytes of the call that gives a case's time with its weight in cache
@@ -109,7 +109,7 @@ def bench(report, device, shapes=SHAPES, rows=ROWS, dtypes=DTYPES, crossovers=CR
     cases += [(shape, dtype, m) for shape, types, counts in crossovers for dtype, m in itertools.product(types, counts)]
     bounds = {}  # case -> (the copy bandwidth measured just before it, the read's, our fixed and cached times)
     for i, ((model, layer, n, k), dtype, m) in enumerate(cases):
-        # the host's bandwidth can move within a run (seen: 40 -> 68 GB/s), so each case has its own measurement
+        # the host's bandwidth can move within a run, so each case has its own measurement
         copy_bytes_s = copy_bandwidth(device) if report.ceiling_bytes_s and i < measured else 0.0
         times = bench_case(report, device, model, layer, n, k, m, dtype, runs, cold_bytes, ceilings.get(dtype, 0.0))
         bounds.setdefault(report.rows[-1].case, (copy_bytes_s, *times))

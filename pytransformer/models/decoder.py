@@ -3,6 +3,7 @@ import torch
 from torch import Tensor, nn
 
 from ..nn import KVCache, Linear, TransformerDecoder, token_positions
+from ..nn.kv_cache import is_rolling
 from .common import Embeddings, float_parameter, init_normal, rotary_for
 from .configs import DecoderConfig
 from .generation import beam_search, check_generate_args, check_key_lengths, decode, next_token
@@ -35,17 +36,17 @@ class DecoderLM(nn.Module):
 
     def new_cache(self, batch_size: int, capacity: int, *, device=None, dtype=None) -> KVCache:
         """An empty KVCache for batch_size rows of up to `capacity` tokens, on the model's device and dtype; with a
-        sliding window shorter than capacity, a rolling cache of `window` rows that holds any number of tokens."""
+        sliding window of at most capacity, `window` rows: a rolling buffer that holds any number of tokens."""
         w = float_parameter(self)
         c = self.config
-        rolling = c.window is not None and capacity > c.window
-        return KVCache(c.n_layers, batch_size, c.n_kv_heads or c.n_heads, c.head_dim, c.window if rolling else capacity,
-                       rolling=rolling, device=device or w.device, dtype=dtype or w.dtype)
+        rows = capacity if c.window is None else min(capacity, c.window)
+        return KVCache(c.n_layers, batch_size, c.n_kv_heads or c.n_heads, c.head_dim, rows, device=device or w.device,
+                       dtype=dtype or w.dtype)
 
     def prefill(self, input_ids: Tensor, cache: KVCache, key_lengths: Tensor | None = None) -> Tensor:
         """Run a prompt [B, L] (right-padded to key_lengths [B]) into the cache -> hidden states [B, L, d_model]; a
         rolling cache takes it in chunks of `window` tokens, so a prompt of any length needs O(window) memory."""
-        chunk = cache.capacity if cache.rolling else input_ids.shape[1]
+        chunk = cache.capacity if is_rolling(cache.capacity, self.config.window) else input_ids.shape[1]
         hidden = []
         for start in range(0, input_ids.shape[1], chunk):
             part = input_ids[:, start:start + chunk]

@@ -3,8 +3,9 @@ import torch
 from torch import Tensor, nn
 
 from .. import ops
+from ..ops import _checks
 from ..ops.visibility import visible_keys
-from .kv_cache import AttentionCache, rolling_attention
+from .kv_cache import AttentionCache, is_rolling, rolling_attention
 from .linear import Linear
 from .positional import RotaryEmbedding
 from .quantized import linear_rows
@@ -20,6 +21,7 @@ class MultiHeadAttention(nn.Module):
                  window: int | None = None, device=None, dtype=None):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        _checks.positive_window(window)
         if d_model % n_heads:
             raise ValueError(f"n_heads: d_model={d_model} must be divisible by n_heads={n_heads}")
         if n_heads % n_kv_heads:
@@ -73,10 +75,7 @@ class MultiHeadAttention(nn.Module):
             y = ops.attention(self._project_q(x), cache.k, cache.v, key_lengths=cache.lengths)
         elif cache is not None:  # self-attention over the cached rows plus the L new ones
             q, k, v = self._qkv(x, context, cache.positions)
-            if cache.rolling:
-                if self.window != cache.k.shape[2]:
-                    raise ValueError(f"cache: a rolling cache of {cache.k.shape[2]} rows needs window="
-                                     f"{cache.k.shape[2]}, this attention has window={self.window}")
+            if is_rolling(cache.k.shape[2], self.window):
                 y = rolling_attention(q, k, v, cache, key_lengths)
             else:
                 bound = cache.max_length  # host-side bound of cache.lengths (None: unknown, read on CUDA)

@@ -1,5 +1,5 @@
-"""KVCache: preallocated, static-shape key/value storage for decoding (self-attention per layer, cross-attention once),
-optionally a rolling buffer of the last W positions for sliding-window attention."""
+"""KVCache: preallocated, static-shape key/value storage for decoding (self-attention per layer, cross-attention once);
+for sliding-window attention of window W, a cache of W rows is a rolling buffer of the last W positions."""
 from typing import NamedTuple
 
 import torch
@@ -15,7 +15,6 @@ class AttentionCache(NamedTuple):
     v: Tensor  # [B, Hkv, capacity, Dv]
     lengths: Tensor  # [B] int64
     static: bool
-    rolling: bool = False  # a rolling buffer: position i lives in row i % capacity (see rolling_attention)
     # Self-attention, per forward step (computed once for all layers by KVCache.layers): the absolute positions
     # [B, L] of the step's L tokens, and the rows visible once they are appended, lengths + L [B].
     positions: Tensor | None = None
@@ -42,13 +41,13 @@ class KVCache:
     unknown, so nothing is specialised on it) and later calls read the lengths as before. Writing `lengths` directly
     breaks the bound: call reset() or set `max_length` (None if unknown) too.
 
-    rolling=True makes the self-attention caches rolling buffers for sliding-window attention with window ==
-    capacity: position i is stored in row i % capacity, so a sequence of any length needs only `capacity` rows."""
+    The window of sliding-window attention is the attention's alone: a self-attention cache of exactly `window` rows is
+    a rolling buffer for it (position i in row i % window, see is_rolling), so a sequence of any length needs only
+    `window` rows; a cache of any other capacity holds positions 0 .. capacity - 1 in order."""
 
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, head_dim: int, capacity: int, *,
-                 memory_length: int = 0, rolling: bool = False, device=None, dtype=None):
+                 memory_length: int = 0, device=None, dtype=None):
         factory = {"device": device, "dtype": dtype}
-        self.rolling = rolling
         shape = (batch_size, n_kv_heads, capacity, head_dim)
         self.k = [torch.zeros(shape, **factory) for _ in range(n_layers)]
         self.v = [torch.zeros(shape, **factory) for _ in range(n_layers)]
@@ -62,7 +61,7 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        """Rows per sequence that the self-attention cache can hold (rolling: the window it keeps)."""
+        """Rows per sequence of the self-attention cache (for attention of this window: a rolling buffer)."""
         return self.k[0].shape[2]
 
     def layers(self, length: int) -> list[LayerCache]:
@@ -75,8 +74,8 @@ class KVCache:
             cross = None
             if self.cross_k is not None:
                 cross = AttentionCache(self.cross_k[i], self.cross_v[i], self.memory_lengths, True)
-            entries.append(LayerCache(AttentionCache(self.k[i], self.v[i], self.lengths, False, self.rolling,
-                                                     positions, visible, self.max_length), cross))
+            entries.append(LayerCache(AttentionCache(self.k[i], self.v[i], self.lengths, False, positions, visible,
+                                                     self.max_length), cross))
         return entries
 
     def positions(self, length: int) -> Tensor:
@@ -101,6 +100,12 @@ class KVCache:
         """Empty every row (the stored K/V are simply overwritten later)."""
         self.lengths.zero_()
         self.max_length = 0
+
+
+def is_rolling(capacity: int, window: int | None) -> bool:
+    """Whether a self-attention cache of `capacity` rows is a rolling buffer for attention with sliding `window`
+    (position i in row i % window; rolling_attention): exactly when it has `window` rows."""
+    return window is not None and capacity == window
 
 
 def rolling_attention(q: Tensor, k: Tensor, v: Tensor, cache: AttentionCache, key_lengths: Tensor | None = None

@@ -7,6 +7,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import ops
+from ..ops import _checks
+from ..ops.int8_linear import DEFAULT_X_BITS
 
 
 def quantize_per_channel(weight: Tensor, rows: int = 1024) -> tuple[Tensor, Tensor]:
@@ -27,11 +29,9 @@ class QuantizedLinear(nn.Module):
     ops.int8_linear, x_bits (16: weight-only; 8: x quantized per row to 8 bits too) passed on to it. Buffers, not
     parameters: the module is for inference (no backward)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, x_bits: int = 16, device=None,
-                 dtype=None):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, x_bits: int = DEFAULT_X_BITS,
+                 device=None, dtype=None):
         super().__init__()
-        if x_bits not in (8, 16):
-            raise ValueError(f"x_bits: expected 8 or 16, got {x_bits}")
         self.in_features, self.out_features, self.x_bits = in_features, out_features, x_bits
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device))
         self.register_buffer("scale", torch.ones(out_features, device=device, dtype=dtype))
@@ -46,6 +46,16 @@ class QuantizedLinear(nn.Module):
         if linear.bias is not None:
             q.bias = linear.bias.detach().clone()
         return q
+
+    @property
+    def x_bits(self) -> int:
+        """16: weight-only; 8: x quantized per row to 8 bits too (see ops.int8_linear); checked when set."""
+        return self._x_bits
+
+    @x_bits.setter
+    def x_bits(self, bits: int) -> None:
+        _checks.known_x_bits(bits)
+        self._x_bits = bits
 
     def dequantized_weight(self) -> Tensor:
         """The float weight [out, in] that this module multiplies by (weight * scale)."""
@@ -82,13 +92,12 @@ class QuantizedEmbedding(nn.Module):
         return F.embedding(ids, self.head.weight).to(scale.dtype) * scale[ids, None]
 
 
-def quantize(model: nn.Module, x_bits: int = 16) -> nn.Module:
+def quantize(model: nn.Module, x_bits: int = DEFAULT_X_BITS) -> nn.Module:
     """Replace every nn.Linear of `model` in place by a QuantizedLinear (int8 weight, per-output-channel scale) and
     return the model; an nn.Embedding whose weight is tied to a Linear's becomes a QuantizedEmbedding of that head.
     Every QuantizedLinear of the model, new or already there (a model loaded with quantize=True), then has `x_bits`:
     16 weight-only, 8 x quantized per row to 8 bits too (see ops.int8_linear)."""
-    if x_bits not in (8, 16):
-        raise ValueError(f"x_bits: expected 8 or 16, got {x_bits}")
+    _checks.known_x_bits(x_bits)  # before the model changes
     if isinstance(model, nn.Linear):
         model = QuantizedLinear.from_linear(model)
     modules = list(model.modules())  # holds every original module (and weight) alive, so their ids stay unique

@@ -61,6 +61,11 @@ def int_or_none(value, name: str) -> None:
         raise TypeError(f"{name}: expected an int or None, got {type(value).__name__}")
 
 
+def positive_window(window) -> None:
+    """csrc/attention.h: check_positive_window (attention, decode_attention, and the modules' sliding window)."""
+    check(window is None or window >= 1, f"window: expected a positive number of keys, got {window}")
+
+
 def finite(value: float, name: str) -> None:
     check(math.isfinite(value), f"{name}: expected a finite value, got {value}")
 
@@ -124,7 +129,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask, window, key_lengths, scale:
           f"({hkv})")
     check(v.shape[0] == b and v.shape[1] == hkv and v.shape[2] == lk, f"v: expected shape [{b}, {hkv}, {lk}, Dv] "
           f"(B, Hkv and Lk of k), got {list(v.shape)}")
-    check(window is None or window >= 1, f"window: expected a positive number of keys, got {window}")
+    positive_window(window)
     finite(scale, "scale")
     if mask is not None:
         like(mask, "mask", q, "q", same_dtype=False)
@@ -176,7 +181,7 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_lengths:
     check(hkv >= 1 and hq % hkv == 0, f"q: the number of query heads Hq = {hq} must be a multiple of the number of "
           f"cache heads Hkv = {hkv}")
     integer_vector(cache_lengths, "cache_lengths", q, "q", b)
-    check(window is None or window >= 1, f"window: expected None or a positive int, got {window}")
+    positive_window(window)
     finite(scale, "scale")
     check(max_length is None or 0 <= max_length <= cap,  # check_length_bound
           f"max_length: expected 0 <= max_length <= capacity = {cap}, got {max_length}")
@@ -195,9 +200,14 @@ def linear(x: Tensor, weight: Tensor, bias) -> None:
               f"(the rows of weight), got {list(bias.shape)}")
 
 
+def known_x_bits(x_bits: int) -> None:
+    """csrc/int8_linear.h: check_x_bits (int8_linear, and the int8 modules' x_bits)."""
+    check(x_bits in (8, 16), f"x_bits: expected 8 or 16, got {x_bits}")
+
+
 def int8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias, x_bits: int) -> None:
     """csrc/int8_linear.h: check_int8_linear_args."""
-    check(x_bits in (8, 16), f"x_bits: expected 8 or 16, got {x_bits}")
+    known_x_bits(x_bits)
     float_dtype(x, "x")
     check(x.dim() >= 1, "x: expected a tensor [..., K], got a 0-d tensor")
     like(weight, "weight", x, "x", same_dtype=False)

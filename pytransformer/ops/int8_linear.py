@@ -10,14 +10,18 @@ from . import _checks
 
 _ops = torch.ops.pytransformer
 
+# The default x_bits of int8_linear and of the int8 modules (nn.QuantizedLinear, nn.quantize): weight-only quantization.
+DEFAULT_X_BITS = 16
+
 
 @torch.library.register_fake("pytransformer::int8_linear")
-def _(x, weight, scale, bias, x_bits=16):
+def _(x, weight, scale, bias, x_bits):
     _checks.int8_linear(x, weight, scale, bias, x_bits)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))  # [..., N]
 
 
-def int8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None = None, *, x_bits: int = 16) -> Tensor:
+def int8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None = None, *,
+                x_bits: int = DEFAULT_X_BITS) -> Tensor:
     """(x [..., K] @ weight int8 [N, K]^T) * scale [N] + bias [N] -> [..., N] in x's dtype; no backward.
 
     x_bits=16 (the default, weight-only quantization): on the CPU, on a processor with AVX-512 VNNI, x (float32,

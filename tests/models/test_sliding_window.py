@@ -1,11 +1,12 @@
-"""Sliding-window models with a rolling KV cache (W rows per layer, position i in row i % W): cached generation equals
-uncached generation with the same window for prompts shorter and longer than W, chunks of any size equal the full
-windowed forward, the cache's memory stays fixed, torch.compile, errors."""
+"""Sliding-window models with a rolling KV cache (a cache of W rows per layer is one, position i in row i % W): cached
+generation equals uncached generation with the same window for prompts shorter and longer than W, chunks of any size
+equal the full windowed forward, the cache's memory stays fixed, torch.compile, errors."""
 import pytest
 import torch
 
 from pytransformer.models import DecoderLM, gpt2_small
 from pytransformer.nn import KVCache, MultiHeadAttention, RotaryEmbedding
+from pytransformer.nn.kv_cache import is_rolling
 
 V = 64
 
@@ -21,7 +22,7 @@ def tiny(window, **overrides):
 def test_generation_equals_uncached(window, overrides):
     model = tiny(window, **overrides)
     cache = model.new_cache(2, 40)
-    assert cache.rolling and cache.capacity == window
+    assert cache.capacity == window
     for length in sorted({1, window, 3 * window + 2}):  # shorter than, equal to and longer than W
         prompt = torch.randint(0, V, (2, length))
         out = model.generate(prompt, 12)
@@ -71,7 +72,7 @@ def test_chunks_of_any_size(n_kv_heads):
     attn = MultiHeadAttention(d, 4, n_kv_heads, window=window, rotary=RotaryEmbedding(8, 64)).double().eval()
     x = torch.randn(2, 40, d, dtype=torch.float64)
     full = attn(x)
-    kv = KVCache(1, 2, n_kv_heads or 4, 8, window, rolling=True, dtype=torch.float64)
+    kv = KVCache(1, 2, n_kv_heads or 4, 8, window, dtype=torch.float64)
     out, start = [], 0
     for size in [1, 3, 1, 7, 5, 2, 12, 1, 8]:
         out.append(attn(x[:, start:start + size], cache=kv.layers(size)[0].self_attn))
@@ -92,17 +93,33 @@ def test_compile():
 
 
 def test_errors():
-    attn = MultiHeadAttention(16, 2, window=3)
-    cache = KVCache(1, 1, 2, 8, 4, rolling=True)
-    with pytest.raises(ValueError, match="cache"):
-        attn(torch.randn(1, 1, 16), cache=cache.layers(1)[0].self_attn)
-    with pytest.raises(ValueError, match="cache"):
-        MultiHeadAttention(16, 2)(torch.randn(1, 1, 16), cache=cache.layers(1)[0].self_attn)
+    for window in (0, -2):
+        with pytest.raises(ValueError, match="window: expected a positive number of keys"):
+            MultiHeadAttention(16, 2, window=window)
+        with pytest.raises(ValueError, match="window"):
+            tiny(window)
+
+
+@pytest.mark.parametrize("capacity,rolling", [(4, True), (5, False), (3, False)])
+@torch.no_grad()
+def test_the_window_is_the_attentions(capacity, rolling):
+    """A cache of exactly W rows is a rolling buffer for attention of window W (it wraps); one of other rows is a
+    plain cache for it (up to its capacity) and for attention without a window."""
+    attn = MultiHeadAttention(16, 2, window=4).double().eval()
+    x = torch.randn(1, 7, 16, dtype=torch.float64)
+    assert is_rolling(capacity, attn.window) == rolling and not is_rolling(capacity, None)
+    cache = KVCache(1, 1, 2, 8, capacity, dtype=torch.float64)
+    steps = 7 if rolling else capacity
+    out = []
+    for t in range(steps):
+        out.append(attn(x[:, t:t + 1], cache=cache.layers(1)[0].self_attn))
+        cache.advance(1)
+    torch.testing.assert_close(torch.cat(out, 1), attn(x[:, :steps]))
 
 
 def test_short_generation_keeps_a_plain_cache():
     model = tiny(8)
-    cache = model.new_cache(1, 8)
-    assert not cache.rolling and cache.capacity == 8
+    cache = model.new_cache(1, 7)
+    assert not is_rolling(cache.capacity, model.config.window) and cache.capacity == 7
     prompt = torch.randint(0, V, (1, 3))
     assert torch.equal(model.generate(prompt, 5), model.generate(prompt, 5, use_cache=False))

@@ -282,7 +282,7 @@ def _bad_decode_cases():
         ("cache_lengths: row 1 has length 11", (q, k, v, torch.tensor([5, 11])), {}),
         ("cache_lengths: row 0 has length -1", (q, k, v, torch.tensor([-1, 3])), {}),
         ("cache_lengths: row 0 has length 1", (randn(2, 4, 2, 16), k, v, torch.tensor([1, 3])), {}),
-        ("window: expected None or a positive int", (q, k, v, n), {"window": 0}),
+        ("window: expected a positive number of keys", (q, k, v, n), {"window": 0}),
         ("scale: expected a finite", (q, k, v, n), {"scale": float("nan")}),
     ]
 

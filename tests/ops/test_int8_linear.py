@@ -163,8 +163,8 @@ def test_layouts_and_edge_shapes(device):
 def test_opcheck(device):
     weight, scale, b = make(16, 24, device)
     for x in (torch.randn(3, 24, device=device), torch.randn(2, 12, 24, device=device)):
-        torch.library.opcheck(torch.ops.pytransformer.int8_linear, (x, weight, scale, b))
-        torch.library.opcheck(torch.ops.pytransformer.int8_linear, (x, weight, scale, None))
+        torch.library.opcheck(torch.ops.pytransformer.int8_linear, (x, weight, scale, b, 16))
+        torch.library.opcheck(torch.ops.pytransformer.int8_linear, (x, weight, scale, None, 16))
         torch.library.opcheck(torch.ops.pytransformer.int8_linear, (x, weight, scale, b, 8))
 
 
