@@ -37,7 +37,7 @@ def int8_linear(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None = 
     no int32 sum overflows), on every device and path, so the error bound above holds with those steps (about 1e-2 of
     the outputs). On the CPU with VNNI (x not float64) the products are summed exactly in integers, half the
     instructions of 16 bits per weight (8 rows with the weights in cache: half the time; from memory it depends on the
-    host, see the README). Elsewhere x is rounded to those same values first (in the kernel's float32
+    host, see docs/benchmarks.md). Elsewhere x is rounded to those same values first (in the kernel's float32
     arithmetic, float64 for float64 x; back to x's dtype) and multiplied as it is."""
     _checks.tensors(("bias",), x=x, weight=weight, scale=scale, bias=bias)
     return _ops.int8_linear(x, weight, scale, bias, x_bits)
