@@ -35,14 +35,15 @@ def eos_ids(eos_id, device) -> Tensor | None:
     return torch.tensor(ids, device=device)
 
 
-def check_key_lengths(key_lengths, rows: int, length: int) -> None:
-    """ValueError naming key_lengths unless it is an integer tensor [rows] of prompt lengths in [1, length]."""
+def check_key_lengths(key_lengths, rows: int, length: int, name: str = "key_lengths") -> None:
+    """ValueError naming the argument (`name`) unless it is an integer tensor [rows] of prompt lengths in
+    [1, length]."""
     if not (torch.is_tensor(key_lengths) and not key_lengths.is_floating_point() and key_lengths.dtype != torch.bool
             and tuple(key_lengths.shape) == (rows,)):
-        raise ValueError(f"key_lengths: expected an integer tensor of shape [{rows}] (one length per prompt row), got "
+        raise ValueError(f"{name}: expected an integer tensor of shape [{rows}] (one length per prompt row), got "
                          f"{key_lengths!r:.80}")
     if rows and not (int(key_lengths.min()) >= 1 and int(key_lengths.max()) <= length):
-        raise ValueError(f"key_lengths: expected each in [1, {length}] (the prompt's length), got "
+        raise ValueError(f"{name}: expected each in [1, {length}] (the prompt's length), got "
                          f"{key_lengths.tolist()}")
 
 

@@ -6,7 +6,7 @@ from torch import Tensor, nn
 from ..nn import KVCache, Linear, TransformerDecoder, TransformerEncoder, token_positions
 from .common import Embeddings, float_parameter, rotary_for
 from .configs import Seq2SeqConfig
-from .generation import beam_search, check_generate_args, decode, next_token
+from .generation import beam_search, check_generate_args, check_key_lengths, decode, next_token
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -62,8 +62,11 @@ class Seq2SeqTransformer(nn.Module):
                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                  generator: torch.Generator | None = None, use_cache: bool = True) -> Tensor:
         """src [B, Ls] -> target tokens [B, 1 + n] starting with bos_id: the encoder runs once, cross-attention K/V
-        are cached once, self-attention goes through the KV cache; rows that emitted eos_id continue with eos_id."""
+        are cached once, self-attention goes through the KV cache; rows that emitted eos_id continue with eos_id.
+        ValueError naming src_key_lengths unless it is an integer tensor [B] of lengths in [1, Ls]."""
         check_generate_args(max_new_tokens, beam_size, do_sample, temperature, top_k, top_p)
+        if src_key_lengths is not None:
+            check_key_lengths(src_key_lengths, src.shape[0], src.shape[1], "src_key_lengths")
         n_rows = src.shape[0] * beam_size
         memory = self.encode(src, src_key_lengths).repeat_interleave(beam_size, 0)  # [N, Ls, d]
         lens = None if src_key_lengths is None else src_key_lengths.to(src.device).repeat_interleave(beam_size, 0)

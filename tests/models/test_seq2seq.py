@@ -56,6 +56,17 @@ def test_beam_size_one_is_greedy_and_padding_is_ignored():
         assert torch.equal(alone[0], greedy[b, :alone.shape[1]])
 
 
+@pytest.mark.parametrize("lengths, match", [
+    (torch.tensor([6, 0]), r"src_key_lengths: expected each in \[1, 6\]"),
+    (torch.tensor([6, 7]), r"src_key_lengths: expected each in \[1, 6\]"),
+    (torch.tensor([6, 2, 4]), r"src_key_lengths: expected an integer tensor of shape \[2\]"),
+    (torch.tensor([6.0, 2.0]), r"src_key_lengths: expected an integer tensor"),
+])
+def test_generate_checks_src_key_lengths(lengths, match):
+    with pytest.raises(ValueError, match=match):
+        tiny().generate(torch.randint(3, V, (2, 6)), lengths, max_new_tokens=2, bos_id=BOS, eos_id=EOS)
+
+
 def test_compile_training_step():
     model = tiny(n_kv_heads=2).train()
     src, tgt = torch.randint(3, V, (2, 6)), torch.randint(3, V, (2, 5))
