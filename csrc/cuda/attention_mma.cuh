@@ -518,8 +518,7 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
 #pragma unroll
       for (int i = 0; i < kRT * kMT; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)  // a hidden key's dP may be NaN
-          ds[i][e] = pt[i][e] == 0.f ? 0.f : pt[i][e] * (ds[i][e] - sDelta[i % kMT * 8 + 2 * t + e % 2]);
+        for (int e = 0; e < 4; ++e) ds[i][e] = pt[i][e] * (ds[i][e] - sDelta[i % kMT * 8 + 2 * t + e % 2]);
       PT_BWD_DEBUG_TILE(kDbgDS, ds, 1.f);
       stash(sPt, pt);
       stash(sdS, ds);

@@ -119,8 +119,11 @@ __global__ void __launch_bounds__(kSimtWarps* kWarpSize) attention_simt_fwd_kern
     float o[kIters] = {};
     for (int64_t j0 = keys.lo; j0 < keys.hi; j0 += kWarpSize) {
       const int64_t j = j0 + lane;
-      float s = j < keys.hi ? mask_term(p, b, h, i, j) : -INFINITY;
-      if (s != -INFINITY) s += dot_row<T, kVec>(qs, k + j * p.k_stride[2], D);
+      float s = -INFINITY;
+      if (j < keys.hi) {
+        const float term = mask_term(p, b, h, i, j);
+        if (term != -INFINITY) s = dot_row<T, kVec>(qs, k + j * p.k_stride[2], D) + term;
+      }
       const float m_new = max_nan(m, warp_max(s));
       if (m_new == -INFINITY) continue;  // nothing visible so far (the whole warp skips)
       const float alpha = __expf(m - m_new), e = __expf(s - m_new);
@@ -169,9 +172,13 @@ __global__ void __launch_bounds__(kSimtWarps* kWarpSize)
       const KeyRange keys = visible_keys(p, b, i, i + 1);
       for (int64_t j0 = keys.lo; j0 < keys.hi; j0 += kWarpSize) {
         const int64_t j = j0 + lane;
-        float ds = 0.f, s = j < keys.hi ? mask_term(p, b, h, i, j) : -INFINITY;
-        if (s != -INFINITY) s += dot_row<T, kVec>(qs, k + j * p.k_stride[2], D);
-        if (s != -INFINITY) ds = __expf(s - lse) * (dot_row<T, kVec>(gs, v + j * p.v_stride[2], Dv) - dlt);
+        float ds = 0.f;
+        if (j < keys.hi) {
+          if (mask_term(p, b, h, i, j) != -INFINITY) {  // read again after the dot product, not held across it
+            const float s = dot_row<T, kVec>(qs, k + j * p.k_stride[2], D) + mask_term(p, b, h, i, j);
+            if (s != -INFINITY) ds = __expf(s - lse) * (dot_row<T, kVec>(gs, v + j * p.v_stride[2], Dv) - dlt);
+          }
+        }
         ws[lane] = ds;
         __syncwarp();
         const int nk = static_cast<int>(keys.hi - j0 < kWarpSize ? keys.hi - j0 : kWarpSize);
@@ -215,11 +222,15 @@ __global__ void __launch_bounds__(kSimtWarps* kWarpSize)
         for (int64_t i0 = queries.lo; i0 < queries.hi; i0 += kWarpSize) {
           const int64_t i = i0 + lane;
           float pi = 0.f, dsi = 0.f;
-          float s = i < queries.hi && lse[i] != -INFINITY ? mask_term(p, b, h, i, j) : -INFINITY;
-          if (s != -INFINITY) s += dot_row<T, kVec>(ks, q + i * p.q_stride[2], D);
-          if (s != -INFINITY) {
-            pi = __expf(s - lse[i]);
-            dsi = pi * (dot_row<T, kVec>(vs, go + i * bp.go_stride[2], Dv) - dlt[i]);
+          if (i < queries.hi && lse[i] != -INFINITY) {
+            const float term = mask_term(p, b, h, i, j);
+            if (term != -INFINITY) {
+              const float s = dot_row<T, kVec>(ks, q + i * p.q_stride[2], D) + term;
+              if (s != -INFINITY) {
+                pi = __expf(s - lse[i]);
+                dsi = pi * (dot_row<T, kVec>(vs, go + i * bp.go_stride[2], Dv) - dlt[i]);
+              }
+            }
           }
           ps[lane] = pi;
           ds[lane] = dsi;
