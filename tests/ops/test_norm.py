@@ -229,10 +229,7 @@ def test_each_cpu_isa_level_agrees(isa):
 # ---- The CUDA kernels on every path: on a GPU, or through the host emulator (--cuda-emulator) ----
 
 @pytest.mark.cuda
-def test_cuda_kernels(kernel_target, request):
+def test_cuda_kernels(kernel_target):
     """The CUDA kernels of layer_norm and rms_norm on every path (pytransformer/check.py) against float64 references."""
-    if request.config.getoption("--cuda-emulator"):
-        pytest.skip("known issue: under the emulator's alignment checks these cases abort the process when they run "
-                    "after the other ops' emulated cases (alone they pass); on a GPU they run")
     assert kernel_target.run(lambda c: c.check_norms(kernel_target.shapes(kc.NORM_SHAPES_QUICK, kc.NORM_SHAPES)),
                              each_device_size=True) == []

@@ -30,13 +30,14 @@ struct Region {
   const char *kind, *name;
 };
 
-constexpr int kMaxSharedArrays = 256;
 uint32_t epoch = 0, block_first_epoch = 0, wgen[kMaxThreads / 32];
 std::vector<Byte> dynamic_shadow;
 Region dynamic_region{0, 0, nullptr, "", "dynamic shared memory"};
 uintptr_t dynamic_cap = 0;  // the dynamic shared-memory buffer's bytes (accesses past dynamic_region.hi: memcheck)
-Region static_regions[kMaxSharedArrays];  // the __shared__ arrays, registered where they are declared
-int static_count = 0;
+// The __shared__ arrays, registered where they are declared: one per array of every kernel instantiation that ran in
+// the process, so the table grows (shared_array runs inside a kernel's fiber, where an exception cannot unwind).
+Region* static_regions = nullptr;
+int static_count = 0, static_capacity = 0;
 uintptr_t module_lo = 0, module_hi = 0, stack_lo = 0, stack_hi = 0;
 std::vector<std::string> reports;
 
@@ -297,8 +298,14 @@ EMU_RUNTIME void shared_array(const void* p, size_t n, const char* name) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
   for (int i = 0; i < static_count; ++i)
     if (static_regions[i].lo == a) return;
-  if (static_count == kMaxSharedArrays) throw std::runtime_error("emu: more __shared__ arrays than kMaxSharedArrays");
   Quiet quiet;
+  if (static_count == static_capacity) {
+    static_capacity = static_capacity ? 2 * static_capacity : 64;
+    Region* grown = new Region[static_capacity];
+    std::copy(static_regions, static_regions + static_count, grown);
+    delete[] static_regions;
+    static_regions = grown;
+  }
   static_regions[static_count++] = {a, a + n, new Byte[n], "shared array ", name};
 }
 
