@@ -399,7 +399,7 @@ __device__ void bwd_debug_tile(BwdDebugPlane plane, const float (*acc)[4], float
 }
 #define PT_BWD_DEBUG_TILE(plane, acc, factor)                                                                  \
   do {                                                                                                         \
-    if (blockIdx.x == 0 && step == 0)                                                                          \
+    if (blockIdx.x == 0 && first_step)                                                                         \
       bwd_debug_tile<kHeadDim>(plane, acc, factor, key_row0, q_col0, p, n0, m0, h, scale_log2);                \
   } while (0)
 #else
@@ -407,6 +407,77 @@ __device__ void bwd_debug_tile(BwdDebugPlane plane, const float (*acc)[4], float
   do {                                        \
   } while (0)
 #endif
+
+// The dK/dV kernel's first products for one warp: P^T and dS^T of its keys n0 + key_row0.. (kRT row tiles of 16) and
+// its queries m0 + q_col0.. (kMT n-tiles of 8), in registers: S^T = K Q^T (log2 units, masked unless `clean`),
+// P^T = exp2(S^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T - delta). sLse and sDelta start at the warp's query column.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void bwd_probs_and_ds(float (*pt)[4], float (*ds)[4], const T* sK, const T* sV,
+                                                 const T* sQ, const T* sdO, const float* sLse, const float* sDelta,
+                                                 const AttentionParams& p, int64_t b, int64_t h, int64_t n0,
+                                                 int64_t m0, int key_row0, int q_col0, bool clean, float scale_log2,
+                                                 bool first_step) {
+  using Tiles = MmaTiles<kHeadDim>;
+  constexpr int kRT = Tiles::kBwdRowTiles, kMT = Tiles::kBwdBlockM / 8 / Tiles::kBwdDSplit, kLd = Tiles::kLd;
+  const int t = threadIdx.x % 4;
+  warp_gemm_nt<kRT, kMT, kHeadDim / 16>(pt, sK, kLd, key_row0, sQ + q_col0 * kLd, kLd);
+  float factor = 1.f;  // the same for every row tile (one `clean`)
+#pragma unroll
+  for (int rt = 0; rt < kRT; ++rt)
+    factor = scale_and_mask<true, kMT>(pt + rt * kMT, p, b, h, n0 + key_row0 + 16 * rt, m0 + q_col0, clean,
+                                       scale_log2);
+  PT_BWD_DEBUG_TILE(kDbgS, pt, factor);
+#pragma unroll
+  for (int i = 0; i < kRT * kMT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pt[i][e] = exp2f(fmaf(pt[i][e], factor, -sLse[i % kMT * 8 + 2 * t + e % 2]));
+  PT_BWD_DEBUG_TILE(kDbgP, pt, 1.f);
+  warp_gemm_nt<kRT, kMT, kHeadDim / 16>(ds, sV, kLd, key_row0, sdO + q_col0 * kLd, kLd);
+  PT_BWD_DEBUG_TILE(kDbgDP, ds, 1.f);
+#pragma unroll
+  for (int i = 0; i < kRT * kMT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ds[i][e] = pt[i][e] * (ds[i][e] - sDelta[i % kMT * 8 + 2 * t + e % 2]);
+  PT_BWD_DEBUG_TILE(kDbgDS, ds, 1.f);
+}
+
+// The dK/dV kernel's atomic dQ: dQ [kM queries from m0][D] += scale * dS K, from dS^T and K in shared memory, added
+// to the float32 dq_accum. Warp w computes the kRTq query row tiles of group w % kQG in the column slice w / kQG
+// (kSlices slices of the head dim when there are more warps than row groups; warps past kQG * kSlices idle when the
+// head dim does not split evenly into slices of 16 columns). warp, g, t are the caller's: recomputed here from
+// threadIdx, they tip the head-dim-128 kernel (255 registers) into local memory, which tools/ptxas_gate.py rejects.
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void bwd_atomic_dq(float* dq_accum, const T* sdS, const T* sK, const AttentionParams& p,
+                                              int64_t b, int64_t h, int64_t m0, int warp, int g, int t) {
+  using Tiles = MmaTiles<kHeadDim>;
+  constexpr int kWarps = Tiles::kBwdWarps, kN = Tiles::kBwdBlockN, kM = Tiles::kBwdBlockM;
+  constexpr int kLd = Tiles::kLd, kLdS = Tiles::kLdS;
+  constexpr int kQT = kM / 16, kRTq = dq_row_tiles(kWarps, kQT, kHeadDim), kQG = kQT / kRTq;
+  constexpr int kSlices = dq_column_slices(kWarps / kQG, kHeadDim), kCols = kHeadDim / kSlices;
+  static_assert(kWarps % kQG == 0);
+  const int qg = warp % kQG, col0 = warp / kQG * kCols;
+  if (warp < kQG * kSlices) {
+    float dq[kRTq * kCols / 8][4] = {};
+    warp_gemm<kRTq, kCols / 8, kN / 16, T>(
+        dq, [&](Frag& a, int rt, int ks) { load_a_t(a, sdS, kLdS, ks * 16, (qg * kRTq + rt) * 16); },
+        [&](Frag& b, int ks, int n0) { load_b_kn(b, sK, kLd, ks * 16, col0 + n0); });
+    const float scale = static_cast<float>(p.scale);
+    float* dq_rows = dq_accum + ((b * p.heads_q + h) * p.len_q + m0) * p.dim;
+#pragma unroll
+    for (int i = 0; i < 2 * kRTq; ++i) {
+      const int64_t row = (qg * kRTq + i / 2) * 16 + g + 8 * (i % 2);
+      if (m0 + row >= p.len_q) continue;
+#pragma unroll
+      for (int nt = 0; nt < kCols / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = col0 + nt * 8 + 2 * t + e;
+          if (col < p.dim)
+            atomicAdd(dq_rows + row * p.dim + col, dq[i / 2 * (kCols / 8) + nt][2 * (i % 2) + e] * scale);
+        }
+    }
+  }
+}
 
 template <typename T, int kHeadDim, bool kAtomicDq>
 __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
@@ -439,7 +510,8 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
   const int q_col0 = part * (kM / kSplit), d_col0 = part * (kHeadDim / kSplit);
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
   const float scale_log2 = static_cast<float>(p.scale) * kLog2e;
-  // Queries [i_lo, i_hi) that may see a key of [n0, n0 + kN) (before key padding and masks).
+  // Queries [i_lo, i_hi) that may see a key of [n0, n0 + kN) (before key padding and masks): visible_queries of its
+  // first and last key, written out (through visible_queries the head-dim-128 kernel spills).
   const int64_t shift = p.len_k - p.len_q;
   int64_t i_lo = 0, i_hi = n0 < key_end(p, b) ? p.len_q : 0;
   if (p.causal) i_lo = n0 - shift > 0 ? n0 - shift : 0;
@@ -498,28 +570,10 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
       cp_async_wait<1>();  // this step's Q and dO landed
       __syncthreads();
 
-      // P^T and dS^T = P^T (dP^T - delta), dP^T = V dO^T, of this warp's keys and queries, to shared memory.
       const bool clean = tile_is_clean(p, b, m0, m0 + kM, n0, n0 + kN);
       float pt[kRT * kMT][4] = {}, ds[kRT * kMT][4] = {};
-      warp_gemm_nt<kRT, kMT, kHeadDim / 16>(pt, sK, kLd, key_row0, sQ + q_col0 * kLd, kLd);
-      float factor = 1.f;  // the same for every row tile (one `clean`)
-#pragma unroll
-      for (int rt = 0; rt < kRT; ++rt)
-        factor = scale_and_mask<true, kMT>(pt + rt * kMT, p, b, h, n0 + key_row0 + 16 * rt, m0 + q_col0, clean,
-                                           scale_log2);
-      PT_BWD_DEBUG_TILE(kDbgS, pt, factor);
-#pragma unroll
-      for (int i = 0; i < kRT * kMT; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pt[i][e] = exp2f(fmaf(pt[i][e], factor, -sLse[i % kMT * 8 + 2 * t + e % 2]));
-      PT_BWD_DEBUG_TILE(kDbgP, pt, 1.f);
-      warp_gemm_nt<kRT, kMT, kHeadDim / 16>(ds, sV, kLd, key_row0, sdO + q_col0 * kLd, kLd);
-      PT_BWD_DEBUG_TILE(kDbgDP, ds, 1.f);
-#pragma unroll
-      for (int i = 0; i < kRT * kMT; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) ds[i][e] = pt[i][e] * (ds[i][e] - sDelta[i % kMT * 8 + 2 * t + e % 2]);
-      PT_BWD_DEBUG_TILE(kDbgDS, ds, 1.f);
+      bwd_probs_and_ds<T, kHeadDim>(pt, ds, sK, sV, sQ, sdO, sLse, sDelta, p, b, h, n0, m0, key_row0, q_col0, clean,
+                                    scale_log2, step == 0);
       stash(sPt, pt);
       stash(sdS, ds);
       __syncthreads();
@@ -528,36 +582,7 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
       if (has_next) load_do(next_h, next_m0);
       cp_async_commit();
       warp_gemm_nn<kRT, kDT, kM / 16>(dk, sdS, kLdS, key_row0, sQ, kLd, d_col0);  // dK += dS^T Q
-      if constexpr (kAtomicDq) {
-        // dQ [kM][D] += dS K, from dS^T in shared memory: warp w computes the kRTq query row tiles of group
-        // w % kQG in the column slice w / kQG (kSlices slices of the head dim when there are more warps than row
-        // groups; warps past kQG * kSlices idle when the head dim does not split evenly into slices of 16 columns).
-        constexpr int kQT = kM / 16, kRTq = dq_row_tiles(kWarps, kQT, kHeadDim), kQG = kQT / kRTq;
-        constexpr int kSlices = dq_column_slices(kWarps / kQG, kHeadDim), kCols = kHeadDim / kSlices;
-        static_assert(kWarps % kQG == 0);
-        const int qg = warp % kQG, col0 = warp / kQG * kCols;
-        if (warp < kQG * kSlices) {
-          float dq[kRTq * kCols / 8][4] = {};
-          warp_gemm<kRTq, kCols / 8, kN / 16, T>(
-              dq, [&](Frag& a, int rt, int ks) { load_a_t(a, sdS, kLdS, ks * 16, (qg * kRTq + rt) * 16); },
-              [&](Frag& b, int ks, int n0) { load_b_kn(b, sK, kLd, ks * 16, col0 + n0); });
-          const float scale = static_cast<float>(p.scale);
-          float* dq_rows = dq_accum + ((b * p.heads_q + h) * p.len_q + m0) * p.dim;
-#pragma unroll
-          for (int i = 0; i < 2 * kRTq; ++i) {
-            const int64_t row = (qg * kRTq + i / 2) * 16 + g + 8 * (i % 2);
-            if (m0 + row >= p.len_q) continue;
-#pragma unroll
-            for (int nt = 0; nt < kCols / 8; ++nt)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int col = col0 + nt * 8 + 2 * t + e;
-                if (col < p.dim)
-                  atomicAdd(dq_rows + row * p.dim + col, dq[i / 2 * (kCols / 8) + nt][2 * (i % 2) + e] * scale);
-              }
-          }
-        }
-      }
+      if constexpr (kAtomicDq) bwd_atomic_dq<T, kHeadDim>(dq_accum, sdS, sK, p, b, h, m0, warp, g, t);
       if (has_next && threadIdx.x < kM) {  // the other stage is free since this step's first barrier
         sLse_stages[(1 - stage) * kM + threadIdx.x] = next_lse;
         sDelta_stages[(1 - stage) * kM + threadIdx.x] = next_delta;
