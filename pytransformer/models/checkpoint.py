@@ -5,7 +5,12 @@ are in hf.py; both paths hand `convert` a config dict and a name -> tensor mappi
 
 The model is built on the meta device, given uninitialised storage (a tied parameter stays one parameter), and its
 parameters are then copied one at a time from the tensors, read one at a time from the files: peak memory stays near
-the model's size. Buffers derived from the config (rotary frequencies, sinusoidal tables) are recomputed. With
+the model's size. from_pretrained on the CPU copies nothing where it need not: a parameter that is one tensor of the
+file as stored (same dtype, not fused from parts such as q, k and v, not transposed, not quantized) becomes a view of
+a private mapping of the file (mmap=False turns this off), so its weights are the file's page cache, shared with
+other processes reading the file and never counted as the process's anonymous memory; writing to it (training)
+copies the pages written, never the file. As with torch.load(mmap=True), the file must not be overwritten in place
+while the model lives. Buffers derived from the config (rotary frequencies, sinusoidal tables) are recomputed. With
 quantize=True the model is quantized while still on the meta device and each linear weight is quantized as it is
 read, so the float weights are never all in memory: peak memory stays near the int8 model's size plus one tensor.
 
@@ -34,15 +39,19 @@ from ..nn.quantized import quantize as quantize_model, quantize_per_channel
 from .hf import Architecture, Source, architecture, backbone_prefix, normalized_name
 
 
-def _materialize(model: nn.Module, device) -> None:
-    """Uninitialised storage on `device` for a model built on the meta device; tied parameters stay tied."""
+def _materialize(model: nn.Module, device, mapped: dict) -> None:
+    """Storage on `device` for a model built on the meta device: the tensor `mapped` holds for a parameter's name,
+    else uninitialised; tied parameters stay tied."""
+    names = {id(p): name for name, p in model.named_parameters()}
     fresh, keep = {}, []
     for m in model.modules():
         for name, p in m._parameters.items():
             if p is not None:
                 if id(p) not in fresh:
                     keep.append(p)  # holds the meta parameter alive, so ids stay unique
-                    fresh[id(p)] = nn.Parameter(torch.empty_like(p, device=device), p.requires_grad)
+                    data = mapped.get(names[id(p)])
+                    fresh[id(p)] = nn.Parameter(torch.empty_like(p, device=device) if data is None else data,
+                                                p.requires_grad)
                 m._parameters[name] = fresh[id(p)]
         for name, b in m._buffers.items():
             if b is not None:
@@ -55,10 +64,10 @@ def _list(names) -> str:
     return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
 
 
-def _writers(model: nn.Module, quantize: bool) -> dict:
-    """For each parameter name of a model on the meta device, a function writing a tensor into it once the model is
-    materialised. quantize=True quantizes the model (still on meta) first: a linear layer's weight (or a weight tied to
-    one) is then written into its QuantizedLinear, quantized per channel, and its bias into the int8 layer's bias."""
+def _int8_owners(model: nn.Module, quantize: bool) -> dict:
+    """{parameter name: None, or (path of the QuantizedLinear that takes it, "weight" | "bias")} of a model on the meta
+    device; quantize=True quantizes the model (still on meta) first, so that a linear layer's weight (or a weight tied
+    to one) and its bias belong to its QuantizedLinear."""
     params = dict(model.named_parameters())
     linears = {}  # id(parameter) -> (path of the first Linear using it, "weight" | "bias"), as quantize() ties them
     if quantize:
@@ -68,8 +77,12 @@ def _writers(model: nn.Module, quantize: bool) -> dict:
                     if getattr(m, attr) is not None:
                         linears.setdefault(id(getattr(m, attr)), (path, attr))
         quantize_model(model)
-    where = {name: linears.get(id(p)) for name, p in params.items()}
+    return {name: linears.get(id(p)) for name, p in params.items()}
 
+
+def _writers(model: nn.Module, where: dict) -> dict:
+    """For each parameter name of `where` (_int8_owners), a function writing a tensor into it once the model is
+    materialised: into the parameter, or into its QuantizedLinear (a weight quantized per channel)."""
     def write(name):
         def to_param(t):
             model.get_parameter(name).copy_(t)
@@ -84,7 +97,22 @@ def _writers(model: nn.Module, quantize: bool) -> dict:
                 layer.weight.copy_(q)
                 layer.scale.copy_(scale)
         return to_int8 if where[name] else to_param
-    return {name: write(name) for name in params}
+    return {name: write(name) for name in where}
+
+
+def _mapped(model: nn.Module, arch: Architecture, given: dict, tensors: "Tensors", where: dict, device) -> dict:
+    """{our parameter name: a view of the checkpoint file's mapping} for every parameter of the model (on the meta
+    device) that can keep its weights there: on the CPU, from one file tensor stored in the parameter's dtype (not
+    fused from parts, not transposed, not quantized)."""
+    if not isinstance(tensors, SafetensorsFiles) or torch.device(device).type != "cpu":
+        return {}
+    views = {}
+    for ours, source in arch.plan.items():
+        if len(source.names) == 1 and not source.transpose and where[ours] is None:
+            view = tensors.mapped(given[source.names[0]], model.get_parameter(ours).dtype)
+            if view is not None:
+                views[ours] = view
+    return views
 
 
 @contextlib.contextmanager
@@ -150,9 +178,9 @@ class SafetensorsFiles(Tensors):
     the map lists it in; a tensor in two files is refused."""
 
     def __init__(self, files: list[Path], stack: contextlib.ExitStack, index: Path | None = None,
-                 weight_map: dict | None = None):
+                 weight_map: dict | None = None, mmap: bool = True):
         self.source = str(index or files[0])
-        self._file, self._handle = {}, {}
+        self._file, self._handle, self._maps, self._mmap = {}, {}, {}, mmap
         for f in files:
             handle = _open_safetensors(f, stack)
             for name in handle.keys():
@@ -190,6 +218,34 @@ class SafetensorsFiles(Tensors):
 
     def where(self, name: str) -> str:
         return str(self._file[name])
+
+    def mapped(self, name: str, dtype: torch.dtype) -> torch.Tensor | None:
+        """Tensor `name` as a view of a private (copy-on-write) mapping of its file, or None unless mapping is on and
+        the tensor is stored in `dtype` at an offset that is a multiple of the element size. The view's pages are the
+        file's page cache, read on first touch; a write copies the page it lands on, never the file."""
+        if not self._mmap or self.dtype(name) != _SAFETENSORS_DTYPES.get(dtype):
+            return None
+        path = self._file[name]
+        if path not in self._maps:
+            self._maps[path] = _map_file(path)
+        storage, offsets = self._maps[path]
+        if offsets[name] % dtype.itemsize:
+            return None
+        return torch.empty(0, dtype=dtype).set_(storage, offsets[name] // dtype.itemsize, self.shape(name))
+
+
+_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
+
+
+def _map_file(path: Path) -> tuple[torch.UntypedStorage, dict[str, int]]:
+    """A private mapping of a safetensors file (whose header safe_open has checked) and each tensor's byte offset in
+    it: the file is an 8-byte little-endian header length, the JSON header, then the data, where each tensor's
+    data_offsets start."""
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(length))
+    offsets = {name: 8 + length + info["data_offsets"][0] for name, info in header.items() if name != "__metadata__"}
+    return torch.UntypedStorage.from_file(str(path), shared=False, nbytes=path.stat().st_size), offsets
 
 
 def _open_safetensors(path: Path, stack: contextlib.ExitStack):
@@ -286,10 +342,13 @@ def convert(cls, config_class, d, tensors: Mapping, *, dtype: torch.dtype, devic
     shapes = {name: p.shape for name, p in model.named_parameters()}
     assert shapes.keys() == arch.plan.keys(), "hf.py: the plan must cover the model's parameters"
     _check_tensors(arch, given, tensors, shapes)
-    writers = _writers(model, quantize)
-    _materialize(model, device)
+    where = _int8_owners(model, quantize)
+    writers, mapped = _writers(model, where), _mapped(model, arch, given, tensors, where, device)
+    _materialize(model, device, mapped)
     with torch.no_grad():
         for ours, source in arch.plan.items():
+            if ours in mapped:
+                continue
             parts = [tensors[given[n]] for n in source.names]
             t = parts[0] if len(parts) == 1 else torch.cat(parts)
             writers[ours](t.t() if source.transpose else t)
@@ -356,12 +415,13 @@ def checkpoint_files(path) -> Folder:
 
 
 def from_pretrained(cls, config_class, path, *, dtype: torch.dtype = torch.float32, device=None,
-                    quantize: bool = False) -> nn.Module:
+                    quantize: bool = False, mmap: bool = True) -> nn.Module:
     """`cls` from a save_pretrained directory, in `dtype` on `device` (default CPU), in eval mode; quantize=True:
-    the weight-only int8 model (pytransformer.quantize), quantized tensor by tensor as the weights are read."""
+    the weight-only int8 model (pytransformer.quantize), quantized tensor by tensor as the weights are read; mmap:
+    parameters that can stay in a private mapping of their file do (see the module's docstring)."""
     folder = checkpoint_files(path)
     with contextlib.ExitStack() as stack:
-        tensors = SafetensorsFiles(folder.files, stack, folder.index, folder.weight_map)
+        tensors = SafetensorsFiles(folder.files, stack, folder.index, folder.weight_map, mmap=mmap)
         model = convert(cls, config_class, folder.config, tensors, dtype=dtype, quantize=quantize,
                         device=torch.device("cpu") if device is None else device, config_name=str(folder.config_path))
     return model.eval()

@@ -113,7 +113,7 @@ class DecoderLM(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, dtype: torch.dtype = torch.float32, quantize: bool = False, *,
-                        device=None) -> "DecoderLM":
+                        device=None, mmap: bool = True) -> "DecoderLM":
         """A DecoderLM (eval mode) from a local directory written by a Hugging Face model's save_pretrained
         (config.json with model_type gpt2, llama, mistral or qwen2; model.safetensors or a sharded
         model.safetensors.index.json), in `dtype` on `device` (default CPU), without importing transformers.
@@ -121,5 +121,7 @@ class DecoderLM(nn.Module):
         read, so the float weights are never all in memory. A broken directory raises ValueError (FileNotFoundError
         for a missing path) naming the file and the field or tensor, checked from config.json and the safetensors
         headers before anything is allocated; integer weights and a tied config whose file holds a different
-        lm_head.weight are refused (models/checkpoint.py)."""
-        return checkpoint.from_pretrained(cls, DecoderConfig, path, dtype=dtype, device=device, quantize=quantize)
+        lm_head.weight are refused. On the CPU, weights stored in `dtype` and used as stored (not fused, transposed
+        or quantized) stay in a private mapping of the file unless mmap=False (models/checkpoint.py)."""
+        return checkpoint.from_pretrained(cls, DecoderConfig, path, dtype=dtype, device=device, quantize=quantize,
+                                          mmap=mmap)

@@ -65,10 +65,12 @@ class EncoderModel(nn.Module):
         return checkpoint.from_hf(cls, EncoderConfig, model)
 
     @classmethod
-    def from_pretrained(cls, path, dtype: torch.dtype = torch.float32, *, device=None) -> "EncoderModel":
+    def from_pretrained(cls, path, dtype: torch.dtype = torch.float32, *, device=None,
+                        mmap: bool = True) -> "EncoderModel":
         """An EncoderModel (eval mode) from a local save_pretrained directory of a BERT model (config.json with
         model_type bert; safetensors weights of BertModel, or the encoder and pooler of a BertFor* model, whose task
         heads cls.*, classifier.* and qa_outputs.* are skipped), in `dtype` on `device` (default CPU), without
         importing transformers. A broken directory raises ValueError (FileNotFoundError for a missing path) naming
-        the file and the field or tensor, before anything is allocated (models/checkpoint.py)."""
-        return checkpoint.from_pretrained(cls, EncoderConfig, path, dtype=dtype, device=device)
+        the file and the field or tensor, before anything is allocated. mmap: as DecoderLM.from_pretrained's
+        (models/checkpoint.py)."""
+        return checkpoint.from_pretrained(cls, EncoderConfig, path, dtype=dtype, device=device, mmap=mmap)

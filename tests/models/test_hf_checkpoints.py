@@ -2,8 +2,10 @@
 Mistral (sliding window shorter than the sequence: the rolling cache wraps), Qwen2 (Q/K/V biases), GPT-2 and BERT
 built with transformers and saved with save_pretrained (one sharded), loaded by from_hf and from_pretrained: logits
 and greedy tokens equal Hugging Face's (batch 1, and batch 3 padded), torch.compile, bfloat16, int8, errors."""
+import contextlib
 import json
 import shutil
+import sys
 
 import pytest
 import torch
@@ -268,3 +270,68 @@ def test_llama3_frequencies_equal_transformers(head_dim):
                                       max_position_embeddings=131072)
     expected, scaling = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
     assert scaling == 1.0 and torch.equal(rope_inv_freq(head_dim, params["rope_theta"], params), expected)
+
+
+# ---- from_pretrained keeps weights stored as used in a private mapping of the file ----
+
+def _file_backed(model) -> dict[str, bool]:
+    """Parameter name -> whether its data lies in a mapping of a .safetensors file (Linux: /proc/self/maps)."""
+    spans = []
+    for line in open("/proc/self/maps"):
+        fields = line.split()
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        spans.append((lo, hi, fields[5] if len(fields) > 5 else ""))
+    return {name: any(lo <= p.data_ptr() < hi and path.endswith(".safetensors") for lo, hi, path in spans)
+            for name, p in model.named_parameters()}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+@pytest.mark.parametrize("name", ["llama3", "gpt2"])  # one file, untied head; shards, transposed Conv1D weights
+def test_weights_stay_in_the_file_mapping(saved, name):
+    """float32 weights of a float32 checkpoint that are used as stored (embeddings, norms, o_proj, down_proj, the
+    head; GPT-2's biases) are views of the file's mapping; fused (q|k|v, gate|up as fc1) and transposed ones are
+    copies; the logits equal a copying load's; a write to a mapped weight changes neither the file nor another load."""
+    path = saved[name][1]
+    mapped, copied = DecoderLM.from_pretrained(path), DecoderLM.from_pretrained(path, mmap=False)
+    backed = _file_backed(mapped)
+    assert not any(_file_backed(copied).values())
+    assert backed["embed.tok.weight"] and backed["decoder.norm.weight"]
+    assert not any(backed[f"decoder.layers.{i}.{m}.weight"] for i in range(2) for m in ("self_attn.qkv_proj", "ff.fc1"))
+    if name == "llama3":
+        assert backed["lm_head.weight"] and backed["decoder.layers.0.self_attn.out_proj.weight"]
+    else:
+        assert not backed["decoder.layers.0.self_attn.out_proj.weight"]  # a Conv1D weight, stored transposed
+    ids = torch.randint(0, V, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(mapped(ids), copied(ids))
+        mapped.embed.tok.weight.add_(1.0)
+    again = DecoderLM.from_pretrained(path)
+    assert torch.equal(again.embed.tok.weight, copied.embed.tok.weight)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_converted_or_quantized_weights_are_copies(saved):
+    """bfloat16 from a float32 file is converted (nothing mapped); int8 maps only what stays float (embeddings,
+    norms) and quantizes the rest as it reads."""
+    path = saved["llama3"][1]
+    assert not any(_file_backed(DecoderLM.from_pretrained(path, torch.bfloat16)).values())
+    backed = _file_backed(DecoderLM.from_pretrained(path, quantize=True))
+    assert backed["embed.tok.weight"] and not any(b for n, b in backed.items() if n.endswith("proj.weight"))
+
+
+def test_misaligned_tensor_is_read_not_mapped(tmp_path):
+    """A tensor whose data starts at an offset that is not a multiple of its element size (the format allows it)
+    is read, not mapped: mapped() gives None, and the values are right either way."""
+    from pytransformer.models.checkpoint import SafetensorsFiles
+    a, b = torch.randn(3).to(torch.bfloat16), torch.randn(2, 4)
+    header = {"a": {"dtype": "BF16", "shape": [3], "data_offsets": [0, 6]},
+              "b": {"dtype": "F32", "shape": [2, 4], "data_offsets": [6, 38]}}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(len(text).to_bytes(8, "little") + text + a.view(torch.uint8).numpy().tobytes()
+                     + b.view(torch.uint8).numpy().tobytes())
+    with contextlib.ExitStack() as stack:
+        tensors = SafetensorsFiles([path], stack)
+        assert torch.equal(tensors.mapped("a", torch.bfloat16), a) and tensors.mapped("a", torch.float32) is None
+        assert tensors.mapped("b", torch.float32) is None and torch.equal(tensors["b"], b)
