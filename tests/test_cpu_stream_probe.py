@@ -18,7 +18,9 @@ def test_probe_records_every_case(tmp_path):
     probe.main(["--iters", "2", "--pool-mib", "256", "--record", str(record)])
     text = record.read_text()
     peak = re.search(r"FMA peak \(512-bit, all threads\): ([0-9.]+) G instructions/s = ([0-9]+) GFLOP/s", text)
-    assert peak and float(peak.group(1)) > 0 and int(peak.group(2)) == pytest.approx(32 * float(peak.group(1)), rel=0.01)
+    # printed rounded (G instructions/s to 0.1, GFLOP/s to 1): equal within what rounding allows, at any speed
+    assert peak and float(peak.group(1)) > 0
+    assert int(peak.group(2)) == pytest.approx(32 * float(peak.group(1)), abs=32 * 0.05 + 0.5)
     rows = [line for line in text.splitlines() if line.startswith("| read")]
     assert [row.split(" | ")[0][2:] for row in rows] == probe.CASES
     for row in rows:
@@ -30,4 +32,4 @@ def test_probe_records_every_case(tmp_path):
     assert [d[0][2:] for d in dots] == [name for name, _, _ in probe.DOTS]
     fma = dots[0]  # every AVX-512 CPU has it: its rate is the peak's, its ceiling 64 bytes per 8 of them
     assert float(fma[2]) == pytest.approx(float(peak.group(1)), abs=0.051)
-    assert float(fma[4].rstrip(" |")) == pytest.approx(float(fma[2]) / 8 * 64, rel=0.01)
+    assert float(fma[4].rstrip(" |")) == pytest.approx(float(fma[2]) / 8 * 64, abs=8 * 0.05 + 0.05)
