@@ -164,10 +164,11 @@ ATTENTION_TILE_CASES = ([(hd, "none", torch.bfloat16, False, False) for hd in AT
 
 def attention_tiles(head_dim: int, gqa: bool) -> tuple:
     """(B, Hq, Hkv, Lq, Lk, D, Dv) over 2 query tiles (128 rows up to head dim 128, else 64) and 3 key tiles (64 keys
-    up to head dim 128, else 32), each length a few rows past a whole number of tiles; B = 2 with GQA (the masks' key
-    lengths leave batch row 0 empty)."""
+    up to head dim 128, else 32), each length a few rows past a whole number of tiles; with GQA, B = 2 (the masks' key
+    lengths leave batch row 0 empty) and 3 query heads a K/V head, so that the backward's steps cross from one query
+    head to the next several times and on an odd group."""
     block_m, block_n = (128, 64) if head_dim <= 128 else (64, 32)
-    return ((2, 2, 1) if gqa else (1, 1, 1)) + (2 * block_m + 3, 3 * block_n + 5, head_dim, head_dim)
+    return ((2, 3, 1) if gqa else (1, 1, 1)) + (2 * block_m + 3, 3 * block_n + 5, head_dim, head_dim)
 
 
 ATTENTION_MASKS = ["none", "causal", "window", "key_lengths", "bool [B,1,Lq,Lk]", "bool [Lk]", "bool transposed",
