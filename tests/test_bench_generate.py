@@ -3,7 +3,10 @@ vocabulary written for llama.cpp's converter (pieces "t<i>" at id i, beside the 
 Hugging Face still reads), the q8_0 switch on AMX CPUs, and, when llama-cpp-python is installed, a tiny random Llama
 converted by llama.cpp's converter and generated with batched sequences, against our float32 tokens."""
 import importlib.util
+import io
 import math
+import subprocess
+import tarfile
 
 import pytest
 import torch
@@ -61,6 +64,32 @@ def test_q8_0_leaves_extra_buffer_types_off_on_amx(monkeypatch):
     assert not llamacpp.extra_buffers("q8_0") and llamacpp.extra_buffers("f32")
     monkeypatch.setattr(llamacpp, "has_amx", lambda: False)
     assert llamacpp.extra_buffers("q8_0")
+
+
+def test_converter_files_come_out_of_the_sdist(tmp_path):
+    """Only the converter, conversion/ and gguf-py/ of vendor/llama.cpp/, at their paths below it."""
+    sdist = tmp_path / "llama_cpp_python-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        for name in ("convert_hf_to_gguf.py", "conversion/base.py", "gguf-py/gguf/__init__.py", "README.md"):
+            data = name.encode()
+            info = tarfile.TarInfo(f"llama_cpp_python-1.0/vendor/llama.cpp/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    llamacpp.extract_converter(sdist, tmp_path / "out")
+    found = sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert found == ["conversion/base.py", "convert_hf_to_gguf.py", "gguf-py/gguf/__init__.py"]
+
+
+def test_converter_download_failure_says_what_to_set(monkeypatch, tmp_path):
+    monkeypatch.delenv("LLAMA_CPP_CONVERTER", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(llamacpp.importlib.metadata, "version", lambda name: "9.9.9")
+    monkeypatch.setattr(llamacpp.subprocess, "run", lambda args, **kw: subprocess.CompletedProcess(
+        args, 1, "", "ERROR: No matching distribution found"))
+    with pytest.raises(RuntimeError, match=r"==9\.9\.9 .*LLAMA_CPP_CONVERTER.*No matching distribution"):
+        llamacpp.converter()
+    monkeypatch.setenv("LLAMA_CPP_CONVERTER", "/a/convert_hf_to_gguf.py")
+    assert str(llamacpp.converter()) == "/a/convert_hf_to_gguf.py"
 
 
 def test_sentencepiece_vocab_beside_the_word_level_tokenizer(tiny):

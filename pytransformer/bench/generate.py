@@ -167,19 +167,18 @@ def worker(spec: str) -> None:
     counts mapped files such as llama.cpp's weights too) over the total just before the load."""
     s = json.loads(spec)
     torch.set_num_threads(s["threads"])
-    rss = lambda: proc_status("RssAnon")  # noqa: E731
     peak, done = [0], threading.Event()
 
     def sample():
         while not done.is_set():
-            peak[0] = max(peak[0], rss())
+            peak[0] = max(peak[0], proc_status("RssAnon"))
             time.sleep(0.001)
-    before, before_total = rss(), proc_status("VmRSS")
+    before, before_total = proc_status("RssAnon"), proc_status("VmRSS")
     sampler = threading.Thread(target=sample, daemon=True)  # daemon: a failed load still ends the process
     sampler.start()
     generate = load_engine(s["engine"], s["dtype"], Path(s["folder"]), s["device"], s["threads"],
                            max(s["batch_sizes"]), s["prompt_len"] + s["new_tokens"])
-    after_load, times = rss(), {}
+    after_load, times = proc_status("RssAnon"), {}
     with torch.no_grad():
         for batch in s["batch_sizes"]:
             ids = prompts(batch, s["prompt_len"], s["vocab"], s["device"])
@@ -188,7 +187,7 @@ def worker(spec: str) -> None:
                             for n in (s["new_tokens"], 1)}
     done.set()
     sampler.join()
-    print(json.dumps({"after_load": after_load - before, "peak": max(peak[0], rss()) - before,
+    print(json.dumps({"after_load": after_load - before, "peak": max(peak[0], proc_status("RssAnon")) - before,
                       "peak_total": proc_status("VmHWM") - before_total, "times": times}))
 
 

@@ -3,14 +3,14 @@ convert_hf_to_gguf.py, and greedy generation of a batch of parallel sequences th
 `llama_cpp` package (llama-cpp-python).
 
 Neither the library nor its tests need llama.cpp. For the benchmark, build the package from source for this CPU and
-add what its converter imports (the converter itself also imports torch, numpy and transformers):
+add sentencepiece, which its converter imports (besides torch, numpy and transformers):
 
     CMAKE_ARGS="-DGGML_NATIVE=ON" pip install --no-binary llama-cpp-python llama-cpp-python==0.3.36
-    pip install sentencepiece gguf
+    pip install sentencepiece
 
 The converter is not part of the installed package: it comes from the package's source distribution of the installed
-version (pip download, kept in a cache folder), or from LLAMA_CPP_CONVERTER, the path of a convert_hf_to_gguf.py in a
-llama.cpp checkout.
+version (pip download, kept in a cache folder) with the gguf-py it imports, or from LLAMA_CPP_CONVERTER, the path of
+a convert_hf_to_gguf.py in a llama.cpp checkout.
 
 The folder's tokenizer is the benchmark's word-level vocabulary "t0", "t1", ...; llama.cpp's converter reads a Llama
 vocabulary from a SentencePiece tokenizer.model, so one with the same pieces at the same ids is written beside it.
@@ -56,8 +56,12 @@ def converter() -> Path:
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pytransformer" / f"llama.cpp-{version}"
     script = cache / CONVERTER_FILES[0]
     if not script.exists():
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                        f"llama-cpp-python=={version}", "-d", str(cache)], check=True)
+        result = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                                 f"llama-cpp-python=={version}", "-d", str(cache)], capture_output=True, text=True)
+        if result.returncode:
+            raise RuntimeError(f"pip could not download the source of llama-cpp-python=={version} for its converter "
+                               "(or set LLAMA_CPP_CONVERTER to a convert_hf_to_gguf.py): "
+                               + " | ".join(result.stderr.strip().splitlines()[-2:]))
         extract_converter(next(cache.glob("llama_cpp_python-*.tar.gz")), cache)
     return script
 
