@@ -1,9 +1,11 @@
-"""Generation throughput (greedy tokens/s) of DecoderLM against Hugging Face `generate` and, when the `ctranslate2`
-package is installed, CTranslate2's Generator, on the same weights, prompts and thread count.
+"""Generation throughput (greedy tokens/s) of DecoderLM against Hugging Face `generate` and, when their packages are
+installed, CTranslate2's Generator (`ctranslate2`) and llama.cpp (`llama_cpp`, llama-cpp-python; `--model llama`
+only), on the same weights, prompts and thread count.
 
 The model is a random Hugging Face model, float32, saved with save_pretrained to a temporary folder, with a word-level
 vocabulary "t0", "t1", ... (so CTranslate2's token strings map one to one to ids). Each engine loads it from there:
-ours with DecoderLM.from_pretrained, Hugging Face with from_pretrained, CTranslate2 from its own converter's output.
+ours with DecoderLM.from_pretrained, Hugging Face with from_pretrained, CTranslate2 and llama.cpp from their own
+converters' output (llama.cpp: GGUF, see bench/llamacpp.py).
 
 - `--model gpt2`: GPT-2 small shape (124M parameters, tied head); `--uncached-new-tokens N` adds ours without the
   KV cache (float32).
@@ -12,9 +14,14 @@ ours with DecoderLM.from_pretrained, Hugging Face with from_pretrained, CTransla
 In each of `--dtypes`: float32; bfloat16 (weights and activations; CTranslate2's compute type bfloat16 where its CPU
 build has it); int8 (ours: weight-only int8, and "ours, x 8 bits" with x quantized per row to 8 bits too, x_bits=8;
 Hugging Face: torch's dynamic int8 quantization of its nn.Linear layers;
-CTranslate2: int8_float32). Each engine and dtype runs in a fresh process of its own (engines sharing a process slow
+CTranslate2: int8_float32). llama.cpp runs GGUF f32 for float32, bf16 and f16 for bfloat16, and q8_0 for int8. Each
+engine and dtype runs in a fresh process of its own (engines sharing a process slow
 each other: a loaded CTranslate2 slowed PyTorch's generation by about 15%), which also gives its resident memory after
-the load and at its peak. The record also says whether our float32 greedy tokens equal Hugging Face's.
+the load and at its peak. The record also says whether our float32 greedy tokens equal Hugging Face's and
+llama.cpp's (f32).
+
+Besides tokens/s over the whole generate call, each engine gets the same split into prefill and decode (see
+split_times): generate(ids, 1) is timed as the prefill, and the rest of generate(ids, n) as n - 1 decode steps.
 """
 import argparse
 import datetime
@@ -32,7 +39,7 @@ import torch
 
 from ..models import DecoderLM, count_parameters
 from ..nn.quantized import quantize
-from . import device_name, sync
+from . import device_name, llamacpp, sync
 
 # 12 layers, d_model 768, 12 query heads sharing 3 KV heads, SwiGLU 2048, vocabulary 32000: 124M parameters
 LLAMA_SHAPE = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
@@ -67,16 +74,19 @@ def hf_generate(hf):
 
 
 def save_folder(hf, folder: Path) -> None:
-    """hf.save_pretrained(folder) plus a word-level tokenizer of tokens "t<id>" (what CTranslate2's converter reads
-    for the vocabulary); the model's bos/eos ids name its special tokens."""
+    """hf.save_pretrained(folder) plus a word-level tokenizer of tokens "t<id>" split at whitespace (what
+    CTranslate2's converter reads for the vocabulary); the model's bos/eos ids name its special tokens."""
+    import tokenizers
     import transformers
-    from tokenizers import Tokenizer, models
+    from tokenizers import Tokenizer, models, pre_tokenizers
     hf.save_pretrained(folder)
     vocab = hf.config.vocab_size
     special = {k: f"t{getattr(hf.config, f'{k}_token_id', None) or vocab - 1}" for k in ("bos", "eos")}
     tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token=special["eos"]))
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=special["bos"], eos_token=special["eos"],
-                                         unk_token=special["eos"]).save_pretrained(folder)
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    word = {k: tokenizers.AddedToken(v, single_word=True, special=True) for k, v in special.items()}  # not in "t12"
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=word["bos"], eos_token=word["eos"],
+                                         unk_token=word["eos"]).save_pretrained(folder)
 
 
 def ct2_folder(folder: Path, dtype: str) -> Path:
@@ -99,11 +109,13 @@ def ct2_generate(generator):
     return generate
 
 
-def load_engine(engine: str, dtype: str, folder: Path, device, threads: int):
+def load_engine(engine: str, dtype: str, folder: Path, device, threads: int, max_batch: int, max_len: int):
     """generate(ids, n) of an engine loaded from the saved folder in `dtype`: "ours" (DecoderLM.from_pretrained;
     int8: quantize=True), "ours, x 8 bits" (int8 with x_bits=8), "ours, no cache", "Hugging Face" (from_pretrained;
-    int8: torch's dynamic quantization of its nn.Linear layers) or "CTranslate2" (its conversion of the folder, on
-    the CPU)."""
+    int8: torch's dynamic quantization of its nn.Linear layers), "CTranslate2" (its conversion of the folder, on
+    the CPU) or "llama.cpp <GGUF type>" (its conversion, with a context for max_batch sequences of max_len tokens)."""
+    if engine.startswith("llama.cpp"):
+        return llamacpp.load(folder, engine.split()[1], threads, max_batch, max_len)
     torch_dtype = torch.float32 if dtype == "int8" else getattr(torch, dtype)
     if engine.startswith("ours"):
         model = DecoderLM.from_pretrained(folder, torch_dtype, quantize=dtype == "int8", device=device)
@@ -127,41 +139,61 @@ def prompts(batch: int, prompt_len: int, vocab: int, device) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, prompt_len), device=device)
 
 
+def split_times(batch: int, new_tokens: int, t_all: float, t_first: float) -> dict:
+    """The one rule that splits generation time, for every engine: from the times of generate(ids, new_tokens)
+    (t_all) and generate(ids, 1) (t_first, the prompt's forward and the first token: the prefill), tokens/s over the
+    whole call, decode tokens/s (the other new_tokens - 1 steps of each row over t_all - t_first; nan when noise
+    makes that difference not positive) and the prefill time in seconds."""
+    if new_tokens < 2:
+        raise ValueError(f"new_tokens: the split needs at least 2 new tokens, got {new_tokens}")
+    decode = t_all - t_first
+    return {"total": batch * new_tokens / t_all, "decode": batch * (new_tokens - 1) / decode if decode > 0 else
+            float("nan"), "prefill": t_first}
+
+
+def proc_status(field: str) -> int:
+    """A memory field of /proc/self/status in bytes (RssAnon, VmRSS, VmHWM); 0 off Linux."""
+    if sys.platform != "linux":
+        return 0
+    with open("/proc/self/status") as f:
+        return int(next(line.split()[1] for line in f if line.startswith(field + ":"))) * 1024
+
+
 def worker(spec: str) -> None:
-    """Run in a fresh process for one engine and dtype (see measure): load it, then time `runs` generate calls per
-    batch size after a warm-up; print JSON with the times and the anonymous resident memory (Linux: RssAnon, sampled
-    every millisecond, counted from just before the load) after the load and at its peak over the whole run."""
+    """Run in a fresh process for one engine and dtype (see measure): load it, then per batch size after a warm-up
+    time `runs` calls of generate(ids, new_tokens) and of generate(ids, 1); print JSON with the times, the anonymous
+    resident memory (Linux: RssAnon, sampled every millisecond, counted from just before the load) after the load and
+    at its peak over the whole run, and the peak total resident memory (VmHWM, the kernel's high-water mark, which
+    counts mapped files such as llama.cpp's weights too) over the total just before the load."""
     s = json.loads(spec)
     torch.set_num_threads(s["threads"])
-
-    def rss():
-        if sys.platform != "linux":
-            return 0
-        return int(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("RssAnon:"))) * 1024
     peak, done = [0], threading.Event()
 
     def sample():
         while not done.is_set():
-            peak[0] = max(peak[0], rss())
+            peak[0] = max(peak[0], proc_status("RssAnon"))
             time.sleep(0.001)
-    before = rss()
+    before, before_total = proc_status("RssAnon"), proc_status("VmRSS")
     sampler = threading.Thread(target=sample, daemon=True)  # daemon: a failed load still ends the process
     sampler.start()
-    generate = load_engine(s["engine"], s["dtype"], Path(s["folder"]), s["device"], s["threads"])
-    after_load, times = rss(), {}
+    generate = load_engine(s["engine"], s["dtype"], Path(s["folder"]), s["device"], s["threads"],
+                           max(s["batch_sizes"]), s["prompt_len"] + s["new_tokens"])
+    after_load, times = proc_status("RssAnon"), {}
     with torch.no_grad():
         for batch in s["batch_sizes"]:
             ids = prompts(batch, s["prompt_len"], s["vocab"], s["device"])
             generate(ids, 4)  # warm-up
-            times[batch] = [timed(lambda: generate(ids, s["new_tokens"]), s["device"]) for _ in range(s["runs"])]
+            times[batch] = {n: [timed(lambda: generate(ids, n), s["device"]) for _ in range(s["runs"])]
+                            for n in (s["new_tokens"], 1)}
     done.set()
     sampler.join()
-    print(json.dumps({"after_load": after_load - before, "peak": max(peak[0], rss()) - before, "times": times}))
+    print(json.dumps({"after_load": after_load - before, "peak": max(peak[0], proc_status("RssAnon")) - before,
+                      "peak_total": proc_status("VmHWM") - before_total, "times": times}))
 
 
 def measure(engine, dtype, folder: Path, device, batch_sizes, prompt_len, vocab, new_tokens, runs):
-    """worker() of one engine and dtype in a fresh process: (tokens/s per batch size: batch * new tokens over the
-    median time, after-load and peak resident bytes), or the reason (a string) when it cannot run."""
+    """worker() of one engine and dtype in a fresh process: (split_times of the median times per batch size,
+    after-load, peak anonymous and peak total resident bytes), or the reason (a string) when it cannot run."""
     spec = dict(engine=engine, dtype=dtype, folder=str(folder), device=str(device), threads=torch.get_num_threads(),
                 batch_sizes=batch_sizes, prompt_len=prompt_len, vocab=vocab, new_tokens=new_tokens, runs=runs)
     out = subprocess.run([sys.executable, "-c", f"from {__name__} import worker; import sys; worker(sys.argv[1])",
@@ -169,17 +201,21 @@ def measure(engine, dtype, folder: Path, device, batch_sizes, prompt_len, vocab,
     if out.returncode:
         return out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit status {out.returncode}"
     m = json.loads(out.stdout.splitlines()[-1])
-    rates = {int(b): int(b) * new_tokens / statistics.median(t) for b, t in m["times"].items()}
-    return rates, m["after_load"], m["peak"]
+    rates = {int(b): split_times(int(b), new_tokens, statistics.median(t[str(new_tokens)]), statistics.median(t["1"]))
+             for b, t in m["times"].items()}
+    return rates, m["after_load"], m["peak"], m["peak_total"]
 
 
-def engines(device, dtype: str, uncached: bool) -> list[str]:
+def engines(device, dtype: str, uncached: bool, model: str) -> list[str]:
     """The engines to time in `dtype`: ours (and ours without the KV cache; int8 also ours with x quantized to 8 bits),
-    Hugging Face's, and CTranslate2's on the CPU when the package is installed."""
+    Hugging Face's, and on the CPU when their packages are installed CTranslate2's and, for the Llama model,
+    llama.cpp's in each of its GGUF types for `dtype` ("llama.cpp f32", ...)."""
     names = ["ours"] + (["ours, no cache"] if uncached else []) + (["ours, x 8 bits"] if dtype == "int8" else [])
     names += ["Hugging Face"]
     if torch.device(device).type == "cpu" and importlib.util.find_spec("ctranslate2") is not None:
         names.append("CTranslate2")
+    if torch.device(device).type == "cpu" and model == "llama" and importlib.util.find_spec("llama_cpp") is not None:
+        names += [f"llama.cpp {t}" for t in llamacpp.GGUF_TYPES[dtype]]
     return names
 
 
@@ -189,15 +225,31 @@ def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
     return None if diff.numel() == 0 else int(diff[0])
 
 
-def same_tokens(hf, device, batch_sizes, prompt_len, new_tokens) -> dict[int, int | None]:
-    """Per batch size: the first position where our float32 greedy tokens differ from Hugging Face's (None: equal)."""
-    ours, result = DecoderLM.from_hf(hf), {}
+def same_tokens(hf, device, batch_sizes, prompt_len, new_tokens, others) -> dict[str, dict[int, int | None]]:
+    """Per engine of `others` ({name: generate(ids, n)}, each returning the ids and the new tokens) and batch size:
+    the first position where our float32 greedy tokens differ from that engine's (None: equal)."""
+    ours, result = DecoderLM.from_hf(hf), {name: {} for name in others}
     for batch in batch_sizes:
         ids = prompts(batch, prompt_len, hf.config.vocab_size, device)
         with torch.no_grad():
-            a, b = ours.generate(ids, new_tokens), hf_generate(hf)(ids, new_tokens)
-        result[batch] = first_difference(a[:, prompt_len:], b[:, prompt_len:])
+            a = ours.generate(ids, new_tokens)
+            for name, generate in others.items():
+                result[name][batch] = first_difference(a[:, prompt_len:], generate(ids, new_tokens)[:, prompt_len:])
     return result
+
+
+def llamacpp_notes(names) -> list[str]:
+    """What the record says about the llama.cpp rows among the engine names run."""
+    types = [name.split()[1] for name in names if name.startswith("llama.cpp")]
+    if not types:
+        return []
+    notes = ["- llama.cpp (llama-cpp-python, built for this CPU): the folder converted by llama.cpp's "
+             "convert_hf_to_gguf.py (q8_0: the converter's own `--outtype q8_0`), memory-mapped as llama.cpp loads it; "
+             "a batch is that many parallel sequences in one llama_batch per step, sampled by its greedy sampler"]
+    if "q8_0" in types and not llamacpp.extra_buffers("q8_0"):
+        notes.append("- llama.cpp q8_0 ran with its extra buffer types off (use_extra_bufts=false): on this AMX CPU "
+                     "llama.cpp's AMX path can crash in q8_0 prompt processing")
+    return notes
 
 
 def markdown(rows, memory, device, command, model_desc, prompt_len, runs, tokens=None, not_run=()) -> str:
@@ -206,24 +258,45 @@ def markdown(rows, memory, device, command, model_desc, prompt_len, runs, tokens
              f"- model: {model_desc}; prompt {prompt_len} tokens, greedy, median of {runs} runs",
              "- each engine and dtype runs in a fresh process of its own, one after another (in one process, a loaded "
              "CTranslate2 slowed PyTorch's generation by about 15%), with the same thread count; tokens/s counts the "
-             "new tokens of the batch over the whole generate call, prefill included", "",
-             "| batch | variant | dtype | new tokens | tokens/s | ours vs this |", "|---|---|---|---|---|---|"]
+             "new tokens of the batch over the whole generate call, prefill included",
+             "- prefill: the median time of generate(ids, 1) (the prompt's forward and the first token); decode "
+             "tokens/s: the other new tokens of the batch over the median time of generate(ids, n) less the prefill",
+             *llamacpp_notes({name for _, name, *_ in rows}), "",
+             "| batch | variant | dtype | new tokens | tokens/s | ours vs this | decode tokens/s | ours vs this, decode "
+             "| prefill (ms) |", "|---|---|---|---|---|---|---|---|---|"]
     ours = {(b, dtype): r for b, name, dtype, _, r in rows if name == "ours"}
-    lines += [f"| {b} | {name} | {dtype} | {n} | {r:.1f} | {ours[b, dtype] / r:.2f}x |"
+    lines += [f"| {b} | {name} | {dtype} | {n} | {r['total']:.1f} | {ours[b, dtype]['total'] / r['total']:.2f}x | "
+              f"{r['decode']:.1f} | {ours[b, dtype]['decode'] / r['decode']:.2f}x | {r['prefill'] * 1e3:.1f} |"
               for b, name, dtype, n, r in rows]
     lines += [f"\nNot run: {what}: {why}" for what, why in not_run]
-    if tokens:
-        lines += ["", "Greedy float32 tokens against Hugging Face's: " + "; ".join(
+    for name, result in (tokens or {}).items():
+        lines += ["", f"Greedy float32 tokens against {name}'s: " + "; ".join(
             f"batch {b}: {'identical' if pos is None else f'first difference at new token {pos}'}"
-            for b, pos in tokens.items())]
+            for b, pos in result.items())]
     if memory:
-        lines += ["", "Resident memory of each engine's process: anonymous resident memory (RssAnon, sampled every "
-                  "millisecond) counted from just before loading the model from the float32 save_pretrained folder "
-                  "(CTranslate2: its converted folder), after the load and at its peak over the load and every timed "
-                  "run. Mapped files are page cache and not counted.", "",
-                  "| engine | dtype | after load (MiB) | peak (MiB) |", "|---|---|---|---|"]
-        lines += [f"| {e} | {d} | {a / 2**20:.0f} | {p / 2**20:.0f} |" for e, d, a, p in memory]
+        lines += ["", "Resident memory of each engine's process, counted from just before loading the model from the "
+                  "float32 save_pretrained folder (CTranslate2, llama.cpp: their converted files): anonymous resident "
+                  "memory (RssAnon, sampled every millisecond) after the load and at its peak over the load and every "
+                  "timed run, which leaves out mapped files (page cache); and the peak of all resident memory (VmHWM), "
+                  "which counts the pages of mapped files too, such as llama.cpp's memory-mapped weights.", "",
+                  "| engine | dtype | after load (MiB) | peak (MiB) | peak total (MiB) |", "|---|---|---|---|---|"]
+        lines += [f"| {e} | {d} | {a / 2**20:.0f} | {p / 2**20:.0f} | {t / 2**20:.0f} |" for e, d, a, p, t in memory]
     return "\n".join(lines) + "\n"
+
+
+def check_tokens(hf, folder: Path, args) -> dict[str, dict[int, int | None]]:
+    """same_tokens against Hugging Face and, when it is among the float32 engines, llama.cpp f32 (its conversion of
+    the saved folder, loaded in this process after the timed runs)."""
+    others = {"Hugging Face": hf_generate(hf)}
+    llama = "llama.cpp f32" in engines(args.device, "float32", False, args.model)
+    if llama:
+        others["llama.cpp f32"] = llamacpp.load(folder, "f32", torch.get_num_threads(), max(args.batch_sizes),
+                                                args.prompt_len + args.new_tokens)
+    try:
+        return same_tokens(hf, args.device, args.batch_sizes, args.prompt_len, args.new_tokens, others)
+    finally:
+        if llama:
+            others["llama.cpp f32"].close()
 
 
 def main(argv=None):
@@ -241,6 +314,8 @@ def main(argv=None):
     p.add_argument("--runs", type=int, default=5, help="timed generate calls per engine, dtype and batch (median)")
     p.add_argument("--record", help="write the table as markdown to this file")
     args = p.parse_args(argv)
+    if args.new_tokens < 2 or (args.uncached_new_tokens or 2) < 2:
+        p.error("--new-tokens and --uncached-new-tokens: at least 2 (the prefill and decode split needs them)")
     try:
         hf = hf_model(args.model, args.device)
     except ImportError:
@@ -254,7 +329,8 @@ def main(argv=None):
         folder = Path(tmp)
         save_folder(hf, folder)
         for dtype in args.dtypes:
-            for engine in engines(args.device, dtype, bool(args.uncached_new_tokens) and dtype == "float32"):
+            for engine in engines(args.device, dtype, bool(args.uncached_new_tokens) and dtype == "float32",
+                                  args.model):
                 n = args.uncached_new_tokens if engine == "ours, no cache" else args.new_tokens
                 result = measure(engine, dtype, folder, args.device, args.batch_sizes, args.prompt_len,
                                  hf.config.vocab_size, n, 1 if engine == "ours, no cache" else args.runs)
@@ -262,14 +338,14 @@ def main(argv=None):
                     not_run.append((f"{engine} {dtype}", result))
                     print(f"{engine} {dtype}: not run ({result})", flush=True)
                     continue
-                rates, after_load, peak = result
+                rates, after_load, peak, peak_total = result
                 for batch, rate in rates.items():
                     rows.append((batch, engine, dtype, n, rate))
-                    print(f"| {batch} | {engine} | {dtype} | {n} | {rate:.1f} |", flush=True)
+                    print(f"| {batch} | {engine} | {dtype} | {n} | {rate['total']:.1f} |", flush=True)
                 if engine != "ours, no cache":
-                    memory.append((engine, dtype, after_load, peak))
+                    memory.append((engine, dtype, after_load, peak, peak_total))
+        tokens = check_tokens(hf, folder, args)
     rows.sort(key=lambda r: r[0])  # by batch size, engines and dtypes in the order run
-    tokens = same_tokens(hf, args.device, args.batch_sizes, args.prompt_len, args.new_tokens)
     print(markdown([], memory, args.device, "", desc, args.prompt_len, args.runs, tokens, not_run), flush=True)
     if args.record:
         with open(args.record, "w") as f:

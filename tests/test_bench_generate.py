@@ -1,0 +1,127 @@
+"""bench-generate's parts: the prefill/decode split of generation time, the engine list and record, the SentencePiece
+vocabulary written for llama.cpp's converter (pieces "t<i>" at id i, beside the folder's word-level tokenizer, which
+Hugging Face still reads), the q8_0 switch on AMX CPUs, and, when llama-cpp-python is installed, a tiny random Llama
+converted by llama.cpp's converter and generated with batched sequences, against our float32 tokens."""
+import importlib.util
+import io
+import math
+import subprocess
+import tarfile
+
+import pytest
+import torch
+
+from pytransformer.bench import generate, llamacpp
+from pytransformer.models import DecoderLM
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+TINY = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, initializer_range=0.3, tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny random Llama (decisive logits: initializer_range 0.3) saved by save_folder."""
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY)).eval()
+    folder = tmp_path_factory.mktemp("tiny_llama")
+    generate.save_folder(hf, folder)
+    return hf, folder
+
+
+def test_split_times():
+    """generate(ids, 1) is the prefill; the other n - 1 tokens of each row share the remaining time."""
+    r = generate.split_times(8, 5, t_all=2.0, t_first=0.4)
+    assert r == pytest.approx({"total": 8 * 5 / 2.0, "decode": 8 * 4 / 1.6, "prefill": 0.4})
+    assert math.isnan(generate.split_times(1, 5, t_all=0.4, t_first=0.5)["decode"])
+    with pytest.raises(ValueError, match="new_tokens"):
+        generate.split_times(1, 1, 1.0, 1.0)
+
+
+def test_markdown_has_both_ratios_and_total_memory():
+    rows = [(1, "ours", "float32", 4, {"total": 20.0, "decode": 30.0, "prefill": 0.05}),
+            (1, "llama.cpp f32", "float32", 4, {"total": 10.0, "decode": 60.0, "prefill": 0.1})]
+    text = generate.markdown(rows, [("llama.cpp f32", "float32", 2**20, 2 * 2**20, 500 * 2**20)], "cpu", "cmd",
+                             "tiny", 8, 3, {"llama.cpp f32": {1: None, 8: 3}})
+    assert "| 1 | llama.cpp f32 | float32 | 4 | 10.0 | 2.00x | 60.0 | 0.50x | 100.0 |" in text
+    assert "| llama.cpp f32 | float32 | 1 | 2 | 500 |" in text
+    assert "against llama.cpp f32's: batch 1: identical; batch 8: first difference at new token 3" in text
+    assert "convert_hf_to_gguf.py" in text
+
+
+def test_llamacpp_engines_only_for_llama_on_cpu(monkeypatch):
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "llama_cpp" else found(name))
+    assert generate.engines("cpu", "bfloat16", False, "llama")[-2:] == ["llama.cpp bf16", "llama.cpp f16"]
+    assert generate.engines("cpu", "int8", False, "llama")[-1] == "llama.cpp q8_0"
+    assert not any(e.startswith("llama.cpp") for e in generate.engines("cpu", "float32", False, "gpt2"))
+
+
+def test_q8_0_leaves_extra_buffer_types_off_on_amx(monkeypatch):
+    monkeypatch.setattr(llamacpp, "has_amx", lambda: True)
+    assert not llamacpp.extra_buffers("q8_0") and llamacpp.extra_buffers("f32")
+    monkeypatch.setattr(llamacpp, "has_amx", lambda: False)
+    assert llamacpp.extra_buffers("q8_0")
+
+
+def test_converter_files_come_out_of_the_sdist(tmp_path):
+    """Only the converter, conversion/ and gguf-py/ of vendor/llama.cpp/, at their paths below it."""
+    sdist = tmp_path / "llama_cpp_python-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        for name in ("convert_hf_to_gguf.py", "conversion/base.py", "gguf-py/gguf/__init__.py", "README.md"):
+            data = name.encode()
+            info = tarfile.TarInfo(f"llama_cpp_python-1.0/vendor/llama.cpp/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    llamacpp.extract_converter(sdist, tmp_path / "out")
+    found = sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*") if p.is_file())
+    assert found == ["conversion/base.py", "convert_hf_to_gguf.py", "gguf-py/gguf/__init__.py"]
+
+
+def test_converter_download_failure_says_what_to_set(monkeypatch, tmp_path):
+    monkeypatch.delenv("LLAMA_CPP_CONVERTER", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(llamacpp.importlib.metadata, "version", lambda name: "9.9.9")
+    monkeypatch.setattr(llamacpp.subprocess, "run", lambda args, **kw: subprocess.CompletedProcess(
+        args, 1, "", "ERROR: No matching distribution found"))
+    with pytest.raises(RuntimeError, match=r"==9\.9\.9 .*LLAMA_CPP_CONVERTER.*No matching distribution"):
+        llamacpp.converter()
+    monkeypatch.setenv("LLAMA_CPP_CONVERTER", "/a/convert_hf_to_gguf.py")
+    assert str(llamacpp.converter()) == "/a/convert_hf_to_gguf.py"
+
+
+def test_sentencepiece_vocab_beside_the_word_level_tokenizer(tiny):
+    """Piece i of tokenizer.model is "t<i>" for every id; Hugging Face still loads the folder's tokenizer.json and
+    maps "t<i>" to i and back."""
+    sentencepiece = pytest.importorskip("sentencepiece")
+    _, folder = tiny
+    llamacpp.write_sentencepiece_vocab(folder, TINY["vocab_size"])
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
+    assert sp.vocab_size() == TINY["vocab_size"]
+    assert [sp.id_to_piece(i) for i in range(sp.vocab_size())] == [f"t{i}" for i in range(TINY["vocab_size"])]
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = [0, 5, 299, 17, 2]
+    assert tok(" ".join(f"t{i}" for i in ids), add_special_tokens=False)["input_ids"] == ids
+    assert tok.convert_ids_to_tokens(ids) == [f"t{i}" for i in ids] and tok.decode(ids) == "t0 t5 t299 t17 t2"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
+def test_llamacpp_generates_our_float32_tokens(tiny):
+    """llama.cpp's f32 conversion of the folder: its vocabulary keeps "t<i>" at id i, and its greedy tokens for a
+    batch of 3 parallel sequences (exactly n, past any end-of-sequence token) equal ours in float32."""
+    import llama_cpp
+    hf, folder = tiny
+    ids = torch.randint(0, TINY["vocab_size"], (3, 9))
+    engine = llamacpp.load(folder, "f32", 2, max_batch=3, max_len=9 + 12)
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(engine.model)
+        assert [llama_cpp.llama_vocab_get_text(vocab, i) for i in (5, 299)] == [b"t5", b"t299"]
+        theirs = engine(ids, 12)
+        assert torch.equal(engine(ids[1:2], 12), theirs[1:2])  # the other sequences leave a row alone
+        with pytest.raises(ValueError, match="ids"):
+            engine(ids, 13)
+    finally:
+        engine.close()
+    assert torch.equal(theirs, DecoderLM.from_hf(hf).generate(ids, 12))
