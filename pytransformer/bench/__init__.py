@@ -13,6 +13,7 @@ import math
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -41,6 +42,14 @@ def cold_copies(shape, dtype, device, cold_bytes: int) -> list:
             pool = torch.randn(count * per_copy, dtype=dtype, device=device).mul_(0.02)
         _pools[(dtype, device)] = pool
     return [pool[i * per_copy:(i + 1) * per_copy].view(shape) for i in range(count)]
+
+
+def proc_status(field: str) -> int:
+    """A memory field of /proc/self/status in bytes (RssAnon, VmRSS, VmHWM); 0 off Linux."""
+    if sys.platform != "linux":
+        return 0
+    with open("/proc/self/status") as f:
+        return int(next(line.split()[1] for line in f if line.startswith(field + ":"))) * 1024
 
 
 def sync(device) -> None:

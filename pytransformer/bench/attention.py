@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .. import ops
-from . import Row, interleaved_median_times, matmul_ceiling, new_report, record
+from . import Row, interleaved_median_times, matmul_ceiling, new_report, proc_status, record
 
 LENGTHS = (256, 1024, 4096)
 CUDA_LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -87,20 +87,16 @@ def bench_attention(report, device, dtype=torch.float32, lengths=LENGTHS, runs=2
 
 def _peak_rss_child(impl: str, length: int, causal: bool) -> None:
     """(In a fresh process) print the growth of resident memory over one forward: peak RSS during it minus RSS before."""
-    def rss(field):
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
-
     q, k, v = (torch.randn(B, H, length, D) for _ in range(3))
     fn = ops.attention if impl == "ours" else lambda q, k, v, causal: F.scaled_dot_product_attention(
         q, k, v, is_causal=causal)
     with torch.no_grad():
         fn(q[:, :, :64], k[:, :, :64], v[:, :, :64], causal=causal)  # load kernels, start the thread pool
-        before = rss("VmRSS")
+        before = proc_status("VmRSS")
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the peak (VmHWM) to the current RSS
         out = fn(q, k, v, causal=causal)
-        print(rss("VmHWM") - before, out.numel() * out.element_size())
+        print(proc_status("VmHWM") - before, out.numel() * out.element_size())
 
 
 def peak_memory(length: int, impl: str, causal: bool = True) -> tuple[int, int]:

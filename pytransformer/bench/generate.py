@@ -39,7 +39,7 @@ import torch
 
 from ..models import DecoderLM, count_parameters
 from ..nn.quantized import quantize
-from . import device_name, llamacpp, sync
+from . import device_name, llamacpp, proc_status, sync
 
 # 12 layers, d_model 768, 12 query heads sharing 3 KV heads, SwiGLU 2048, vocabulary 32000: 124M parameters
 LLAMA_SHAPE = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
@@ -149,14 +149,6 @@ def split_times(batch: int, new_tokens: int, t_all: float, t_first: float) -> di
     decode = t_all - t_first
     return {"total": batch * new_tokens / t_all, "decode": batch * (new_tokens - 1) / decode if decode > 0 else
             float("nan"), "prefill": t_first}
-
-
-def proc_status(field: str) -> int:
-    """A memory field of /proc/self/status in bytes (RssAnon, VmRSS, VmHWM); 0 off Linux."""
-    if sys.platform != "linux":
-        return 0
-    with open("/proc/self/status") as f:
-        return int(next(line.split()[1] for line in f if line.startswith(field + ":"))) * 1024
 
 
 def worker(spec: str) -> None:
