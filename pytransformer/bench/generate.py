@@ -111,7 +111,8 @@ def ct2_generate(generator):
 
 def load_engine(engine: str, dtype: str, folder: Path, device, threads: int, max_batch: int, max_len: int):
     """generate(ids, n) of an engine loaded from the saved folder in `dtype`: "ours" (DecoderLM.from_pretrained;
-    int8: quantize=True), "ours, x 8 bits" (int8 with x_bits=8), "ours, no cache", "Hugging Face" (from_pretrained;
+    int8: quantize=True), "ours, compiled" (the same, generate(compile=True)), "ours, x 8 bits" (int8 with
+    x_bits=8), "ours, no cache", "Hugging Face" (from_pretrained;
     int8: torch's dynamic quantization of its nn.Linear layers), "CTranslate2" (its conversion of the folder, on
     the CPU) or "llama.cpp <GGUF type>" (its conversion, with a context for max_batch sequences of max_len tokens)."""
     if engine.startswith("llama.cpp"):
@@ -121,6 +122,8 @@ def load_engine(engine: str, dtype: str, folder: Path, device, threads: int, max
         model = DecoderLM.from_pretrained(folder, torch_dtype, quantize=dtype == "int8", device=device)
         if engine == "ours, x 8 bits":
             return quantize(model, x_bits=8).generate
+        if engine == "ours, compiled":
+            return lambda ids, n: model.generate(ids, n, compile=True)
         return model.generate if engine == "ours" else lambda ids, n: model.generate(ids, n, use_cache=False)
     if engine == "Hugging Face":
         import transformers
@@ -199,10 +202,12 @@ def measure(engine, dtype, folder: Path, device, batch_sizes, prompt_len, vocab,
 
 
 def engines(device, dtype: str, uncached: bool, model: str) -> list[str]:
-    """The engines to time in `dtype`: ours (and ours without the KV cache; int8 also ours with x quantized to 8 bits),
+    """The engines to time in `dtype`: ours, eager and with each decoding step compiled (generate(compile=True); the
+    warm-up call compiles it) (and ours without the KV cache; int8 also ours with x quantized to 8 bits),
     Hugging Face's, and on the CPU when their packages are installed CTranslate2's and, for the Llama model,
     llama.cpp's in each of its GGUF types for `dtype` ("llama.cpp f32", ...)."""
-    names = ["ours"] + (["ours, no cache"] if uncached else []) + (["ours, x 8 bits"] if dtype == "int8" else [])
+    names = ["ours", "ours, compiled"] + (["ours, no cache"] if uncached else [])
+    names += ["ours, x 8 bits"] if dtype == "int8" else []
     names += ["Hugging Face"]
     if torch.device(device).type == "cpu" and importlib.util.find_spec("ctranslate2") is not None:
         names.append("CTranslate2")

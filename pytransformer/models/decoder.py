@@ -58,12 +58,14 @@ class DecoderLM(nn.Module):
     def generate(self, input_ids: Tensor, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None, *,
                  key_lengths: Tensor | None = None, eos_id: int | list[int] | None = None, beam_size: int = 1,
-                 length_penalty: float = 1.0, use_cache: bool = True, on_token=None) -> Tensor:
+                 length_penalty: float = 1.0, use_cache: bool = True, on_token=None, compile: bool = False) -> Tensor:
         """Prompt [B, L] (right-padded to key_lengths [B] if given) -> prompt + new tokens [B, L + n]: greedy,
         sampled, or beam search when beam_size > 1; n < max_new_tokens when every row emitted an eos_id (an int, or a
         list of ids any of which ends a row). on_token(tokens [B]) is called as each step's tokens are chosen
         (streaming; not with beam search). ValueError naming the argument for key_lengths that are not [B] lengths in
-        [1, L], or for more tokens than learned positions (max_len)."""
+        [1, L], or for more tokens than learned positions (max_len). compile=True runs each decoding step as one
+        torch.compile'd graph (see compiled_step): the first call per model shape and batch size compiles it (tens of
+        seconds), later calls reuse it."""
         check_generate_args(max_new_tokens, beam_size, do_sample, temperature, top_k, top_p)
         if on_token is not None and beam_size > 1:
             raise ValueError("on_token: beam search settles its tokens only at the end")
@@ -75,12 +77,13 @@ class DecoderLM(nn.Module):
                              f"{self.config.max_len} learned positions (max_len)")
         ids = input_ids.repeat_interleave(beam_size, 0)  # [N, L]
         lens = None if key_lengths is None else key_lengths.to(ids.device).repeat_interleave(beam_size, 0)
+        if compile and not use_cache:
+            raise ValueError("compile: compiles the cached decoding step, so it needs use_cache=True")
         if use_cache:
             cache = self.new_cache(n_rows, length + max_new_tokens)
             h = self.prefill(ids, cache, lens)  # [N, L, d]
 
-            def step(tok):
-                return self(tok, cache=cache)[:, -1]
+            step = compiled_step(self, cache) if compile else lambda tok: _decode_step(self, tok, cache)
             reorder = cache.reorder
         else:
             if key_lengths is not None:
@@ -125,3 +128,27 @@ class DecoderLM(nn.Module):
         or quantized) stay in a private mapping of the file unless mmap=False (models/checkpoint.py)."""
         return checkpoint.from_pretrained(cls, DecoderConfig, path, dtype=dtype, device=device, quantize=quantize,
                                           mmap=mmap)
+
+
+def _decode_step(model: DecoderLM, tok: Tensor, cache: KVCache) -> Tensor:
+    """The last-position logits [B, vocab] of the next tokens tok [B, 1] of every row, appended to the cache."""
+    return model(tok, cache=cache)[:, -1]
+
+
+_COMPILED_STEPS = {}  # device type -> _decode_step compiled for it
+
+
+def compiled_step(model: DecoderLM, cache: KVCache):
+    """_decode_step of model over cache as one torch.compile'd graph (fullgraph): the per-token Python and dispatch
+    cost of some 40 small ops a layer (rotary, views, residuals, activations) becomes a few fused kernels around our
+    ops. On the CPU the graph runs from Inductor's C++ wrapper (cpp_wrapper), so no Python runs between kernels. The
+    cache's capacity is marked dynamic, so one graph per model shape and batch size serves every prompt length and
+    max_new_tokens; the cache's host-side length bound is dropped, as under any compiled step (KVCache)."""
+    kind = cache.lengths.device.type
+    if kind not in _COMPILED_STEPS:
+        options = {"cpp_wrapper": True} if kind == "cpu" else None
+        _COMPILED_STEPS[kind] = torch.compile(_decode_step, fullgraph=True, options=options)
+    for t in cache.k + cache.v:
+        torch._dynamo.maybe_mark_dynamic(t, 2)
+    cache.max_length = None
+    return lambda tok: _COMPILED_STEPS[kind](model, tok, cache)

@@ -149,3 +149,23 @@ def test_nan_embedding_does_not_reach_earlier_tokens():
             handle.remove()
     torch.testing.assert_close(logits[:, :2], clean[:, :2], atol=1e-5, rtol=1e-5)
     assert logits[:, 2:].isnan().all()
+
+
+@torch.no_grad()
+def test_generate_compiled_equals_eager():
+    """generate(compile=True): the tokens of eager decoding (greedy and beam search), from one compiled graph for
+    every prompt length and max_new_tokens of a batch size (the cache's capacity is dynamic)."""
+    from torch._dynamo.utils import counters
+    model = tiny(positional="rotary", activation="swiglu", norm_type="rmsnorm", norm="pre", n_kv_heads=2)
+    graphs = counters["stats"]["unique_graphs"]
+    for length, new in ((5, 7), (9, 12), (3, 4)):
+        prompt = torch.randint(0, V, (2, length))
+        assert torch.equal(model.generate(prompt, new, compile=True), model.generate(prompt, new))
+    assert counters["stats"]["unique_graphs"] - graphs == 1
+    prompt = torch.randint(0, V, (1, 4))
+    assert torch.equal(model.generate(prompt, 6, beam_size=2, compile=True), model.generate(prompt, 6, beam_size=2))
+
+
+def test_generate_compiled_needs_the_cache():
+    with pytest.raises(ValueError, match="compile"):
+        tiny().generate(torch.zeros(1, 3, dtype=torch.long), 2, compile=True, use_cache=False)
