@@ -125,3 +125,25 @@ def test_llamacpp_generates_our_float32_tokens(tiny):
     finally:
         engine.close()
     assert torch.equal(theirs, DecoderLM.from_hf(hf).generate(ids, 12))
+
+
+def test_engines_subset_and_bfloat16_folder(monkeypatch, tmp_path):
+    """--engines times ours plus the engines named; bfloat16 engines load a bfloat16 save of the same weights,
+    float32 and int8 ones the float32 save."""
+    from safetensors import safe_open
+    torch.manual_seed(0)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY)).eval()
+    calls = []
+
+    def fake_measure(engine, dtype, folder, *args):
+        with safe_open(folder / "model.safetensors", "pt") as f:
+            calls.append((engine, dtype, {f.get_slice(name).get_dtype() for name in f.keys()}))
+        return {1: {"total": 1.0, "decode": 1.0, "prefill": 1.0}}, 0, 0, 0
+    monkeypatch.setattr(generate, "hf_model", lambda *a: hf)
+    monkeypatch.setattr(generate, "measure", fake_measure)
+    monkeypatch.setattr(generate, "check_tokens", lambda *a: {})
+    generate.main(["--model", "llama", "--device", "cpu", "--dtypes", "float32", "bfloat16", "int8", "--batch-sizes",
+                   "1", "--engines", "ours, compiled", "--record", str(tmp_path / "r.md")])
+    assert calls == [(e, d, {"BF16" if d == "bfloat16" else "F32"})
+                     for d in ("float32", "bfloat16", "int8") for e in ("ours", "ours, compiled")]
+    assert all(p.dtype == torch.float32 for p in hf.parameters())  # the bfloat16 save left the model as it was

@@ -5,7 +5,9 @@ only), on the same weights, prompts and thread count.
 The model is a random Hugging Face model, float32, saved with save_pretrained to a temporary folder, with a word-level
 vocabulary "t0", "t1", ... (so CTranslate2's token strings map one to one to ids). Each engine loads it from there:
 ours with DecoderLM.from_pretrained, Hugging Face with from_pretrained, CTranslate2 and llama.cpp from their own
-converters' output (llama.cpp: GGUF, see bench/llamacpp.py).
+converters' output (llama.cpp: GGUF, see bench/llamacpp.py). For bfloat16 the same weights are saved again in
+bfloat16, and every engine loads that folder, so that each can keep the weights as stored (mapped, where it maps).
+`--engines` times a subset (ours always runs: every ratio is to it).
 
 - `--model gpt2`: GPT-2 small shape (124M parameters, tied head); `--uncached-new-tokens N` adds ours without the
   KV cache (float32).
@@ -24,6 +26,7 @@ Besides tokens/s over the whole generate call, each engine gets the same split i
 split_times): generate(ids, 1) is timed as the prefill, and the rest of generate(ids, n) as n - 1 decode steps.
 """
 import argparse
+import copy
 import datetime
 import importlib.util
 import json
@@ -272,7 +275,8 @@ def markdown(rows, memory, device, command, model_desc, prompt_len, runs, tokens
             for b, pos in result.items())]
     if memory:
         lines += ["", "Resident memory of each engine's process, counted from just before loading the model from the "
-                  "float32 save_pretrained folder (CTranslate2, llama.cpp: their converted files): anonymous resident "
+                  "save_pretrained folder (float32; for bfloat16 a bfloat16 save of the same weights) or from what "
+                  "CTranslate2's and llama.cpp's converters made of it: anonymous resident "
                   "memory (RssAnon, sampled every millisecond) after the load and at its peak over the load and every "
                   "timed run, which leaves out mapped files (page cache); and the peak of all resident memory (VmHWM), "
                   "which counts the pages of mapped files too, such as llama.cpp's memory-mapped weights.", "",
@@ -309,6 +313,9 @@ def main(argv=None):
                    help="also time ours without the KV cache (float32) for this many new tokens (its cost per token "
                         "grows with length, so a shorter run overstates its tokens/s)")
     p.add_argument("--runs", type=int, default=5, help="timed generate calls per engine, dtype and batch (median)")
+    p.add_argument("--engines", nargs="+", metavar="NAME",
+                   help="time only these engines, named as in the table (\"ours, compiled\", \"Hugging Face\", "
+                        "\"llama.cpp f32\", ...); ours always runs, as every ratio is to it")
     p.add_argument("--record", help="write the table as markdown to this file")
     args = p.parse_args(argv)
     if args.new_tokens < 2 or (args.uncached_new_tokens or 2) < 2:
@@ -323,13 +330,19 @@ def main(argv=None):
           "|---|---|---|---|---|", flush=True)
     rows, memory, not_run = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
+        folder = Path(tmp) / "float32"
         save_folder(hf, folder)
+        folders = {"float32": folder, "int8": folder}
+        if "bfloat16" in args.dtypes:  # saved in bfloat16 too, so that every engine can load bfloat16 as stored
+            folders["bfloat16"] = Path(tmp) / "bfloat16"
+            save_folder(copy.deepcopy(hf).to(torch.bfloat16), folders["bfloat16"])
         for dtype in args.dtypes:
             for engine in engines(args.device, dtype, bool(args.uncached_new_tokens) and dtype == "float32",
                                   args.model):
+                if args.engines and engine != "ours" and engine not in args.engines:
+                    continue
                 n = args.uncached_new_tokens if engine == "ours, no cache" else args.new_tokens
-                result = measure(engine, dtype, folder, args.device, args.batch_sizes, args.prompt_len,
+                result = measure(engine, dtype, folders[dtype], args.device, args.batch_sizes, args.prompt_len,
                                  hf.config.vocab_size, n, 1 if engine == "ours, no cache" else args.runs)
                 if isinstance(result, str):
                     not_run.append((f"{engine} {dtype}", result))

@@ -6,8 +6,8 @@ are in hf.py; both paths hand `convert` a config dict and a name -> tensor mappi
 The model is built on the meta device, given uninitialised storage (a tied parameter stays one parameter), and its
 parameters are then copied one at a time from the tensors, read one at a time from the files: peak memory stays near
 the model's size. from_pretrained on the CPU copies nothing where it need not: a parameter that is one tensor of the
-file as stored (same dtype, not fused from parts such as q, k and v, not transposed, not quantized) becomes a view of
-a private mapping of the file (mmap=False turns this off), so its weights are the file's page cache, shared with
+file as stored (same dtype, not transposed, not quantized; fused from parts, such as gate|up, only where the parts
+follow each other in the file) becomes a view of a private mapping of the file (mmap=False turns this off), so its weights are the file's page cache, shared with
 other processes reading the file and never counted as the process's anonymous memory; writing to it (training)
 copies the pages written, never the file. As with torch.load(mmap=True), the file must not be overwritten in place
 while the model lives. Buffers derived from the config (rotary frequencies, sinusoidal tables) are recomputed. With
@@ -102,14 +102,16 @@ def _writers(model: nn.Module, where: dict) -> dict:
 
 def _mapped(model: nn.Module, arch: Architecture, given: dict, tensors: "Tensors", where: dict, device) -> dict:
     """{our parameter name: a view of the checkpoint file's mapping} for every parameter of the model (on the meta
-    device) that can keep its weights there: on the CPU, from one file tensor stored in the parameter's dtype (not
-    fused from parts, not transposed, not quantized)."""
+    device) that can keep its weights there: on the CPU, from file tensors stored in the parameter's dtype, not
+    transposed, not quantized, and, for a parameter fused from parts (q|k|v, gate|up), only where the parts follow
+    each other in the file in its order (gate|up in Hugging Face's files, whose tensors are in name order;
+    SafetensorsFiles.mapped)."""
     if not isinstance(tensors, SafetensorsFiles) or torch.device(device).type != "cpu":
         return {}
     views = {}
     for ours, source in arch.plan.items():
-        if len(source.names) == 1 and not source.transpose and where[ours] is None:
-            view = tensors.mapped(given[source.names[0]], model.get_parameter(ours).dtype)
+        if not source.transpose and where[ours] is None:
+            view = tensors.mapped([given[n] for n in source.names], model.get_parameter(ours).dtype)
             if view is not None:
                 views[ours] = view
     return views
@@ -219,19 +221,28 @@ class SafetensorsFiles(Tensors):
     def where(self, name: str) -> str:
         return str(self._file[name])
 
-    def mapped(self, name: str, dtype: torch.dtype) -> torch.Tensor | None:
-        """Tensor `name` as a view of a private (copy-on-write) mapping of its file, or None unless mapping is on and
-        the tensor is stored in `dtype` at an offset that is a multiple of the element size. The view's pages are the
-        file's page cache, read on first touch; a write copies the page it lands on, never the file."""
-        if not self._mmap or self.dtype(name) != _SAFETENSORS_DTYPES.get(dtype):
+    def mapped(self, names: list[str], dtype: torch.dtype) -> torch.Tensor | None:
+        """Tensors `names` concatenated by rows, as a view of a private (copy-on-write) mapping of their file, or None
+        unless mapping is on, every one is stored in `dtype`, they follow each other in one file in this order (the
+        rows of each the same length; one tensor always does) and the first starts at a multiple of the element
+        size. The view's pages are the file's page cache, read on first touch; a write copies the page it lands on,
+        never the file."""
+        if not self._mmap or any(self.dtype(n) != _SAFETENSORS_DTYPES.get(dtype) for n in names):
             return None
-        path = self._file[name]
+        path = self._file[names[0]]
         if path not in self._maps:
             self._maps[path] = _map_file(path)
         storage, offsets = self._maps[path]
-        if offsets[name] % dtype.itemsize:
+        shapes = [self.shape(n) for n in names]
+        end = offsets[names[0]]
+        for name, shape in zip(names, shapes):
+            if self._file[name] != path or offsets[name] != end or shape[1:] != shapes[0][1:]:
+                return None
+            end += math.prod(shape) * dtype.itemsize
+        if offsets[names[0]] % dtype.itemsize:
             return None
-        return torch.empty(0, dtype=dtype).set_(storage, offsets[name] // dtype.itemsize, self.shape(name))
+        rows = [sum(shape[0] for shape in shapes)] + shapes[0][1:]
+        return torch.empty(0, dtype=dtype).set_(storage, offsets[names[0]] // dtype.itemsize, rows)
 
 
 _SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}

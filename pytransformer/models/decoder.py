@@ -124,8 +124,9 @@ class DecoderLM(nn.Module):
         read, so the float weights are never all in memory. A broken directory raises ValueError (FileNotFoundError
         for a missing path) naming the file and the field or tensor, checked from config.json and the safetensors
         headers before anything is allocated; integer weights and a tied config whose file holds a different
-        lm_head.weight are refused. On the CPU, weights stored in `dtype` and used as stored (not fused, transposed
-        or quantized) stay in a private mapping of the file unless mmap=False (models/checkpoint.py)."""
+        lm_head.weight are refused. On the CPU, weights stored in `dtype` and used as stored (not transposed or
+        quantized; fused ones where their parts follow each other in the file) stay in a private mapping of the file
+        unless mmap=False (models/checkpoint.py)."""
         return checkpoint.from_pretrained(cls, DecoderConfig, path, dtype=dtype, device=device, quantize=quantize,
                                           mmap=mmap)
 

@@ -289,18 +289,20 @@ def _file_backed(model) -> dict[str, bool]:
 @pytest.mark.parametrize("name", ["llama3", "gpt2"])  # one file, untied head; shards, transposed Conv1D weights
 def test_weights_stay_in_the_file_mapping(saved, name):
     """float32 weights of a float32 checkpoint that are used as stored (embeddings, norms, o_proj, down_proj, the
-    head; GPT-2's biases) are views of the file's mapping; fused (q|k|v, gate|up as fc1) and transposed ones are
-    copies; the logits equal a copying load's; a write to a mapped weight changes neither the file nor another load."""
+    head; GPT-2's biases) are views of the file's mapping, and so is Llama's gate|up (gate_proj and up_proj follow each
+    other in the file); q|k|v (k_proj, o_proj, q_proj, v_proj in the file) and transposed weights are copies; the
+    logits equal a copying load's; a write to a mapped weight changes neither the file nor another load."""
     path = saved[name][1]
     mapped, copied = DecoderLM.from_pretrained(path), DecoderLM.from_pretrained(path, mmap=False)
     backed = _file_backed(mapped)
     assert not any(_file_backed(copied).values())
     assert backed["embed.tok.weight"] and backed["decoder.norm.weight"]
-    assert not any(backed[f"decoder.layers.{i}.{m}.weight"] for i in range(2) for m in ("self_attn.qkv_proj", "ff.fc1"))
+    assert not any(backed[f"decoder.layers.{i}.self_attn.qkv_proj.weight"] for i in range(2))
     if name == "llama3":
         assert backed["lm_head.weight"] and backed["decoder.layers.0.self_attn.out_proj.weight"]
-    else:
-        assert not backed["decoder.layers.0.self_attn.out_proj.weight"]  # a Conv1D weight, stored transposed
+        assert all(backed[f"decoder.layers.{i}.ff.fc1.weight"] for i in range(2))  # gate|up
+    else:  # Conv1D weights, stored transposed
+        assert not any(backed[f"decoder.layers.0.{m}.weight"] for m in ("self_attn.out_proj", "ff.fc1"))
     ids = torch.randint(0, V, (2, 9))
     with torch.no_grad():
         assert torch.equal(mapped(ids), copied(ids))
@@ -333,5 +335,22 @@ def test_misaligned_tensor_is_read_not_mapped(tmp_path):
                      + b.view(torch.uint8).numpy().tobytes())
     with contextlib.ExitStack() as stack:
         tensors = SafetensorsFiles([path], stack)
-        assert torch.equal(tensors.mapped("a", torch.bfloat16), a) and tensors.mapped("a", torch.float32) is None
-        assert tensors.mapped("b", torch.float32) is None and torch.equal(tensors["b"], b)
+        assert torch.equal(tensors.mapped(["a"], torch.bfloat16), a) and tensors.mapped(["a"], torch.float32) is None
+        assert tensors.mapped(["b"], torch.float32) is None and torch.equal(tensors["b"], b)
+
+
+def test_parts_map_as_one_tensor_only_when_they_follow_each_other(tmp_path):
+    """mapped(names): the rows of tensors that follow each other in the file in that order, as one view; in another
+    order, with a tensor between them, or with rows of another length: None."""
+    from safetensors.torch import save_file
+
+    from pytransformer.models.checkpoint import SafetensorsFiles
+    t = {"a": torch.randn(2, 4), "b": torch.randn(3, 4), "c": torch.randn(1, 4), "d": torch.randn(2, 3)}
+    path = tmp_path / "model.safetensors"
+    save_file(t, str(path))  # in name order: a, b, c, d
+    with contextlib.ExitStack() as stack:
+        tensors = SafetensorsFiles([path], stack)
+        assert torch.equal(tensors.mapped(["a", "b", "c"], torch.float32), torch.cat([t["a"], t["b"], t["c"]]))
+        assert torch.equal(tensors.mapped(["b", "c"], torch.float32), torch.cat([t["b"], t["c"]]))
+        for names in (["b", "a"], ["a", "c"], ["c", "d"]):
+            assert tensors.mapped(names, torch.float32) is None
