@@ -41,12 +41,15 @@ def test_split_times():
 
 
 def test_markdown_has_both_ratios_and_total_memory():
-    rows = [(1, "ours", "float32", 4, {"total": 20.0, "decode": 30.0, "prefill": 0.05}),
-            (1, "llama.cpp f32", "float32", 4, {"total": 10.0, "decode": 60.0, "prefill": 0.1})]
-    text = generate.markdown(rows, [("llama.cpp f32", "float32", 2**20, 2 * 2**20, 500 * 2**20)], "cpu", "cmd",
-                             "tiny", 8, 3, {"llama.cpp f32": {1: None, 8: 3}})
-    assert "| 1 | llama.cpp f32 | float32 | 4 | 10.0 | 2.00x | 60.0 | 0.50x | 100.0 |" in text
-    assert "| llama.cpp f32 | float32 | 1 | 2 | 500 |" in text
+    rows = [(1, 8, "ours", "float32", 4, {"total": 20.0, "decode": 30.0, "prefill": 0.05}),
+            (1, 8, "llama.cpp f32", "float32", 4, {"total": 10.0, "decode": 60.0, "prefill": 0.1}),
+            (1, 16, "ours", "float32", 4, {"total": 10.0, "decode": 30.0, "prefill": 0.1}),
+            (1, 16, "llama.cpp f32", "float32", 4, {"total": 10.0, "decode": 60.0, "prefill": 0.2})]
+    text = generate.markdown(rows, [("llama.cpp f32", "float32", 8, 2**20, 2 * 2**20, 500 * 2**20)], "cpu", "cmd",
+                             "tiny", 3, {"llama.cpp f32": {1: None, 8: 3}})
+    assert "| 1 | 8 | llama.cpp f32 | float32 | 4 | 10.0 | 2.00x | 60.0 | 0.50x | 100.0 |" in text
+    assert "| 1 | 16 | llama.cpp f32 | float32 | 4 | 10.0 | 1.00x | 60.0 | 0.50x | 200.0 |" in text  # its own ours
+    assert "| llama.cpp f32 | float32 | 8 | 1 | 2 | 500 |" in text
     assert "against llama.cpp f32's: batch 1: identical; batch 8: first difference at new token 3" in text
     assert "convert_hf_to_gguf.py" in text
 
@@ -143,7 +146,7 @@ def test_engines_subset_and_bfloat16_folder(monkeypatch, tmp_path):
     monkeypatch.setattr(generate, "measure", fake_measure)
     monkeypatch.setattr(generate, "check_tokens", lambda *a: {})
     generate.main(["--model", "llama", "--device", "cpu", "--dtypes", "float32", "bfloat16", "int8", "--batch-sizes",
-                   "1", "--engines", "ours, compiled", "--record", str(tmp_path / "r.md")])
+                   "1", "--engines", "ours, compiled", "--prompt-len", "8", "--record", str(tmp_path / "r.md")])
     assert calls == [(e, d, {"BF16" if d == "bfloat16" else "F32"})
                      for d in ("float32", "bfloat16", "int8") for e in ("ours", "ours, compiled")]
     assert all(p.dtype == torch.float32 for p in hf.parameters())  # the bfloat16 save left the model as it was

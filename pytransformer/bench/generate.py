@@ -252,22 +252,24 @@ def llamacpp_notes(names) -> list[str]:
     return notes
 
 
-def markdown(rows, memory, device, command, model_desc, prompt_len, runs, tokens=None, not_run=()) -> str:
+def markdown(rows, memory, device, command, model_desc, runs, tokens=None, not_run=()) -> str:
+    """The record: rows (batch, prompt length, engine, dtype, new tokens, split_times), memory (engine, dtype, prompt
+    length, after-load, peak and peak total bytes), the token checks and what could not run."""
     lines = [f"- device: {device_name(device)}", f"- torch: {torch.__version__}",
              f"- date: {datetime.date.today().isoformat()}", f"- command: `{command}`",
-             f"- model: {model_desc}; prompt {prompt_len} tokens, greedy, median of {runs} runs",
+             f"- model: {model_desc}; greedy, median of {runs} runs",
              "- each engine and dtype runs in a fresh process of its own, one after another (in one process, a loaded "
              "CTranslate2 slowed PyTorch's generation by about 15%), with the same thread count; tokens/s counts the "
              "new tokens of the batch over the whole generate call, prefill included",
              "- prefill: the median time of generate(ids, 1) (the prompt's forward and the first token); decode "
              "tokens/s: the other new tokens of the batch over the median time of generate(ids, n) less the prefill",
-             *llamacpp_notes({name for _, name, *_ in rows}), "",
-             "| batch | variant | dtype | new tokens | tokens/s | ours vs this | decode tokens/s | ours vs this, decode "
-             "| prefill (ms) |", "|---|---|---|---|---|---|---|---|---|"]
-    ours = {(b, dtype): r for b, name, dtype, _, r in rows if name == "ours"}
-    lines += [f"| {b} | {name} | {dtype} | {n} | {r['total']:.1f} | {ours[b, dtype]['total'] / r['total']:.2f}x | "
-              f"{r['decode']:.1f} | {ours[b, dtype]['decode'] / r['decode']:.2f}x | {r['prefill'] * 1e3:.1f} |"
-              for b, name, dtype, n, r in rows]
+             *llamacpp_notes({name for _, _, name, *_ in rows}), "",
+             "| batch | prompt | variant | dtype | new tokens | tokens/s | ours vs this | decode tokens/s | ours vs "
+             "this, decode | prefill (ms) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    ours = {(b, L, dtype): r for b, L, name, dtype, _, r in rows if name == "ours"}
+    lines += [f"| {b} | {L} | {name} | {dtype} | {n} | {r['total']:.1f} | {ours[b, L, dtype]['total'] / r['total']:.2f}x"
+              f" | {r['decode']:.1f} | {ours[b, L, dtype]['decode'] / r['decode']:.2f}x | {r['prefill'] * 1e3:.1f} |"
+              for b, L, name, dtype, n, r in rows]
     lines += [f"\nNot run: {what}: {why}" for what, why in not_run]
     for name, result in (tokens or {}).items():
         lines += ["", f"Greedy float32 tokens against {name}'s: " + "; ".join(
@@ -280,8 +282,10 @@ def markdown(rows, memory, device, command, model_desc, prompt_len, runs, tokens
                   "memory (RssAnon, sampled every millisecond) after the load and at its peak over the load and every "
                   "timed run, which leaves out mapped files (page cache); and the peak of all resident memory (VmHWM), "
                   "which counts the pages of mapped files too, such as llama.cpp's memory-mapped weights.", "",
-                  "| engine | dtype | after load (MiB) | peak (MiB) | peak total (MiB) |", "|---|---|---|---|---|"]
-        lines += [f"| {e} | {d} | {a / 2**20:.0f} | {p / 2**20:.0f} | {t / 2**20:.0f} |" for e, d, a, p, t in memory]
+                  "| engine | dtype | prompt | after load (MiB) | peak (MiB) | peak total (MiB) |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {e} | {d} | {L} | {a / 2**20:.0f} | {p / 2**20:.0f} | {t / 2**20:.0f} |"
+                  for e, d, L, a, p, t in memory]
     return "\n".join(lines) + "\n"
 
 
@@ -292,9 +296,9 @@ def check_tokens(hf, folder: Path, args) -> dict[str, dict[int, int | None]]:
     llama = "llama.cpp f32" in engines(args.device, "float32", False, args.model)
     if llama:
         others["llama.cpp f32"] = llamacpp.load(folder, "f32", torch.get_num_threads(), max(args.batch_sizes),
-                                                args.prompt_len + args.new_tokens)
+                                                args.prompt_len[0] + args.new_tokens)
     try:
-        return same_tokens(hf, args.device, args.batch_sizes, args.prompt_len, args.new_tokens, others)
+        return same_tokens(hf, args.device, args.batch_sizes, args.prompt_len[0], args.new_tokens, others)
     finally:
         if llama:
             others["llama.cpp f32"].close()
@@ -307,7 +311,8 @@ def main(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "int8"], default=["float32", "int8"])
-    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--prompt-len", type=int, nargs="+", default=[128],
+                   help="prompt lengths (each engine is timed at each; the token checks use the first)")
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--uncached-new-tokens", type=int, default=None,
                    help="also time ours without the KV cache (float32) for this many new tokens (its cost per token "
@@ -326,8 +331,8 @@ def main(argv=None):
         p.error("the generation benchmark needs transformers and tokenizers (pip install transformers tokenizers)")
     shape = "GPT-2 small shape" if args.model == "gpt2" else f"Llama shape ({LLAMA_SHAPE})"
     desc = f"{shape}, {count_parameters(hf) / 1e6:.1f}M parameters, random weights"
-    print(f"device: {device_name(args.device)}\n| batch | variant | dtype | new tokens | tokens/s |\n"
-          "|---|---|---|---|---|", flush=True)
+    print(f"device: {device_name(args.device)}\n| batch | prompt | variant | dtype | new tokens | tokens/s |\n"
+          "|---|---|---|---|---|---|", flush=True)
     rows, memory, not_run = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "float32"
@@ -342,25 +347,27 @@ def main(argv=None):
                 if args.engines and engine != "ours" and engine not in args.engines:
                     continue
                 n = args.uncached_new_tokens if engine == "ours, no cache" else args.new_tokens
-                result = measure(engine, dtype, folders[dtype], args.device, args.batch_sizes, args.prompt_len,
-                                 hf.config.vocab_size, n, 1 if engine == "ours, no cache" else args.runs)
-                if isinstance(result, str):
-                    not_run.append((f"{engine} {dtype}", result))
-                    print(f"{engine} {dtype}: not run ({result})", flush=True)
-                    continue
-                rates, after_load, peak, peak_total = result
-                for batch, rate in rates.items():
-                    rows.append((batch, engine, dtype, n, rate))
-                    print(f"| {batch} | {engine} | {dtype} | {n} | {rate['total']:.1f} |", flush=True)
-                if engine != "ours, no cache":
-                    memory.append((engine, dtype, after_load, peak, peak_total))
+                for prompt_len in args.prompt_len:
+                    result = measure(engine, dtype, folders[dtype], args.device, args.batch_sizes, prompt_len,
+                                     hf.config.vocab_size, n, 1 if engine == "ours, no cache" else args.runs)
+                    if isinstance(result, str):
+                        not_run.append((f"{engine} {dtype}", result))
+                        print(f"{engine} {dtype}: not run ({result})", flush=True)
+                        continue
+                    rates, after_load, peak, peak_total = result
+                    for batch, rate in rates.items():
+                        rows.append((batch, prompt_len, engine, dtype, n, rate))
+                        print(f"| {batch} | {prompt_len} | {engine} | {dtype} | {n} | {rate['total']:.1f} |",
+                              flush=True)
+                    if engine != "ours, no cache":
+                        memory.append((engine, dtype, prompt_len, after_load, peak, peak_total))
         tokens = check_tokens(hf, folder, args)
-    rows.sort(key=lambda r: r[0])  # by batch size, engines and dtypes in the order run
-    print(markdown([], memory, args.device, "", desc, args.prompt_len, args.runs, tokens, not_run), flush=True)
+    rows.sort(key=lambda r: r[:2])  # by batch size and prompt length, engines and dtypes in the order run
+    print(markdown([], memory, args.device, "", desc, args.runs, tokens, not_run), flush=True)
     if args.record:
         with open(args.record, "w") as f:
             f.write("# Generation benchmark\n\n" + markdown(rows, memory, args.device, " ".join(["python"] + sys.argv),
-                                                           desc, args.prompt_len, args.runs, tokens, not_run))
+                                                           desc, args.runs, tokens, not_run))
 
 
 if __name__ == "__main__":
