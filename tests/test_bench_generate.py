@@ -41,14 +41,14 @@ def test_split_times():
 
 
 def test_markdown_has_both_ratios_and_total_memory():
-    rows = [(1, 8, "ours", "float32", 4, {"total": 20.0, "decode": 30.0, "prefill": 0.05}),
-            (1, 8, "llama.cpp f32", "float32", 4, {"total": 10.0, "decode": 60.0, "prefill": 0.1}),
-            (1, 16, "ours", "float32", 4, {"total": 10.0, "decode": 30.0, "prefill": 0.1}),
-            (1, 16, "llama.cpp f32", "float32", 4, {"total": 10.0, "decode": 60.0, "prefill": 0.2})]
+    rows = [(1, 8, "ours", "float32", 4, {"total": 20.0, "decode": 30.0, "prefill": 0.05, "spread": 0.1}),
+            (1, 8, "llama.cpp f32", "float32", 4, {"total": 10.0, "decode": 60.0, "prefill": 0.1, "spread": 0.02}),
+            (1, 16, "ours", "float32", 4, {"total": 10.0, "decode": 30.0, "prefill": 0.1, "spread": 0.5}),
+            (1, 16, "llama.cpp f32", "float32", 4, {"total": 10.0, "decode": 60.0, "prefill": 0.2, "spread": 0})]
     text = generate.markdown(rows, [("llama.cpp f32", "float32", 8, 2**20, 2 * 2**20, 500 * 2**20)], "cpu", "cmd",
                              "tiny", 3, {"llama.cpp f32": {1: None, 8: 3}})
-    assert "| 1 | 8 | llama.cpp f32 | float32 | 4 | 10.0 | 2.00x | 60.0 | 0.50x | 100.0 |" in text
-    assert "| 1 | 16 | llama.cpp f32 | float32 | 4 | 10.0 | 1.00x | 60.0 | 0.50x | 200.0 |" in text  # its own ours
+    assert "| 1 | 8 | llama.cpp f32 | float32 | 4 | 10.0 | 2.00x | 60.0 | 0.50x | 100.0 | 2% |" in text
+    assert "| 1 | 16 | llama.cpp f32 | float32 | 4 | 10.0 | 1.00x | 60.0 | 0.50x | 200.0 | 0% |" in text  # its own ours
     assert "| llama.cpp f32 | float32 | 8 | 1 | 2 | 500 |" in text
     assert "against llama.cpp f32's: batch 1: identical; batch 8: first difference at new token 3" in text
     assert "convert_hf_to_gguf.py" in text
@@ -141,7 +141,7 @@ def test_engines_subset_and_bfloat16_folder(monkeypatch, tmp_path):
     def fake_measure(engine, dtype, folder, *args):
         with safe_open(folder / "model.safetensors", "pt") as f:
             calls.append((engine, dtype, {f.get_slice(name).get_dtype() for name in f.keys()}))
-        return {1: {"total": 1.0, "decode": 1.0, "prefill": 1.0}}, 0, 0, 0
+        return {1: {"total": 1.0, "decode": 1.0, "prefill": 1.0, "spread": 0.0}}, 0, 0, 0
     monkeypatch.setattr(generate, "hf_model", lambda *a: hf)
     monkeypatch.setattr(generate, "measure", fake_measure)
     monkeypatch.setattr(generate, "check_tokens", lambda *a: {})

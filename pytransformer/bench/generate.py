@@ -190,8 +190,9 @@ def worker(spec: str) -> None:
 
 
 def measure(engine, dtype, folder: Path, device, batch_sizes, prompt_len, vocab, new_tokens, runs):
-    """worker() of one engine and dtype in a fresh process: (split_times of the median times per batch size,
-    after-load, peak anonymous and peak total resident bytes), or the reason (a string) when it cannot run."""
+    """worker() of one engine and dtype in a fresh process: (split_times of the median times per batch size, with
+    "spread": the range of the timed generate(ids, new_tokens) calls over their median; after-load, peak anonymous
+    and peak total resident bytes), or the reason (a string) when it cannot run."""
     spec = dict(engine=engine, dtype=dtype, folder=str(folder), device=str(device), threads=torch.get_num_threads(),
                 batch_sizes=batch_sizes, prompt_len=prompt_len, vocab=vocab, new_tokens=new_tokens, runs=runs)
     out = subprocess.run([sys.executable, "-c", f"from {__name__} import worker; import sys; worker(sys.argv[1])",
@@ -199,8 +200,11 @@ def measure(engine, dtype, folder: Path, device, batch_sizes, prompt_len, vocab,
     if out.returncode:
         return out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit status {out.returncode}"
     m = json.loads(out.stdout.splitlines()[-1])
-    rates = {int(b): split_times(int(b), new_tokens, statistics.median(t[str(new_tokens)]), statistics.median(t["1"]))
-             for b, t in m["times"].items()}
+    rates = {}
+    for b, t in m["times"].items():
+        calls = t[str(new_tokens)]
+        rates[int(b)] = split_times(int(b), new_tokens, statistics.median(calls), statistics.median(t["1"]))
+        rates[int(b)]["spread"] = (max(calls) - min(calls)) / statistics.median(calls)
     return rates, m["after_load"], m["peak"], m["peak_total"]
 
 
@@ -263,13 +267,14 @@ def markdown(rows, memory, device, command, model_desc, runs, tokens=None, not_r
              "new tokens of the batch over the whole generate call, prefill included",
              "- prefill: the median time of generate(ids, 1) (the prompt's forward and the first token); decode "
              "tokens/s: the other new tokens of the batch over the median time of generate(ids, n) less the prefill",
+             "- spread: the range of the timed calls of generate(ids, n) over their median (call-to-call steadiness)",
              *llamacpp_notes({name for _, _, name, *_ in rows}), "",
              "| batch | prompt | variant | dtype | new tokens | tokens/s | ours vs this | decode tokens/s | ours vs "
-             "this, decode | prefill (ms) |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "this, decode | prefill (ms) | spread |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     ours = {(b, L, dtype): r for b, L, name, dtype, _, r in rows if name == "ours"}
     lines += [f"| {b} | {L} | {name} | {dtype} | {n} | {r['total']:.1f} | {ours[b, L, dtype]['total'] / r['total']:.2f}x"
-              f" | {r['decode']:.1f} | {ours[b, L, dtype]['decode'] / r['decode']:.2f}x | {r['prefill'] * 1e3:.1f} |"
-              for b, L, name, dtype, n, r in rows]
+              f" | {r['decode']:.1f} | {ours[b, L, dtype]['decode'] / r['decode']:.2f}x | {r['prefill'] * 1e3:.1f} | "
+              f"{r['spread']:.0%} |" for b, L, name, dtype, n, r in rows]
     lines += [f"\nNot run: {what}: {why}" for what, why in not_run]
     for name, result in (tokens or {}).items():
         lines += ["", f"Greedy float32 tokens against {name}'s: " + "; ".join(
