@@ -150,3 +150,10 @@ def test_engines_subset_and_bfloat16_folder(monkeypatch, tmp_path):
     assert calls == [(e, d, {"BF16" if d == "bfloat16" else "F32"})
                      for d in ("float32", "bfloat16", "int8") for e in ("ours", "ours, compiled")]
     assert all(p.dtype == torch.float32 for p in hf.parameters())  # the bfloat16 save left the model as it was
+
+
+def test_records_give_the_command_as_typed():
+    from pytransformer.bench import command_line
+    assert command_line(["/x/pytransformer/__main__.py", "bench-generate", "--engines", "ours, compiled", "llama.cpp f32"]
+                        ) == "python -m pytransformer bench-generate --engines 'ours, compiled' 'llama.cpp f32'"
+    assert command_line(["benchmarks/bench_linear.py", "--record", "a.md"]) == "python benchmarks/bench_linear.py --record a.md"

@@ -10,7 +10,9 @@ what it does.
 """
 import datetime
 import math
+import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -222,10 +224,18 @@ def new_report(device, nbytes: int = 1 << 30) -> Report:
     return report
 
 
+def command_line(argv=None) -> str:
+    """The command that ran (default sys.argv) as one would type it: `python -m pytransformer ...` for the package's
+    entry point, else `python SCRIPT ...`, each argument quoted for the shell where it needs to be."""
+    argv = list(sys.argv if argv is None else argv)
+    entry = argv[0].endswith(os.path.join("pytransformer", "__main__.py"))
+    return shlex.join(["python", *(["-m", "pytransformer"] if entry else argv[:1]), *argv[1:]])
+
+
 def record(report: Report, path: str, title: str, argv) -> None:
     """Write the report as markdown (device, torch version, date, command, table) to `path`."""
     with open(path, "w") as f:
-        f.write(f"# {title}\n\n{report.markdown(' '.join(['python'] + list(argv)))}")
+        f.write(f"# {title}\n\n{report.markdown(command_line(argv))}")
 
 
 def script_main(doc: str, title: str, bench, argv=None, runs: int = 30, dtype: bool = True,

@@ -42,7 +42,7 @@ import torch
 
 from ..models import DecoderLM, count_parameters
 from ..nn.quantized import quantize
-from . import device_name, llamacpp, proc_status, sync
+from . import command_line, device_name, llamacpp, proc_status, sync
 
 # 12 layers, d_model 768, 12 query heads sharing 3 KV heads, SwiGLU 2048, vocabulary 32000: 124M parameters
 LLAMA_SHAPE = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
@@ -371,7 +371,7 @@ def main(argv=None):
     print(markdown([], memory, args.device, "", desc, args.runs, tokens, not_run), flush=True)
     if args.record:
         with open(args.record, "w") as f:
-            f.write("# Generation benchmark\n\n" + markdown(rows, memory, args.device, " ".join(["python"] + sys.argv),
+            f.write("# Generation benchmark\n\n" + markdown(rows, memory, args.device, command_line(),
                                                            desc, args.runs, tokens, not_run))
 
 

@@ -5,14 +5,13 @@ import argparse
 import copy
 import datetime
 import statistics
-import sys
 
 import torch
 
 from .. import quantize
 from ..models import DecoderLM, count_parameters, gpt2_small
 from ..quantization import state_dict_bytes
-from . import device_name, int8_linear, matmul_ceiling, new_report
+from . import command_line, device_name, int8_linear, matmul_ceiling, new_report
 from .generate import timed
 
 
@@ -89,7 +88,7 @@ def main(argv=None):
                  "float32)"
     if args.record:
         with open(args.record, "w") as f:
-            command = " ".join(["python"] + sys.argv)
+            command = command_line()
             f.write("# Weight-only int8 quantization benchmark\n\n" + markdown(
                 model_desc, sizes, error, rows, args.device, command, args.prompt_len, args.new_tokens, args.runs)
                 + "\n## ops.int8_linear vs F.linear (float32 weight)\n\n" + report.markdown(command))

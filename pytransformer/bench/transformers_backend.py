@@ -22,7 +22,7 @@ import torch
 
 from ..integrations import transformers as integration
 from ..models import DecoderLM
-from . import device_name
+from . import command_line, device_name
 from .generate import LLAMA_SHAPE, first_difference, hf_generate, hf_model, prompts, timed
 
 # (variant, attention backend, patch_linears arguments or None); DecoderLM variants: (name, None, dtype)
@@ -121,7 +121,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         hf.save_pretrained(tmp)
         results = run(hf, Path(tmp), ids, args.new_tokens, args.rounds)
-    text = markdown(results, " ".join(["python"] + sys.argv), args.prompt_len, args.new_tokens, args.rounds,
+    text = markdown(results, command_line(), args.prompt_len, args.new_tokens, args.rounds,
                     (load_before, load_average()))
     print(text)
     if args.record:

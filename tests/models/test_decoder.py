@@ -164,6 +164,9 @@ def test_generate_compiled_equals_eager():
     assert counters["stats"]["unique_graphs"] - graphs == 1
     prompt = torch.randint(0, V, (1, 4))
     assert torch.equal(model.generate(prompt, 6, beam_size=2, compile=True), model.generate(prompt, 6, beam_size=2))
+    rolling = tiny(positional="rotary", window=4)  # a cache of `window` rows: the rolling buffer
+    prompt = torch.randint(0, V, (2, 6))
+    assert torch.equal(rolling.generate(prompt, 9, compile=True), rolling.generate(prompt, 9))
 
 
 def test_generate_compiled_needs_the_cache():
