@@ -64,8 +64,8 @@ class DecoderLM(nn.Module):
         list of ids any of which ends a row). on_token(tokens [B]) is called as each step's tokens are chosen
         (streaming; not with beam search). ValueError naming the argument for key_lengths that are not [B] lengths in
         [1, L], or for more tokens than learned positions (max_len). compile=True runs each decoding step as one
-        torch.compile'd graph (see compiled_step): the first call per model shape and batch size compiles it (tens of
-        seconds), later calls reuse it."""
+        torch.compile'd graph (see compiled_step): the first call compiles it (tens of seconds), later calls reuse it
+        (a second batch size or model shape compiles once more, with that size dynamic)."""
         check_generate_args(max_new_tokens, beam_size, do_sample, temperature, top_k, top_p)
         if on_token is not None and beam_size > 1:
             raise ValueError("on_token: beam search settles its tokens only at the end")
@@ -143,8 +143,9 @@ def compiled_step(model: DecoderLM, cache: KVCache):
     """_decode_step of model over cache as one torch.compile'd graph (fullgraph): the per-token Python and dispatch
     cost of some 40 small ops a layer (rotary, views, residuals, activations) becomes a few fused kernels around our
     ops. On the CPU the graph runs from Inductor's C++ wrapper (cpp_wrapper), so no Python runs between kernels. The
-    cache's capacity is marked dynamic, so one graph per model shape and batch size serves every prompt length and
-    max_new_tokens; the cache's host-side length bound is dropped, as under any compiled step (KVCache)."""
+    cache's capacity is marked dynamic, so one graph serves every prompt length and max_new_tokens (torch.compile
+    makes a second batch size or model shape dynamic too, after one more compile); the cache's host-side length
+    bound is dropped, as under any compiled step (KVCache)."""
     kind = cache.lengths.device.type
     if kind not in _COMPILED_STEPS:
         options = {"cpp_wrapper": True} if kind == "cpu" else None
