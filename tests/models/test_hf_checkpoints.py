@@ -354,3 +354,32 @@ def test_parts_map_as_one_tensor_only_when_they_follow_each_other(tmp_path):
         assert torch.equal(tensors.mapped(["b", "c"], torch.float32), torch.cat([t["b"], t["c"]]))
         for names in (["b", "a"], ["a", "c"], ["c", "d"]):
             assert tensors.mapped(names, torch.float32) is None
+
+
+def _mapped_rss(path) -> int:
+    """Resident bytes of this process's mappings of `path` (Linux: /proc/self/smaps)."""
+    rss, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5 and not fields[0].endswith(":"):  # a mapping's header line
+            inside = len(fields) > 5 and fields[5] == str(path)
+        elif inside and fields[0] == "Rss:":
+            rss += int(fields[1]) * 1024
+    return rss
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_reading_a_tensor_leaves_no_file_pages_resident(tmp_path):
+    """A tensor read by name (to be converted, fused or quantized) comes from plain reads into memory of its own: no
+    page of the file is resident in a mapping afterwards, so an int8 or converted load does not hold the whole file
+    in the process's memory; the values are the file's."""
+    from safetensors.torch import save_file
+
+    from pytransformer.models.checkpoint import SafetensorsFiles
+    t = {"a": torch.randn(512, 1024), "b": torch.randn(3).to(torch.bfloat16)}
+    path = tmp_path / "model.safetensors"
+    save_file(t, str(path))
+    with contextlib.ExitStack() as stack:
+        tensors = SafetensorsFiles([path], stack, mmap=False)
+        assert torch.equal(tensors["a"], t["a"]) and torch.equal(tensors["b"], t["b"])
+        assert _mapped_rss(path) == 0
