@@ -25,7 +25,7 @@ import time
 import torch
 from torch.utils.cpp_extension import load_inline
 
-from pytransformer.bench import device_name, matmul_ceiling
+from pytransformer.bench import command_line, device_name, matmul_ceiling
 
 SOURCE = r"""
 #include <immintrin.h>
@@ -184,7 +184,7 @@ def main(argv=None):
     weight_bytes = 3072 * 768 * 4
     flops = 2 * 8 * 3072 * 768
     lines = [f"- device: {device_name()}", f"- torch: {torch.__version__}", f"- date: {time.strftime('%Y-%m-%d')}",
-             f"- command: `python {' '.join(sys.argv)}`",
+             f"- command: `{command_line()}`",
              f"- FMA peak (512-bit, all threads): {fma_s / 1e9:.1f} G instructions/s = {peak / 1e9:.0f} GFLOP/s "
              f"float32; ATen's 2048^3 float32 matmul: {gemm / 1e9:.0f} GFLOP/s ({gemm / peak:.0%} of the peak)",
              "", "| case | time (us) | weights GB/s | of read | FMA use |", "|---|---|---|---|---|"]

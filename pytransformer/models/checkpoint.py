@@ -7,8 +7,9 @@ The model is built on the meta device, given uninitialised storage (a tied param
 parameters are then copied one at a time from the tensors, read one at a time from the files: peak memory stays near
 the model's size. from_pretrained on the CPU copies nothing where it need not: a parameter that is one tensor of the
 file as stored (same dtype, not transposed, not quantized; fused from parts, such as gate|up, only where the parts
-follow each other in the file) becomes a view of a private mapping of the file (mmap=False turns this off), so its weights are the file's page cache, shared with
-other processes reading the file and never counted as the process's anonymous memory; writing to it (training)
+follow each other in the file) becomes a view of a private mapping of the file (mmap=False turns this off), so its
+weights are the file's page cache, shared with other processes reading the file and never counted as the process's
+anonymous memory; writing to it (training)
 copies the pages written, never the file. As with torch.load(mmap=True), the file must not be overwritten in place
 while the model lives. Buffers derived from the config (rotary frequencies, sinusoidal tables) are recomputed. With
 quantize=True the model is quantized while still on the meta device and each linear weight is quantized as it is
@@ -252,17 +253,16 @@ class SafetensorsFiles(Tensors):
         path = self._file[names[0]]
         if path not in self._maps:
             self._maps[path] = _map_file(path)
-        storage, offsets = self._maps[path], {name: self._offset(name) for name in names}
         shapes = [self.shape(n) for n in names]
-        end = offsets[names[0]]
+        start = end = self._offset(names[0])
         for name, shape in zip(names, shapes):
-            if self._file[name] != path or offsets[name] != end or shape[1:] != shapes[0][1:]:
+            if self._file[name] != path or self._offset(name) != end or shape[1:] != shapes[0][1:]:
                 return None
             end += math.prod(shape) * dtype.itemsize
-        if offsets[names[0]] % dtype.itemsize:
+        if start % dtype.itemsize:
             return None
         rows = [sum(shape[0] for shape in shapes)] + shapes[0][1:]
-        return torch.empty(0, dtype=dtype).set_(storage, offsets[names[0]] // dtype.itemsize, rows)
+        return torch.empty(0, dtype=dtype).set_(self._maps[path], start // dtype.itemsize, rows)
 
 
 _SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
