@@ -7,9 +7,11 @@
 #include <torch/library.h>
 
 #include "cpu/isa.h"
+#include "cpu/stream_prefetch.h"
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -255,6 +257,26 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Whether the AVX-512 kernels use AVX-512 BF16 dot products (bfloat16 linear layers).");
   m.def("cpu_vnni_dot_products", [] { return pytransformer::cpu::has_avx512_vnni(); },
         "Whether int8_linear's few-rows kernel uses AVX-512 VNNI dot products (x quantized per row to 16 bits).");
+  m.def("cpu_stream_prefetch", [](std::optional<std::string> mode) {
+    namespace cpu = pytransformer::cpu;
+    if (mode) cpu::set_stream_prefetch(*mode);
+    pybind11::dict state;
+    state["mode"] = cpu::stream_prefetch_mode();
+    for (const auto& s : cpu::stream_prefetch_states()) {
+      pybind11::dict width;
+      width["trials"] = s.trials;
+      width["choice"] = s.choice < 0 ? pybind11::object(pybind11::none())
+                                     : pybind11::object(pybind11::str(s.choice ? "prefetch" : "none"));
+      width["none_bytes_per_s"] = s.bytes_per_s[0];
+      width["prefetch_bytes_per_s"] = s.bytes_per_s[1];
+      state[pybind11::int_(s.weight_width)] = width;
+    }
+    return state;
+  }, pybind11::arg("mode") = pybind11::none(),
+        "Whether the few-rows linear kernels (1 or 2 rows of x) prefetch weights in software: mode \"auto\" (the "
+        "default; setting it starts the trials over) times both ways on the first large calls of each weight width "
+        "and keeps the faster, \"on\" and \"off\" force a way. Returns the mode and, per weight width in bytes, "
+        "the trials timed, the choice (None while trying) and the weight bytes per second of each way's trials.");
   m.def("cpu_kernels", [] {
     std::map<std::string, std::vector<int>> levels;
     for (const auto& r : pytransformer::cpu::kernel_registrations()) levels[r.table].push_back(r.level);

@@ -138,10 +138,12 @@ def test_engines_subset_and_bfloat16_folder(monkeypatch, tmp_path):
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY)).eval()
     calls = []
 
-    def fake_measure(engine, dtype, folder, *args):
+    def fake_measure(engine_calls, dtype, folder, *args):
         with safe_open(folder / "model.safetensors", "pt") as f:
-            calls.append((engine, dtype, {f.get_slice(name).get_dtype() for name in f.keys()}))
-        return {1: {"total": 1.0, "decode": 1.0, "prefill": 1.0, "spread": 0.0}}, 0, 0, 0
+            dtypes = {f.get_slice(name).get_dtype() for name in f.keys()}
+        calls.extend((engine, dtype, dtypes) for engine in engine_calls)
+        return {engine: ({1: {"total": 1.0, "decode": 1.0, "prefill": 1.0, "spread": 0.0}}, 0, 0, 0)
+                for engine in engine_calls}
     monkeypatch.setattr(generate, "hf_model", lambda *a: hf)
     monkeypatch.setattr(generate, "measure", fake_measure)
     monkeypatch.setattr(generate, "check_tokens", lambda *a: {})
@@ -150,6 +152,31 @@ def test_engines_subset_and_bfloat16_folder(monkeypatch, tmp_path):
     assert calls == [(e, d, {"BF16" if d == "bfloat16" else "F32"})
                      for d in ("float32", "bfloat16", "int8") for e in ("ours", "ours, compiled")]
     assert all(p.dtype == torch.float32 for p in hf.parameters())  # the bfloat16 save left the model as it was
+
+
+def test_engines_take_turns_each_in_a_process_of_its_own(tiny, monkeypatch):
+    """measure loads each engine in a process of its own, warms each up, then times them in turns, round after round
+    (n new tokens, then the prefill alone); an engine that cannot load is reported with its error while the others
+    run."""
+    hf, folder = tiny
+    order, time_call = [], generate.Engine.time
+
+    def logged(self, batch, n):
+        order.append((self.name, batch, n))
+        return time_call(self, batch, n)
+    monkeypatch.setattr(generate.Engine, "time", logged)
+    results = generate.measure({"ours": (3, 2), "nonesuch": (3, 2), "Hugging Face": (3, 2)}, "float32", folder,
+                               "cpu", [1, 2], 5, TINY["vocab_size"])
+    assert list(results) == ["ours", "nonesuch", "Hugging Face"]
+    assert "no engine is named 'nonesuch'" in results["nonesuch"]
+    both = ("ours", "Hugging Face")
+    assert order == [(e, b, n) for b in (1, 2) for e, n in [(e, 4) for e in both] + [(e, n) for _ in range(2)
+                                                                                      for e in both for n in (3, 1)]]
+    for engine in both:
+        rates, after_load, peak, peak_total = results[engine]
+        assert set(rates) == {1, 2}
+        assert all(r["total"] > 0 and r["prefill"] > 0 and r["spread"] >= 0 for r in rates.values())
+        assert peak >= after_load > 0 and peak_total > 0
 
 
 def test_records_give_the_command_as_typed():

@@ -15,6 +15,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -23,6 +24,7 @@
 
 #include "dot_rows.h"
 #include "isa.h"
+#include "stream_prefetch.h"
 
 namespace pytransformer::cpu {
 inline namespace CPU_CAPABILITY {
@@ -30,6 +32,7 @@ inline namespace CPU_CAPABILITY {
 constexpr int64_t kGemvBlock = 4;  // the most output features per work item (the weight rows dot_rows takes at once)
 constexpr int64_t kPrefetchBytes = int64_t(64) << 10;  // the most weight bytes of a block prefetched
 constexpr int64_t kStreamAhead = 4096;                  // bytes prefetched ahead of each of two streams
+constexpr int64_t kStreamAheadRows = 3;  // the fewest rows of x whose streams always prefetch (see stream_prefetch.h)
 constexpr int64_t kChunkXBytes = int64_t(32) << 10;    // x above this goes by in chunks of K (gemv_rows)
 constexpr int64_t kChunkBytes = 384;                    // bytes of a weight row a chunk of K covers
 constexpr int64_t kChunkBytesFew = 256;                 // the same for up to 4 rows of x
@@ -374,6 +377,8 @@ struct GemvPlan {
   bool x_8_bits = false;   // int_dots: x quantized to 8 bits instead of 16
   bool chunked = false;    // x goes by in chunks of K, each over kChunkBlocks blocks (GemvRows::read_chunks)
   bool streams = false;    // a thread reads its weight rows as two sequential streams (GemvRows::read_streams)
+  int64_t stream_ahead = 0;  // streams: the bytes prefetched ahead of each (0: none, the hardware's prefetch alone)
+  bool prefetch_trial = false;  // streams of 1 or 2 rows of x: a timed trial of the way (stream_prefetch.h)
   bool burst = false;      // blocks: the next block prefetched whole at the start of each (GemvRows::read_blocks)
   bool fused = false;      // dot blocks of 8 rows of x write out themselves (Out8) instead of sums for store
   int64_t x_bytes = 0;     // x as the dot products read it
@@ -383,9 +388,10 @@ struct GemvPlan {
   int64_t chunk_bytes = 0;     // chunked: the bytes of each weight row a chunk of K covers
 };
 
-// The plan of gemv_rows<acc_t, w_t, io_t> for M rows of x of K elements (x_quant_bits: see gemv_rows).
+// The plan of gemv_rows<acc_t, w_t, io_t> for M rows of x of K elements and N weight rows (x_quant_bits: see
+// gemv_rows).
 template <typename acc_t, typename w_t, typename io_t>
-GemvPlan plan_gemv(int64_t M, int64_t K, int64_t x_quant_bits) {
+GemvPlan plan_gemv(int64_t M, int64_t N, int64_t K, int64_t x_quant_bits) {
   constexpr bool kFloatIo = std::is_same_v<io_t, float> && std::is_same_v<acc_t, float>;
   GemvPlan p;
 #if defined(CPU_CAPABILITY_AVX512)
@@ -409,6 +415,15 @@ GemvPlan plan_gemv(int64_t M, int64_t K, int64_t x_quant_bits) {
   p.streams = !p.chunked && p.x_bytes <= (M <= 4 ? kL1Bytes : kChunkXBytes);
 #endif
   p.row_bytes = K * static_cast<int64_t>(sizeof(w_t));
+  // Software prefetch lets the dot products of 3 or more rows of x overlap the reads; with fewer the loop waits on
+  // memory either way, and whether prefetch helps it depends on the host (stream_prefetch.h).
+  if (p.streams && M >= kStreamAheadRows) {
+    p.stream_ahead = kStreamAhead;
+  } else if (p.streams) {
+    const StreamPrefetchTrial trial = stream_prefetch_trial(sizeof(w_t), N * p.row_bytes);
+    p.stream_ahead = trial.prefetch ? kStreamAhead : 0;
+    p.prefetch_trial = trial.timed;
+  }
   // The burst keeps the most reads in flight for 1 or 2 rows of x while this block, the next and x fit in L1 (int8,
   // with four times the work per byte of float32, in half of it), in blocks of 2 for narrow rows of 3 KiB or more;
   // from 3 rows of x it made the dot products wait for memory instead of overlapping it.
@@ -445,10 +460,20 @@ class GemvRows {
   GemvRows(int64_t M, int64_t N, int64_t K, const io_t* x, const w_t* w, const acc_t* scale, const io_t* bias,
            io_t* out, int64_t x_quant_bits)
       : M(M), N(N), K(K), x(x), w(w), scale(scale), bias(bias), out(out),
-        plan(plan_gemv<acc_t, w_t, io_t>(M, K, x_quant_bits)), xs(prepare_x()) {}
+        plan(plan_gemv<acc_t, w_t, io_t>(M, N, K, x_quant_bits)), xs(prepare_x()) {}
 
-  // The output features split over all threads, each thread a contiguous range of blocks of weight rows.
+  // The output features split over all threads, each thread a contiguous range of blocks of weight rows; a trial of
+  // the streams' prefetch is timed (stream_prefetch.h).
   void run() const {
+    if (!plan.prefetch_trial) return run_threads();
+    const auto t0 = std::chrono::steady_clock::now();
+    run_threads();
+    stream_prefetch_report(sizeof(w_t), plan.stream_ahead != 0, N * plan.row_bytes,
+                           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+
+ private:
+  void run_threads() const {
     const int64_t items = (N + plan.block - 1) / plan.block;
     // ~32 KiB of weight per task at least: fewer tasks than that cost more in scheduling than they save.
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, plan.block_bytes));
@@ -461,7 +486,6 @@ class GemvRows {
     });
   }
 
- private:
   static constexpr bool kIntTypes = std::is_same_v<w_t, int8_t> && std::is_same_v<io_t, float>;
   static constexpr bool kFusedIo = std::is_same_v<acc_t, float> &&
                                    (std::is_same_v<io_t, float> || std::is_same_v<io_t, c10::BFloat16>);
@@ -605,16 +629,16 @@ class GemvRows {
   }
 #endif
 
-  // Blocks [i0, i1) as two streams: rows r0 + j and r0 + h + j together, kStreamAhead bytes prefetched ahead of each,
-  // then the last row of an odd count alone (the prefetches of the last rows reach up to kStreamAhead past the range
-  // or w: a prefetch never faults).
+  // Blocks [i0, i1) as two streams: rows r0 + j and r0 + h + j together, plan.stream_ahead bytes prefetched ahead of
+  // each, then the last row of an odd count alone (the prefetches of the last rows reach up to stream_ahead past the
+  // range or w: a prefetch never faults).
   void read_streams(int64_t i0, int64_t i1, acc_t* part) const {
     const int64_t r0 = i0 * plan.block, r1 = std::min(N, i1 * plan.block), h = (r1 - r0) / 2;
     if (plan.fused && M == 8 && h > 0)  // all h pairs in one call (Out8::blocks)
-      dot<false>(r0, 2, h, 0, K, kStreamAhead, part, h);
+      dot<false>(r0, 2, h, 0, K, plan.stream_ahead, part, h);
     else
       for (int64_t j = 0; j < h; ++j) {
-        dot<false>(r0 + j, 2, h, 0, K, kStreamAhead, part);
+        dot<false>(r0 + j, 2, h, 0, K, plan.stream_ahead, part);
         store<false>(r0 + j, 2, h, part);
       }
     if (r0 + 2 * h < r1) {

@@ -4,13 +4,75 @@
 #include <ATen/ops/linear.h>
 #include <torch/library.h>
 
+#include <chrono>
+#include <mutex>
+#include <stdexcept>
 #include <vector>
 
 #include "../linear.h"
 #include "isa.h"
+#include "stream_prefetch.h"
 
 namespace pytransformer::cpu {
 KernelTable<LinearGemvCpuFn> linear_gemv_kernel;
+
+namespace {
+struct PrefetchTrials {
+  int handed = 0, reported = 0;             // trial calls handed out and reported
+  double bytes[2] = {0, 0}, seconds[2] = {0, 0};  // per way: 0 none, 1 prefetch
+  int choice = -1;                          // the way chosen, -1 while trying
+};
+std::mutex prefetch_mutex;
+std::string prefetch_mode = "auto";
+PrefetchTrials prefetch_trials[3];  // by weight width: 1, 2, 4 bytes
+
+PrefetchTrials& trials_of(int64_t weight_width) {
+  return prefetch_trials[weight_width == 1 ? 0 : weight_width == 2 ? 1 : 2];
+}
+}  // namespace
+
+StreamPrefetchTrial stream_prefetch_trial(int64_t weight_width, int64_t weight_bytes) {
+  std::lock_guard<std::mutex> lock(prefetch_mutex);
+  if (prefetch_mode != "auto") return {prefetch_mode == "on", false};
+  PrefetchTrials& t = trials_of(weight_width);
+  if (t.choice >= 0) return {t.choice == 1, false};
+  if (weight_bytes < kPrefetchTrialBytes || t.handed >= kPrefetchTrials) return {false, false};
+  return {__builtin_popcount(static_cast<unsigned>(t.handed++)) % 2 == 1, true};
+}
+
+void stream_prefetch_report(int64_t weight_width, bool prefetch, int64_t weight_bytes, double seconds) {
+  std::lock_guard<std::mutex> lock(prefetch_mutex);
+  PrefetchTrials& t = trials_of(weight_width);
+  if (prefetch_mode != "auto" || t.choice >= 0) return;  // the mode changed during the call
+  t.bytes[prefetch] += static_cast<double>(weight_bytes);
+  t.seconds[prefetch] += seconds;
+  if (++t.reported == kPrefetchTrials) t.choice = t.bytes[1] * t.seconds[0] > t.bytes[0] * t.seconds[1];
+}
+
+void set_stream_prefetch(const std::string& mode) {
+  if (mode != "auto" && mode != "on" && mode != "off")
+    throw std::invalid_argument("mode: expected \"auto\", \"on\" or \"off\", got \"" + mode + "\"");
+  std::lock_guard<std::mutex> lock(prefetch_mutex);
+  prefetch_mode = mode;
+  for (auto& t : prefetch_trials) t = PrefetchTrials{};
+}
+
+std::string stream_prefetch_mode() {
+  std::lock_guard<std::mutex> lock(prefetch_mutex);
+  return prefetch_mode;
+}
+
+std::vector<StreamPrefetchState> stream_prefetch_states() {
+  std::lock_guard<std::mutex> lock(prefetch_mutex);
+  std::vector<StreamPrefetchState> states;
+  for (int64_t width : {1, 2, 4}) {
+    const PrefetchTrials& t = trials_of(width);
+    StreamPrefetchState s{width, t.reported, t.choice, {0, 0}};
+    for (int way = 0; way < 2; ++way) s.bytes_per_s[way] = t.seconds[way] > 0 ? t.bytes[way] / t.seconds[way] : 0;
+    states.push_back(s);
+  }
+  return states;
+}
 
 namespace {
 // The most rows of x a call of the float32 and float16 kernel takes: more go by in calls of this many rows.

@@ -1,6 +1,6 @@
 """Generation throughput (greedy tokens/s) of DecoderLM against Hugging Face `generate` and, when their packages are
 installed, CTranslate2's Generator (`ctranslate2`) and llama.cpp (`llama_cpp`, llama-cpp-python; `--model llama`
-only), on the same weights, prompts and thread count.
+only), on the same weights, prompts and thread count, timed in turns.
 
 The model is a random Hugging Face model, float32, saved with save_pretrained to a temporary folder, with a word-level
 vocabulary "t0", "t1", ... (so CTranslate2's token strings map one to one to ids). Each engine loads it from there:
@@ -17,10 +17,11 @@ In each of `--dtypes`: float32; bfloat16 (weights and activations; CTranslate2's
 build has it); int8 (ours: weight-only int8, and "ours, x 8 bits" with x quantized per row to 8 bits too, x_bits=8;
 Hugging Face: torch's dynamic int8 quantization of its nn.Linear layers;
 CTranslate2: int8_float32). llama.cpp runs GGUF f32 for float32, bf16 and f16 for bfloat16, and q8_0 for int8. Each
-engine and dtype runs in a fresh process of its own (engines sharing a process slow
-each other: a loaded CTranslate2 slowed PyTorch's generation by about 15%), which also gives its resident memory after
-the load and at its peak. The record also says whether our float32 greedy tokens equal Hugging Face's and
-llama.cpp's (f32).
+engine and dtype runs in a process of its own (engines sharing a process slow each other: a loaded CTranslate2 slowed
+PyTorch's generation by about 15%), which also gives its resident memory after the load and at its peak. The engines
+of a dtype are loaded together and take turns, one timed call each, round after round (measure), so that the host's
+speed, which can drift by a third within minutes on a shared machine, is the same for all of them. The record also
+says whether our float32 greedy tokens equal Hugging Face's and llama.cpp's (f32).
 
 Besides tokens/s over the whole generate call, each engine gets the same split into prefill and decode (see
 split_times): generate(ids, 1) is timed as the prefill, and the rest of generate(ids, n) as n - 1 decode steps.
@@ -134,6 +135,8 @@ def load_engine(engine: str, dtype: str, folder: Path, device, threads: int, max
         if dtype == "int8":
             model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
         return hf_generate(model)
+    if engine != "CTranslate2":
+        raise ValueError(f"engine: no engine is named {engine!r}")
     import ctranslate2
     return ct2_generate(ctranslate2.Generator(str(ct2_folder(folder, dtype)), device="cpu",
                                               compute_type=CT2_TYPES[dtype], intra_threads=threads))
@@ -157,55 +160,141 @@ def split_times(batch: int, new_tokens: int, t_all: float, t_first: float) -> di
             float("nan"), "prefill": t_first}
 
 
+REPLY = "@bench-generate "  # marks the worker's replies on its stdout (engines may print there too)
+
+
 def worker(spec: str) -> None:
-    """Run in a fresh process for one engine and dtype (see measure): load it, then per batch size after a warm-up
-    time `runs` calls of generate(ids, new_tokens) and of generate(ids, 1); print JSON with the times, the anonymous
-    resident memory (Linux: RssAnon, sampled every millisecond, counted from just before the load) after the load and
-    at its peak over the whole run, and the peak total resident memory (VmHWM, the kernel's high-water mark, which
+    """The process of one engine and dtype (see Engine): load it and reply "loaded", then for each request on stdin,
+    a JSON {"batch": b, "n": n}, time one generate(ids, n) of that batch's prompts and reply with the seconds; at end
+    of input reply with the memory: anonymous resident memory
+    (Linux: RssAnon, sampled every millisecond while loading or generating, counted from just before the load)
+    after the load and at its peak, and the peak total resident memory (VmHWM, the kernel's high-water mark, which
     counts mapped files such as llama.cpp's weights too) over the total just before the load."""
     s = json.loads(spec)
     torch.set_num_threads(s["threads"])
-    peak, done = [0], threading.Event()
+    peak, busy, done = [0], threading.Event(), threading.Event()
 
-    def sample():
-        while not done.is_set():
+    def sample():  # only while busy, so that an idle worker takes no time from the engine being timed
+        while busy.wait() and not done.is_set():
             peak[0] = max(peak[0], proc_status("RssAnon"))
             time.sleep(0.001)
+
+    def reply(value):
+        print(REPLY + json.dumps(value), flush=True)
     before, before_total = proc_status("RssAnon"), proc_status("VmRSS")
+    busy.set()
     sampler = threading.Thread(target=sample, daemon=True)  # daemon: a failed load still ends the process
     sampler.start()
     generate = load_engine(s["engine"], s["dtype"], Path(s["folder"]), s["device"], s["threads"],
                            max(s["batch_sizes"]), s["prompt_len"] + s["new_tokens"])
-    after_load, times = proc_status("RssAnon"), {}
+    after_load = proc_status("RssAnon")
+    busy.clear()
+    reply("loaded")
     with torch.no_grad():
-        for batch in s["batch_sizes"]:
-            ids = prompts(batch, s["prompt_len"], s["vocab"], s["device"])
-            generate(ids, 4)  # warm-up
-            times[batch] = {n: [timed(lambda: generate(ids, n), s["device"]) for _ in range(s["runs"])]
-                            for n in (s["new_tokens"], 1)}
+        for line in sys.stdin:
+            request = json.loads(line)
+            ids = prompts(request["batch"], s["prompt_len"], s["vocab"], s["device"])
+            busy.set()
+            seconds = timed(lambda: generate(ids, request["n"]), s["device"])
+            busy.clear()
+            reply(seconds)
     done.set()
+    busy.set()
     sampler.join()
-    print(json.dumps({"after_load": after_load - before, "peak": max(peak[0], proc_status("RssAnon")) - before,
-                      "peak_total": proc_status("VmHWM") - before_total, "times": times}))
+    reply({"after_load": after_load - before, "peak": max(peak[0], proc_status("RssAnon")) - before,
+           "peak_total": proc_status("VmHWM") - before_total})
 
 
-def measure(engine, dtype, folder: Path, device, batch_sizes, prompt_len, vocab, new_tokens, runs):
-    """worker() of one engine and dtype in a fresh process: (split_times of the median times per batch size, with
-    "spread": the range of the timed generate(ids, new_tokens) calls over their median; after-load, peak anonymous
-    and peak total resident bytes), or the reason (a string) when it cannot run."""
-    spec = dict(engine=engine, dtype=dtype, folder=str(folder), device=str(device), threads=torch.get_num_threads(),
-                batch_sizes=batch_sizes, prompt_len=prompt_len, vocab=vocab, new_tokens=new_tokens, runs=runs)
-    out = subprocess.run([sys.executable, "-c", f"from {__name__} import worker; import sys; worker(sys.argv[1])",
-                          json.dumps(spec)], capture_output=True, text=True)
-    if out.returncode:
-        return out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit status {out.returncode}"
-    m = json.loads(out.stdout.splitlines()[-1])
-    rates = {}
-    for b, t in m["times"].items():
-        calls = t[str(new_tokens)]
-        rates[int(b)] = split_times(int(b), new_tokens, statistics.median(calls), statistics.median(t["1"]))
-        rates[int(b)]["spread"] = (max(calls) - min(calls)) / statistics.median(calls)
-    return rates, m["after_load"], m["peak"], m["peak_total"]
+class EngineFailed(Exception):
+    """An engine's process ended early; the message is the last line it wrote to stderr, or its exit status."""
+
+
+class Engine:
+    """One engine and dtype in a process of its own (worker), loaded on start and timing one generate call per
+    request, so that the engines of a dtype can take turns (measure)."""
+
+    def __init__(self, spec: dict):
+        self.name = spec["engine"]
+        self.stderr = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty engine cannot block on it
+        self.proc = subprocess.Popen([sys.executable, "-c", f"from {__name__} import worker; import sys; "
+                                      "worker(sys.argv[1])", json.dumps(spec)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.stderr, text=True)
+        self.reply()  # loaded
+
+    def reply(self):
+        for line in self.proc.stdout:
+            if line.startswith(REPLY):
+                return json.loads(line[len(REPLY):])
+        self.proc.wait()
+        self.stderr.seek(0)
+        lines = self.stderr.read().strip().splitlines()
+        raise EngineFailed(lines[-1] if lines else f"exit status {self.proc.returncode}")
+
+    def time(self, batch: int, n: int) -> float:
+        """Seconds of one generate(ids, n) of the batch's prompts."""
+        self.proc.stdin.write(json.dumps({"batch": batch, "n": n}) + "\n")
+        self.proc.stdin.flush()
+        return self.reply()
+
+    def close(self) -> dict:
+        """End the process -> its memory (see worker)."""
+        self.proc.stdin.close()
+        try:
+            return self.reply()
+        finally:
+            self.proc.wait()
+            self.stderr.close()
+
+
+def measure(calls: dict, dtype, folder: Path, device, batch_sizes, prompt_len, vocab):
+    """The engines of `calls` ({engine: (new tokens, timed runs)}) in `dtype`, each in a process of its own
+    (Engine), all loaded at once and timed in turns: per batch size a warm-up call each, then round after round one
+    generate(ids, n) and one generate(ids, 1) of each engine, so that a drift of the host's speed falls on every
+    engine alike -> {engine: (split_times of the median times per batch size, with "spread": the range of the timed
+    generate(ids, n) calls over their median; after-load, peak anonymous and peak total resident bytes)}, or for an
+    engine that cannot run the reason (a string)."""
+    spec = dict(dtype=dtype, folder=str(folder), device=str(device), threads=torch.get_num_threads(),
+                batch_sizes=batch_sizes, prompt_len=prompt_len, vocab=vocab)
+    running, failed, times = {}, {}, {}
+    for engine, (n, _) in calls.items():
+        try:
+            running[engine] = Engine(dict(spec, engine=engine, new_tokens=n))
+        except EngineFailed as e:
+            failed[engine] = str(e)
+
+    def turn(engine, batch, n, timed=True):
+        if engine in running:
+            try:
+                t = running[engine].time(batch, n)
+            except EngineFailed as e:
+                failed[engine] = str(e)
+                del running[engine]
+                return
+            if timed:
+                times.setdefault(engine, {}).setdefault(batch, {}).setdefault(n, []).append(t)
+    for batch in batch_sizes:
+        for engine in list(running):
+            turn(engine, batch, 4, timed=False)  # warm-up (compiles "ours, compiled")
+        for run in range(max(runs for _, runs in calls.values())):
+            for engine in [e for e in running if run < calls[e][1]]:
+                for n in (calls[engine][0], 1):
+                    turn(engine, batch, n)
+    results = {}
+    for engine in calls:  # in the order given
+        try:
+            if engine in failed:
+                raise EngineFailed(failed[engine])
+            memory = running[engine].close()
+        except EngineFailed as e:
+            results[engine] = str(e)
+            continue
+        rates = {}
+        for batch, t in times[engine].items():
+            calls_n = t[calls[engine][0]]
+            rates[batch] = split_times(batch, calls[engine][0], statistics.median(calls_n), statistics.median(t[1]))
+            rates[batch]["spread"] = (max(calls_n) - min(calls_n)) / statistics.median(calls_n)
+        results[engine] = rates, memory["after_load"], memory["peak"], memory["peak_total"]
+    return results
 
 
 def engines(device, dtype: str, uncached: bool, model: str) -> list[str]:
@@ -262,9 +351,10 @@ def markdown(rows, memory, device, command, model_desc, runs, tokens=None, not_r
     lines = [f"- device: {device_name(device)}", f"- torch: {torch.__version__}",
              f"- date: {datetime.date.today().isoformat()}", f"- command: `{command}`",
              f"- model: {model_desc}; greedy, median of {runs} runs",
-             "- each engine and dtype runs in a fresh process of its own, one after another (in one process, a loaded "
-             "CTranslate2 slowed PyTorch's generation by about 15%), with the same thread count; tokens/s counts the "
-             "new tokens of the batch over the whole generate call, prefill included",
+             "- each engine and dtype runs in a process of its own (in one process, a loaded CTranslate2 slowed "
+             "PyTorch's generation by about 15%), with the same thread count; the engines of a dtype take turns, one "
+             "timed call each, round after round; tokens/s counts the new tokens of the batch over the whole generate "
+             "call, prefill included",
              "- prefill: the median time of generate(ids, 1) (the prompt's forward and the first token); decode "
              "tokens/s: the other new tokens of the batch over the median time of generate(ids, n) less the prefill",
              "- spread: the range of the timed calls of generate(ids, n) over their median (call-to-call steadiness)",
@@ -347,19 +437,19 @@ def main(argv=None):
             folders["bfloat16"] = Path(tmp) / "bfloat16"
             save_folder(copy.deepcopy(hf).to(torch.bfloat16), folders["bfloat16"])
         for dtype in args.dtypes:
-            for engine in engines(args.device, dtype, bool(args.uncached_new_tokens) and dtype == "float32",
-                                  args.model):
-                if args.engines and engine != "ours" and engine not in args.engines:
-                    continue
-                n = args.uncached_new_tokens if engine == "ours, no cache" else args.new_tokens
-                for prompt_len in args.prompt_len:
-                    result = measure(engine, dtype, folders[dtype], args.device, args.batch_sizes, prompt_len,
-                                     hf.config.vocab_size, n, 1 if engine == "ours, no cache" else args.runs)
+            names = engines(args.device, dtype, bool(args.uncached_new_tokens) and dtype == "float32", args.model)
+            calls = {e: (args.uncached_new_tokens, 1) if e == "ours, no cache" else (args.new_tokens, args.runs)
+                     for e in names if not args.engines or e == "ours" or e in args.engines}
+            for prompt_len in args.prompt_len:
+                results = measure(calls, dtype, folders[dtype], args.device, args.batch_sizes, prompt_len,
+                                  hf.config.vocab_size)
+                for engine, result in results.items():
                     if isinstance(result, str):
                         not_run.append((f"{engine} {dtype}", result))
                         print(f"{engine} {dtype}: not run ({result})", flush=True)
                         continue
                     rates, after_load, peak, peak_total = result
+                    n = calls[engine][0]
                     for batch, rate in rates.items():
                         rows.append((batch, prompt_len, engine, dtype, n, rate))
                         print(f"| {batch} | {prompt_len} | {engine} | {dtype} | {n} | {rate['total']:.1f} |",

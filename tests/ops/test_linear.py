@@ -144,6 +144,57 @@ def test_weight_streams(dtype, k, n, rows):
     check(torch.rand(rows, k).to(dtype), weight.abs(), b)
 
 
+@pytest.fixture
+def stream_prefetch():
+    """pytransformer._C.cpu_stream_prefetch, set back to "auto" with its trials started over afterwards."""
+    yield pytransformer._C.cpu_stream_prefetch
+    pytransformer._C.cpu_stream_prefetch("auto")
+
+
+def test_stream_prefetch_changes_no_result(stream_prefetch):
+    """The few-rows kernel's two streams with and without software prefetch (csrc/cpu/stream_prefetch.h) give the
+    same bits, for each weight width and 1 or 2 rows of x over weights of 512 KiB or more (the trial calls)."""
+    torch.manual_seed(0)
+    for rows in (1, 2):
+        for dtype in (torch.float32, torch.bfloat16, torch.int8):
+            w = torch.randn(700, 768)
+            if dtype == torch.int8:
+                call = lambda x, w=w.to(torch.int8), s=torch.rand(700): ops.int8_linear(x, w, s)  # noqa: E731
+            else:
+                call = lambda x, w=w.to(dtype): ops.linear(x.to(dtype), w)  # noqa: E731
+            x = torch.randn(rows, 768)
+            outs = []
+            for mode in ("on", "off"):
+                stream_prefetch(mode)
+                outs.append(call(x))
+            assert torch.equal(*outs), (rows, dtype)
+
+
+def test_stream_prefetch_is_chosen_by_trials(stream_prefetch):
+    """In mode "auto" the first 96 calls of a weight width over at least 512 KiB of weights are timed trials, half of
+    them with each way, and then the faster way stays: a choice is made for bfloat16 (width 2) and none for the other
+    widths; smaller calls are no trials; setting "auto" starts over; a mode other than auto, on and off is a
+    ValueError naming it."""
+    state = stream_prefetch("auto")
+    assert state["mode"] == "auto" and all(state[w]["trials"] == 0 and state[w]["choice"] is None for w in (1, 2, 4))
+    x, small, large = torch.randn(1, 256).bfloat16(), torch.randn(1000, 256).bfloat16(), torch.randn(1024, 256).bfloat16()
+    for _ in range(100):
+        ops.linear(x, small)  # 500 KiB
+    assert stream_prefetch()[2]["trials"] == 0
+    for _ in range(95):
+        ops.linear(x, large)
+    state = stream_prefetch()
+    assert state[2]["trials"] == 95 and state[2]["choice"] is None
+    ops.linear(x, large)
+    state = stream_prefetch()
+    assert state[2]["trials"] == 96 and state[2]["choice"] in ("none", "prefetch")
+    assert state[2]["none_bytes_per_s"] > 0 and state[2]["prefetch_bytes_per_s"] > 0
+    assert state[1]["choice"] is None and state[4]["choice"] is None
+    assert stream_prefetch("auto")[2]["choice"] is None
+    with pytest.raises(ValueError, match='mode: expected "auto", "on" or "off", got "fast"'):
+        stream_prefetch("fast")
+
+
 def test_layouts_and_edge_shapes(device):
     weight, b = make(24, 40, device)
     check(torch.randn(40, 6, device=device).t(), weight, b)  # transposed x
