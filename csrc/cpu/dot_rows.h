@@ -135,17 +135,20 @@ __attribute__((always_inline)) inline void store_sums_8(const __m512* v, const O
 // fused (AVX-512, float32, 8 rows of x, not kLanes): fused->blocks blocks of R weight rows in one call, each row's 8
 // sums reduced together (sum_lanes_of) and written to out scaled (store_8) instead of to out as sums, one at a time,
 // and stored again by the caller, which takes more instructions (see gemv_rows). The numbers of both:
-// cpu_kernel_notes_2026-11-28.md, dot_block.
+// cpu_kernel_notes_2026-11-28.md, dot_block. n_blocks (not kLanes, not fused): as many blocks of R weight rows in one
+// call, block i the rows after block i - 1's (n: whole rows), its sums at out + i * R * out_r: one call for a run of
+// blocks, where a call and the caller's loop per block cost a decoding read a tenth or more of its speed
+// (cpu_kernel_notes_2026-11-28.md, stream_prefetch).
 template <int R, int C, bool kLanes = false, typename acc_t, typename a_t>
 __attribute__((noinline)) void dot_block(const a_t* a_first, int64_t a_step, const acc_t* b, int64_t b_step, int64_t n,
                                          acc_t* out, int64_t out_r, int64_t out_c, int64_t prefetch = 0,
-                                         const Out8<acc_t>* fused = nullptr) {
+                                         const Out8<acc_t>* fused = nullptr, int64_t n_blocks = 1) {
 #if defined(CPU_CAPABILITY_AVX512)
   constexpr bool kFusable = !kLanes && C == 8 && std::is_same_v<acc_t, float>;
 #else
   constexpr bool kFusable = false;
 #endif
-  const int64_t blocks = kFusable && fused ? fused->blocks : 1;
+  const int64_t blocks = kFusable && fused ? fused->blocks : n_blocks;
   for (int64_t block = 0; block < blocks; ++block) {
     const a_t* a = a_first + block * n;  // the next block: the weight rows after these (n: whole rows)
     using Vec = at::vec::Vectorized<acc_t>;
@@ -227,7 +230,7 @@ __attribute__((noinline)) void dot_block(const a_t* a_first, int64_t a_step, con
       for (int c = 0; c < C; ++c) {
         const Vec sum = kTwoSets ? acc[r][c] + acc2[r][c] : acc[r][c];
         if constexpr (kLanes) sum.store(out + (r * out_r + c * out_c) * kV);
-        else out[r * out_r + c * out_c] = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), sum);
+        else out[(block * R + r) * out_r + c * out_c] = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), sum);
       }
   }
 }
@@ -247,16 +250,18 @@ void for_blocks(int64_t count, F&& f) {
 }
 
 // out[r * out_r + c * out_c] = dot(a + r * a_step, b + c * b_step) over n elements for any rows x cols, in blocks of
-// up to 4 x kDotCols (prefetch and kLanes: see dot_block).
+// up to 4 x kDotCols (prefetch and kLanes: see dot_block); n_blocks (not kLanes; rows a power of two up to 4): as many
+// groups of rows, group i the rows after those of group i - 1 (n: whole rows), its sums at out + i * rows * out_r.
 template <bool kLanes = false, typename acc_t, typename a_t>
 void dot_rows(const a_t* a, int64_t a_step, int64_t rows, const acc_t* b, int64_t b_step, int64_t cols, int64_t n,
-              acc_t* out, int64_t out_r, int64_t out_c, int64_t prefetch = 0) {
+              acc_t* out, int64_t out_r, int64_t out_c, int64_t prefetch = 0, int64_t n_blocks = 1) {
   const int64_t sum_size = kLanes ? at::vec::Vectorized<acc_t>::size() : 1;
   for_blocks<4>(rows, [&](auto R, int64_t r) {
     for_blocks<kDotCols>(cols, [&](auto C, int64_t c) {
+      constexpr const Out8<acc_t>* kNotFused = nullptr;
       dot_block<decltype(R)::value, decltype(C)::value, kLanes>(a + r * a_step, a_step, b + c * b_step, b_step, n,
                                                                 out + (r * out_r + c * out_c) * sum_size, out_r,
-                                                                out_c, prefetch);
+                                                                out_c, prefetch, kNotFused, n_blocks);
     });
   });
 }

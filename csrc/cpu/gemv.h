@@ -32,6 +32,7 @@ inline namespace CPU_CAPABILITY {
 constexpr int64_t kGemvBlock = 4;  // the most output features per work item (the weight rows dot_rows takes at once)
 constexpr int64_t kPrefetchBytes = int64_t(64) << 10;  // the most weight bytes of a block prefetched
 constexpr int64_t kStreamAhead = 4096;                  // bytes prefetched ahead of each of two streams
+constexpr int64_t kStreamPairs = 32;  // pairs of rows of the two streams in one call of the dot blocks, at most
 constexpr int64_t kStreamAheadRows = 3;  // the fewest rows of x whose streams always prefetch (see stream_prefetch.h)
 constexpr int64_t kChunkXBytes = int64_t(32) << 10;    // x above this goes by in chunks of K (gemv_rows)
 constexpr int64_t kChunkBytes = 384;                    // bytes of a weight row a chunk of K covers
@@ -129,12 +130,14 @@ __attribute__((always_inline)) inline void steps_of(int64_t n, bool prefetching,
 // one to the stack at every step (seen in the object code). R x C up to 2 x 8 or 4 x 4: the sums, C rows of x and a
 // weight vector in at most 25 of the 32 registers.
 // fused (8 rows of x, not kLanes): fused->blocks blocks of R weight rows in one call, each row's 8 sums reduced
-// together and written to out (store_sums_8), as in dot_block.
+// together and written to out (store_sums_8), as in dot_block; n_blocks (not kLanes, not fused): as many blocks, block
+// i's sums at part + i * R, as in dot_block.
 template <int R, int C, bool kLanes>
 void dot_block_bf16(const c10::BFloat16* a_first, int64_t a_step, const c10::BFloat16* b, int64_t b_step, int64_t n,
-                    float* part, int64_t part_m, int64_t prefetch, const Out8<c10::BFloat16>* fused = nullptr) {
+                    float* part, int64_t part_m, int64_t prefetch, const Out8<c10::BFloat16>* fused = nullptr,
+                    int64_t n_blocks = 1) {
   constexpr bool kTwoSets = kTwoSumSets<R, C>;
-  const int64_t blocks = !kLanes && C == 8 && fused ? fused->blocks : 1;
+  const int64_t blocks = !kLanes && C == 8 && fused ? fused->blocks : n_blocks;
   for (int64_t block = 0; block < blocks; ++block) {
     const c10::BFloat16* a = a_first + block * n;  // the next block: the weight rows after these (n: whole rows)
     __m512 acc[R][C], acc2[R][C];
@@ -181,7 +184,7 @@ void dot_block_bf16(const c10::BFloat16* a_first, int64_t a_step, const c10::BFl
       for (int c = 0; c < C; ++c) {
         const __m512 sum = kTwoSets ? _mm512_add_ps(acc[r][c], acc2[r][c]) : acc[r][c];
         if constexpr (kLanes) _mm512_storeu_ps(part + (c * part_m + r) * 16, sum);
-        else part[c * part_m + r] = _mm512_reduce_add_ps(sum);
+        else part[block * R + c * part_m + r] = _mm512_reduce_add_ps(sum);
       }
   }
 }
@@ -273,15 +276,17 @@ __attribute__((always_inline)) inline __m512i dpbusd(__m512i acc, __m512i a, __m
 // 2 x 8 or 4 x 4: the sums, C vectors of x and a weight vector in at most 25 of the 32 registers.
 // fused (8 rows of x, not kLanes): fused->blocks blocks of R weight rows in one call, each row's 8 sums reduced
 // together (sum_lanes_8) and written to out scaled (Out8) instead of to part: per pair of rows of K 768 the sums of
-// lanes, the caller's store and the call take as many instructions as the dot products.
+// lanes, the caller's store and the call take as many instructions as the dot products. n_blocks (not kLanes, not
+// fused): as many blocks, block i's sums at part + i * R, as in dot_block.
 template <int R, int C, bool kLanes, typename xq_t>
 __attribute__((noinline)) void dot_block_i8(const int8_t* a_first, int64_t a_step, const xq_t* b, int64_t b_step,
                                             int64_t n, const int64_t* b_offset, float* part, int64_t part_m,
-                                            int64_t prefetch, const Out8<float>* fused = nullptr) {
+                                            int64_t prefetch, const Out8<float>* fused = nullptr,
+                                            int64_t n_blocks = 1) {
   constexpr bool kBytes = std::is_same_v<xq_t, int8_t>;
   constexpr int kWidth = 64 / sizeof(xq_t);  // elements of K a step: a vector of x
   constexpr bool kTwoSets = kTwoSumSets<R, C>;
-  const int64_t blocks = !kLanes && C == 8 && fused ? fused->blocks : 1;
+  const int64_t blocks = !kLanes && C == 8 && fused ? fused->blocks : n_blocks;
   for (int64_t block = 0; block < blocks; ++block) {
     const int8_t* a = a_first + block * n;  // the next block: the weight rows after these (n: whole rows)
     __m512i acc[R][C], acc2[R][C];
@@ -344,7 +349,7 @@ __attribute__((noinline)) void dot_block_i8(const int8_t* a_first, int64_t a_ste
       for (int c = 0; c < C; ++c) {
         const __m512i sum = kTwoSets ? _mm512_add_epi32(acc[r][c], acc2[r][c]) : acc[r][c];
         if constexpr (kLanes) _mm512_storeu_si512(part + (c * part_m + r) * 16, sum);
-        else part[c * part_m + r] = static_cast<float>(sum_lanes(sum) + b_offset[c]);
+        else part[block * R + c * part_m + r] = static_cast<float>(sum_lanes(sum) + b_offset[c]);
       }
   }
 }
@@ -478,8 +483,10 @@ class GemvRows {
     // ~32 KiB of weight per task at least: fewer tasks than that cost more in scheduling than they save.
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, plan.block_bytes));
     at::parallel_for(0, items, grain, [&](int64_t i0, int64_t i1) {
-      // The sums [M, 4] of a block, or with x in chunks those of a group of blocks, each as kVec partial sums.
-      std::vector<acc_t> part(plan.chunked ? kChunkBlocks * M * kGemvBlock * kVec : M * kGemvBlock);
+      // The sums [M, 4] of a block, [M, 2 * kStreamPairs] of a run of pairs of streams, or with x in chunks those of a
+      // group of blocks, each as kVec partial sums.
+      std::vector<acc_t> part(plan.chunked ? kChunkBlocks * M * kGemvBlock * kVec
+                                           : M * (plan.streams ? 2 * kStreamPairs : kGemvBlock));
       if (plan.streams) return read_streams(i0, i1, part.data());
       if (plan.chunked) return read_chunks(i0, i1, part.data());
       read_blocks(i0, i1, part.data());
@@ -535,11 +542,13 @@ class GemvRows {
   }
 
   // The dot products of the nb weight rows n + r * step with all M rows of x over elements [c0, c0 + cn) into sums
-  // (kLanes: as vectors of partial sums, added to), or into out where plan.fused; ahead: the prefetch distance of
-  // the weight rows (see prefetch_line); blocks: the pairs of rows in one fused call (Out8::blocks).
+  // (row m of x's at sums + m * sums_m; kLanes: as vectors of partial sums, added to), or into out where plan.fused;
+  // ahead: the prefetch distance of the weight rows (see prefetch_line); blocks: that many blocks of nb rows in one
+  // call, each the rows after the last's (fused: Out8::blocks; else the dot blocks' n_blocks, block i's sums at
+  // sums + i * nb, and M a power of two up to 8, whose rows of x the dot blocks take in one pass).
   template <bool kLanes>
   void dot(int64_t n, int64_t nb, int64_t step, int64_t c0, int64_t cn, int64_t ahead, acc_t* sums,
-           int64_t blocks = 1) const {
+           int64_t blocks = 1, int64_t sums_m = kGemvBlock) const {
     const w_t* rows = w + n * K + c0;
 #if defined(CPU_CAPABILITY_AVX512)
     const bool fused = plan.fused && !kLanes;
@@ -551,8 +560,8 @@ class GemvRows {
         return for_x_blocks(M, nb, [&](auto R, auto C, int64_t r, int64_t m) {
           const auto to = out8(m, n + r * step, step, blocks);
           dot_block_bf16<decltype(R)::value, decltype(C)::value, kLanes>(
-              rows + r * step * K, step * K, x + m * K + c0, K, cn, sums + (m * kGemvBlock + r) * kSum, kGemvBlock,
-              ahead, fused_out<c10::BFloat16>(fused, to));
+              rows + r * step * K, step * K, x + m * K + c0, K, cn, sums + (m * sums_m + r) * kSum, sums_m, ahead,
+              fused_out<c10::BFloat16>(fused, to), blocks);
         });
     }
     if constexpr (kIntTypes) {
@@ -562,7 +571,7 @@ class GemvRows {
           const auto dot_x = [&](const auto* xq) {
             dot_block_i8<decltype(R)::value, decltype(C)::value, kLanes>(
                 rows + r * step * K, step * K, xq + m * K + c0, K, cn, xs.offset.data() + m,
-                sums + (m * kGemvBlock + r) * kSum, kGemvBlock, ahead, fused_out<float>(fused, to));
+                sums + (m * sums_m + r) * kSum, sums_m, ahead, fused_out<float>(fused, to), blocks);
           };
           plan.x_8_bits ? dot_x(xs.int8.data()) : dot_x(xs.int16.data());
         });
@@ -574,16 +583,17 @@ class GemvRows {
       return for_x_blocks(M, nb, [&](auto R, auto C, int64_t r, int64_t m) {
         const auto to = out8(m, n + r * step, step, blocks);
         dot_block<decltype(R)::value, decltype(C)::value, kLanes>(rows + r * step * K, step * K, xs.wide + m * K + c0,
-                                                                  K, cn, sums + (m * kGemvBlock + r) * kSum, 1,
-                                                                  kGemvBlock, ahead, fused_out<acc_t>(fused, to));
+                                                                  K, cn, sums + (m * sums_m + r) * kSum, 1, sums_m,
+                                                                  ahead, fused_out<acc_t>(fused, to), blocks);
       });
 #endif
-    dot_rows<kLanes>(rows, step * K, nb, xs.wide + c0, K, M, cn, sums, 1, kGemvBlock, ahead);
+    dot_rows<kLanes>(rows, step * K, nb, xs.wide + c0, K, M, cn, sums, 1, sums_m, ahead, blocks);
   }
 
-  // out for the nb weight rows n + r * step from their sums (nothing where the dot blocks wrote out themselves).
+  // out for the nb weight rows n + r * step from their sums (row m of x's at sums + m * sums_m; nothing where the dot
+  // blocks wrote out themselves).
   template <bool kLanes>
-  void store(int64_t n, int64_t nb, int64_t step, const acc_t* sums) const {
+  void store(int64_t n, int64_t nb, int64_t step, const acc_t* sums, int64_t sums_m = kGemvBlock) const {
     if (plan.fused && !kLanes) return;
 #if defined(CPU_CAPABILITY_AVX512)
     if constexpr (kFusedIo && kLanes)
@@ -592,7 +602,7 @@ class GemvRows {
     for (int64_t m = 0; m < M; ++m)
       for (int64_t r = 0; r < nb; ++r) {
         const int64_t o = n + r * step;
-        acc_t dot_mr = kLanes ? sum_of_lanes(sums + (m * kGemvBlock + r) * kVec, m) : sums[m * kGemvBlock + r];
+        acc_t dot_mr = kLanes ? sum_of_lanes(sums + (m * sums_m + r) * kVec, m) : sums[m * sums_m + r];
         if (kIntTypes && plan.int_dots) dot_mr *= xs.scale[m];
         out[m * N + o] = static_cast<io_t>(dot_mr * (scale ? scale[o] : acc_t(1)) +
                                            (bias ? static_cast<acc_t>(bias[o]) : acc_t(0)));
@@ -634,13 +644,17 @@ class GemvRows {
   // range or w: a prefetch never faults).
   void read_streams(int64_t i0, int64_t i1, acc_t* part) const {
     const int64_t r0 = i0 * plan.block, r1 = std::min(N, i1 * plan.block), h = (r1 - r0) / 2;
-    if (plan.fused && M == 8 && h > 0)  // all h pairs in one call (Out8::blocks)
+    if (plan.fused && M == 8 && h > 0) {  // all h pairs in one call (Out8::blocks)
       dot<false>(r0, 2, h, 0, K, plan.stream_ahead, part, h);
-    else
-      for (int64_t j = 0; j < h; ++j) {
-        dot<false>(r0 + j, 2, h, 0, K, plan.stream_ahead, part);
-        store<false>(r0 + j, 2, h, part);
+    } else {
+      // up to kStreamPairs pairs a call where the dot blocks take all M rows of x in one pass, else one
+      const int64_t per_call = (M & (M - 1)) == 0 && M <= 8 ? kStreamPairs : 1, sums_m = 2 * per_call;
+      for (int64_t j = 0; j < h; j += per_call) {
+        const int64_t pairs = std::min(per_call, h - j);
+        dot<false>(r0 + j, 2, h, 0, K, plan.stream_ahead, part, pairs, sums_m);
+        for (int64_t i = 0; i < pairs; ++i) store<false>(r0 + j + i, 2, h, part + 2 * i, sums_m);
       }
+    }
     if (r0 + 2 * h < r1) {
       dot<false>(r1 - 1, 1, 1, 0, K, 0, part);
       store<false>(r1 - 1, 1, 1, part);

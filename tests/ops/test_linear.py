@@ -129,14 +129,15 @@ def test_x_in_chunks(dtype, rows, k):
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 16])
-@pytest.mark.parametrize("n", [1, 2, 5, 41])
+@pytest.mark.parametrize("n", [1, 2, 5, 41, 150])
 @pytest.mark.parametrize("dtype,k", [(torch.float32, 700), (torch.float16, 700), (torch.bfloat16, 700),
                                      (torch.float32, 9000)])
 def test_weight_streams(dtype, k, n, rows):
     """While x is at most 32 KiB, or 48 for up to 4 rows (csrc/cpu/gemv.h, AVX-512), each thread reads its weight rows
     as two streams, its first and second halves, a row of each at a time, and the last row of an odd count alone: n =
-    1, 2, 5 and 41 give threads one row, pairs with and without that last row, and (41) ranges of several blocks; 16
-    rows of x (bfloat16: 22 KiB) go over each pair in two blocks of 8, each writing its own outputs.
+    1, 2, 5 and 41 give threads one row, pairs with and without that last row, and (41) ranges of several blocks; 150
+    more pairs than one call of the dot blocks takes (32 with 1, 2 or 8 rows of x); 16 rows of x (bfloat16: 22 KiB)
+    go over each pair in two blocks of 8, each writing its own outputs.
     float32 at K = 9000: 1 row (35 KiB) streams too, 2 and 3 rows go in blocks of 4, 8 rows in chunks of K. Positive x
     and weights: each output is its own error bound, so a row left out or stored in another's place is 100% or a few %
     off."""
