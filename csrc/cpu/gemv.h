@@ -4,14 +4,15 @@
 // is weight streaming: M is small, so the time is that of reading w once from memory. The output features are split
 // over all threads (at::parallel_for, each thread a contiguous range of weight rows). With AVX-512 and an x of at most
 // 32 KiB (48 for up to 4 rows), a thread reads its range as two sequential streams, its first half and its second half,
-// a row of each at a time; otherwise in blocks of 4 (or 2) rows, the next block prefetched. The weight rows are dotted
-// with all M rows of x by dot_rows (blocks of up to 4 weight rows by up to kDotCols rows of x; with AVX-512, 8 rows of
-// x at once over 2 weight rows), widening narrow weights as they are loaded, by AVX-512 BF16 dot products on
-// bfloat16, or by AVX-512 VNNI integer dot products on int8 weights and x quantized to 16 or 8 bits (both 8 rows of x
-// at once over 2 weight rows), so each weight row comes from memory once and from cache for the later blocks of x rows.
-// With AVX-512, an x too large to stay in L1 goes by in chunks of K, each over two blocks at a time. Sums are per
-// vector lane over K (or over the chunks), then across lanes (the order of a blocked GEMM). Compiled into each
-// including kernel file's ISA level (namespace CPU_CAPABILITY, see isa.h).
+// a row of each at a time, up to kStreamPairs pairs of rows a call of the dot blocks, prefetched in software from 3
+// rows of x and for 1 or 2 as timed trials chose (stream_prefetch.h); otherwise in blocks of 4 (or 2) rows, the next
+// block prefetched. The weight rows are dotted with all M rows of x by dot_rows (blocks of up to 4 weight rows by up to
+// kDotCols rows of x; with AVX-512, 8 rows of x at once over 2 weight rows), widening narrow weights as they are
+// loaded, by AVX-512 BF16 dot products on bfloat16, or by AVX-512 VNNI integer dot products on int8 weights and x
+// quantized to 16 or 8 bits (both 8 rows of x at once over 2 weight rows), so each weight row comes from memory once
+// and from cache for the later blocks of x rows. With AVX-512, an x too large to stay in L1 goes by in chunks of K,
+// each over two blocks at a time. Sums are per vector lane over K (or over the chunks), then across lanes (the order of
+// a blocked GEMM). Compiled into each including kernel file's ISA level (namespace CPU_CAPABILITY, see isa.h).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
