@@ -180,7 +180,12 @@ def test_engines_take_turns_each_in_a_process_of_its_own(tiny, monkeypatch):
 
 
 def test_records_give_the_command_as_typed():
+    """The command as typed, with the thread-count variables that were set (environ) in front."""
     from pytransformer.bench import command_line
-    assert command_line(["/x/pytransformer/__main__.py", "bench-generate", "--engines", "ours, compiled", "llama.cpp f32"]
+    assert command_line(["/x/pytransformer/__main__.py", "bench-generate", "--engines", "ours, compiled",
+                         "llama.cpp f32"], {}
                         ) == "python -m pytransformer bench-generate --engines 'ours, compiled' 'llama.cpp f32'"
-    assert command_line(["benchmarks/bench_linear.py", "--record", "a.md"]) == "python benchmarks/bench_linear.py --record a.md"
+    assert command_line(["benchmarks/bench_linear.py", "--record", "a.md"], {}) == (
+        "python benchmarks/bench_linear.py --record a.md")
+    assert command_line(["/x/pytransformer/__main__.py", "bench-generate"], {"OMP_NUM_THREADS": "1", "HOME": "/h"}
+                        ) == "OMP_NUM_THREADS=1 python -m pytransformer bench-generate"

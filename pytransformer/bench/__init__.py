@@ -224,12 +224,18 @@ def new_report(device, nbytes: int = 1 << 30) -> Report:
     return report
 
 
-def command_line(argv=None) -> str:
+THREAD_VARIABLES = ("OMP_NUM_THREADS",)  # environment variables that set the thread count a record ran with
+
+
+def command_line(argv=None, environ=None) -> str:
     """The command that ran (default sys.argv) as one would type it: `python -m pytransformer ...` for the package's
-    entry point, else `python SCRIPT ...`, each argument quoted for the shell where it needs to be."""
+    entry point, else `python SCRIPT ...`, each argument quoted for the shell where it needs to be, preceded by the
+    thread-count variables set in `environ` (default os.environ), such as `OMP_NUM_THREADS=1`."""
     argv = list(sys.argv if argv is None else argv)
+    environ = os.environ if environ is None else environ
     entry = argv[0].endswith(os.path.join("pytransformer", "__main__.py"))
-    return shlex.join(["python", *(["-m", "pytransformer"] if entry else argv[:1]), *argv[1:]])
+    settings = [f"{name}={shlex.quote(environ[name])}" for name in THREAD_VARIABLES if name in environ]
+    return " ".join([*settings, shlex.join(["python", *(["-m", "pytransformer"] if entry else argv[:1]), *argv[1:]])])
 
 
 def record(report: Report, path: str, title: str, argv) -> None:
