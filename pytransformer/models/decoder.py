@@ -8,6 +8,7 @@ from .common import Embeddings, float_parameter, init_normal, rotary_for
 from .configs import DecoderConfig
 from .generation import beam_search, check_generate_args, check_key_lengths, decode, next_token
 from . import checkpoint
+from .compiled_step import compiled_step, decode_step
 
 
 class DecoderLM(nn.Module):
@@ -64,8 +65,8 @@ class DecoderLM(nn.Module):
         list of ids any of which ends a row). on_token(tokens [B]) is called as each step's tokens are chosen
         (streaming; not with beam search). ValueError naming the argument for key_lengths that are not [B] lengths in
         [1, L], or for more tokens than learned positions (max_len). compile=True runs each decoding step as one
-        torch.compile'd graph (see compiled_step): the first call compiles it (tens of seconds), later calls reuse it
-        (a second batch size or model shape compiles once more, with that size dynamic)."""
+        graph compiled by Inductor (models/compiled_step.py): the first call traces and compiles it (tens of seconds),
+        later calls of the same model and batch size reuse it for any prompt length and max_new_tokens."""
         check_generate_args(max_new_tokens, beam_size, do_sample, temperature, top_k, top_p)
         if on_token is not None and beam_size > 1:
             raise ValueError("on_token: beam search settles its tokens only at the end")
@@ -83,7 +84,7 @@ class DecoderLM(nn.Module):
             cache = self.new_cache(n_rows, length + max_new_tokens)
             h = self.prefill(ids, cache, lens)  # [N, L, d]
 
-            step = compiled_step(self, cache) if compile else lambda tok: _decode_step(self, tok, cache)
+            step = compiled_step(self, cache) if compile else lambda tok: decode_step(self, tok, cache)
             reorder = cache.reorder
         else:
             if key_lengths is not None:
@@ -129,39 +130,3 @@ class DecoderLM(nn.Module):
         unless mmap=False (models/checkpoint.py)."""
         return checkpoint.from_pretrained(cls, DecoderConfig, path, dtype=dtype, device=device, quantize=quantize,
                                           mmap=mmap)
-
-
-def _decode_step(model: DecoderLM, tok: Tensor, cache: KVCache) -> Tensor:
-    """The last-position logits [B, vocab] of the next tokens tok [B, 1] of every row, appended to the cache."""
-    return model(tok, cache=cache)[:, -1]
-
-
-_COMPILED_STEPS = {}  # device type -> _decode_step compiled for it
-
-
-def compiled_step(model: DecoderLM, cache: KVCache):
-    """_decode_step of model over cache as one torch.compile'd graph (fullgraph): the per-token Python and dispatch
-    cost of some 40 small ops a layer (rotary, views, residuals, activations) becomes a few fused kernels around our
-    ops. On the CPU the graph runs from Inductor's C++ wrapper (cpp_wrapper), so no Python runs between kernels. The
-    cache's capacity is marked dynamic, so one graph serves every prompt length and max_new_tokens (torch.compile
-    makes a second batch size or model shape dynamic too, after one more compile); the cache's host-side length
-    bound is dropped, as under any compiled step (KVCache). The first call checks Dynamo's guards (and compiles if
-    need be); the later ones skip them (torch.compiler.set_stance's skip_guard_eval_unsafe: a quarter of a millisecond
-    a step for a 12-layer model), as the steps of one generation call it with the same model, the same cache tensors
-    (reordered in place) and tokens of the same shape."""
-    kind = cache.lengths.device.type
-    if kind not in _COMPILED_STEPS:
-        options = {"cpp_wrapper": True} if kind == "cpu" else None
-        _COMPILED_STEPS[kind] = torch.compile(_decode_step, fullgraph=True, options=options)
-    for t in cache.k + cache.v:
-        torch._dynamo.maybe_mark_dynamic(t, 2)
-    cache.max_length = None
-    compiled, checked = _COMPILED_STEPS[kind], []
-
-    def step(tok: Tensor) -> Tensor:
-        if not checked:
-            checked.append(True)
-            return compiled(model, tok, cache)
-        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
-            return compiled(model, tok, cache)
-    return step

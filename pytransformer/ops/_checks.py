@@ -56,8 +56,9 @@ def integer_vector(t: Tensor, name: str, ref: Tensor, ref_name: str, batch) -> N
 
 
 def int_or_none(value, name: str) -> None:
-    """The public wrappers' check of an optional int argument: TypeError naming it otherwise."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+    """The public wrappers' check of an optional int argument (a SymInt under tracing): TypeError naming it
+    otherwise."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, torch.SymInt))):
         raise TypeError(f"{name}: expected an int or None, got {type(value).__name__}")
 
 

@@ -155,18 +155,42 @@ def test_nan_embedding_does_not_reach_earlier_tokens():
 def test_generate_compiled_equals_eager():
     """generate(compile=True): the tokens of eager decoding (greedy and beam search), from one compiled graph for
     every prompt length and max_new_tokens of a batch size (the cache's capacity is dynamic)."""
-    from torch._dynamo.utils import counters
+    from pytransformer.models.compiled_step import _GRAPHS
     model = tiny(positional="rotary", activation="swiglu", norm_type="rmsnorm", norm="pre", n_kv_heads=2)
-    graphs = counters["stats"]["unique_graphs"]
     for length, new in ((5, 7), (9, 12), (3, 4)):
         prompt = torch.randint(0, V, (2, length))
         assert torch.equal(model.generate(prompt, new, compile=True), model.generate(prompt, new))
-    assert counters["stats"]["unique_graphs"] - graphs == 1
+    assert len(_GRAPHS[model]) == 1
     prompt = torch.randint(0, V, (1, 4))
     assert torch.equal(model.generate(prompt, 6, beam_size=2, compile=True), model.generate(prompt, 6, beam_size=2))
     rolling = tiny(positional="rotary", window=4)  # a cache of `window` rows: the rolling buffer
     prompt = torch.randint(0, V, (2, 6))
     assert torch.equal(rolling.generate(prompt, 9, compile=True), rolling.generate(prompt, 9))
+
+
+@torch.no_grad()
+def test_compiled_step_is_traced_again_for_what_its_graph_did_not_see():
+    """compile=True reuses a graph only for the tensors, batch and capacity guards it was traced for: a replaced
+    weight, another batch size and a rolling cache (capacity == window) get graphs of their own, while an in-place
+    update of a weight is seen by the same graph; the tokens are always eager decoding's."""
+    from pytransformer.models.compiled_step import _GRAPHS
+    model = tiny(positional="rotary", window=4)
+    prompt = torch.randint(0, V, (2, 1))
+
+    def same(prompt, new):
+        assert torch.equal(model.generate(prompt, new, compile=True), model.generate(prompt, new))
+
+    same(prompt, 2)  # capacity 3: positions in order
+    same(torch.randint(0, V, (2, 6)), 9)  # capacity 4 == window: the rolling buffer
+    assert len(_GRAPHS[model]) == 2
+    fc2 = model.decoder.layers[1].ff.fc2
+    fc2.weight.mul_(-3)  # in place: the same graph sees it
+    same(prompt, 2)
+    assert len(_GRAPHS[model]) == 2
+    fc2.weight = torch.nn.Parameter(torch.randn_like(fc2.weight) * 3)  # a new tensor: a new graph
+    same(prompt, 2)
+    same(torch.randint(0, V, (3, 1)), 2)  # another batch size
+    assert len(_GRAPHS[model]) == 4
 
 
 def test_generate_compiled_needs_the_cache():
