@@ -645,16 +645,15 @@ class GemvRows {
   // range or w: a prefetch never faults).
   void read_streams(int64_t i0, int64_t i1, acc_t* part) const {
     const int64_t r0 = i0 * plan.block, r1 = std::min(N, i1 * plan.block), h = (r1 - r0) / 2;
-    if (plan.fused && M == 8 && h > 0) {  // all h pairs in one call (Out8::blocks)
-      dot<false>(r0, 2, h, 0, K, plan.stream_ahead, part, h);
-    } else {
-      // up to kStreamPairs pairs a call where the dot blocks take all M rows of x in one pass, else one
-      const int64_t per_call = (M & (M - 1)) == 0 && M <= 8 ? kStreamPairs : 1, sums_m = 2 * per_call;
-      for (int64_t j = 0; j < h; j += per_call) {
-        const int64_t pairs = std::min(per_call, h - j);
-        dot<false>(r0 + j, 2, h, 0, K, plan.stream_ahead, part, pairs, sums_m);
-        for (int64_t i = 0; i < pairs; ++i) store<false>(r0 + j + i, 2, h, part + 2 * i, sums_m);
-      }
+    // Pairs a call: all h where 8 rows of x write their outputs directly (Out8::blocks; store returns at once), up
+    // to kStreamPairs where the dot blocks take all M rows of x in one pass, else one.
+    const int64_t per_call = plan.fused && M == 8 ? std::max<int64_t>(h, 1)
+                             : (M & (M - 1)) == 0 && M <= 8 ? kStreamPairs : 1;
+    const int64_t sums_m = 2 * per_call;
+    for (int64_t j = 0; j < h; j += per_call) {
+      const int64_t pairs = std::min(per_call, h - j);
+      dot<false>(r0 + j, 2, h, 0, K, plan.stream_ahead, part, pairs, sums_m);
+      for (int64_t i = 0; i < pairs; ++i) store<false>(r0 + j + i, 2, h, part + 2 * i, sums_m);
     }
     if (r0 + 2 * h < r1) {
       dot<false>(r1 - 1, 1, 1, 0, K, 0, part);

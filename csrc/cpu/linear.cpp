@@ -4,6 +4,7 @@
 #include <ATen/ops/linear.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <stdexcept>
@@ -25,13 +26,17 @@ struct PrefetchTrials {
 std::mutex prefetch_mutex;
 std::string prefetch_mode = "auto";
 PrefetchTrials prefetch_trials[3];  // by weight width: 1, 2, 4 bytes
+// By weight width, the way every call takes once it is settled (a forced mode or a choice made), -1 before: read
+// without the mutex, so that settled calls never wait on it; written under it.
+std::atomic<int> settled_ways[3] = {-1, -1, -1};
 
-PrefetchTrials& trials_of(int64_t weight_width) {
-  return prefetch_trials[weight_width == 1 ? 0 : weight_width == 2 ? 1 : 2];
-}
+int width_index(int64_t weight_width) { return weight_width == 1 ? 0 : weight_width == 2 ? 1 : 2; }
+PrefetchTrials& trials_of(int64_t weight_width) { return prefetch_trials[width_index(weight_width)]; }
 }  // namespace
 
 StreamPrefetchTrial stream_prefetch_trial(int64_t weight_width, int64_t weight_bytes) {
+  const int settled = settled_ways[width_index(weight_width)].load(std::memory_order_relaxed);
+  if (settled >= 0) return {settled == 1, false};
   std::lock_guard<std::mutex> lock(prefetch_mutex);
   if (prefetch_mode != "auto") return {prefetch_mode == "on", false};
   PrefetchTrials& t = trials_of(weight_width);
@@ -46,7 +51,10 @@ void stream_prefetch_report(int64_t weight_width, bool prefetch, int64_t weight_
   if (prefetch_mode != "auto" || t.choice >= 0) return;  // the mode changed during the call
   t.bytes[prefetch] += static_cast<double>(weight_bytes);
   t.seconds[prefetch] += seconds;
-  if (++t.reported == kPrefetchTrials) t.choice = t.bytes[1] * t.seconds[0] > t.bytes[0] * t.seconds[1];
+  if (++t.reported == kPrefetchTrials) {
+    t.choice = t.bytes[1] * t.seconds[0] > t.bytes[0] * t.seconds[1];
+    settled_ways[width_index(weight_width)].store(t.choice, std::memory_order_relaxed);
+  }
 }
 
 void set_stream_prefetch(const std::string& mode) {
@@ -55,6 +63,7 @@ void set_stream_prefetch(const std::string& mode) {
   std::lock_guard<std::mutex> lock(prefetch_mutex);
   prefetch_mode = mode;
   for (auto& t : prefetch_trials) t = PrefetchTrials{};
+  for (auto& way : settled_ways) way.store(mode == "auto" ? -1 : mode == "on", std::memory_order_relaxed);
 }
 
 std::string stream_prefetch_mode() {
