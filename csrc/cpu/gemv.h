@@ -4,8 +4,9 @@
 // is weight streaming: M is small, so the time is that of reading w once from memory. The output features are split
 // over all threads (at::parallel_for, each thread a contiguous range of weight rows). With AVX-512 and an x of at most
 // 32 KiB (48 for up to 4 rows), a thread reads its range as two sequential streams, its first half and its second half,
-// a row of each at a time, up to kStreamPairs pairs of rows a call of the dot blocks, prefetched in software from 3
-// rows of x and for 1 or 2 as timed trials chose (stream_prefetch.h); otherwise in blocks of 4 (or 2) rows, the next
+// a row of each at a time, up to kStreamPairs pairs of rows a call of the dot blocks (a run), prefetched in software
+// from 3 rows of x and for 1 or 2 as timed trials chose (stream_prefetch.h), and a thread done with its range takes
+// the last runs of the others' (GemvRows::read_streams); otherwise in blocks of 4 (or 2) rows, the next
 // block prefetched. The weight rows are dotted with all M rows of x by dot_rows (blocks of up to 4 weight rows by up to
 // kDotCols rows of x; with AVX-512, 8 rows of x at once over 2 weight rows), widening narrow weights as they are
 // loaded, by AVX-512 BF16 dot products on bfloat16, or by AVX-512 VNNI integer dot products on int8 weights and x
@@ -16,6 +17,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -483,12 +485,10 @@ class GemvRows {
     const int64_t items = (N + plan.block - 1) / plan.block;
     // ~32 KiB of weight per task at least: fewer tasks than that cost more in scheduling than they save.
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, plan.block_bytes));
+    if (plan.streams) return read_streams(items, grain);
     at::parallel_for(0, items, grain, [&](int64_t i0, int64_t i1) {
-      // The sums [M, 4] of a block, [M, 2 * kStreamPairs] of a run of pairs of streams, or with x in chunks those of a
-      // group of blocks, each as kVec partial sums.
-      std::vector<acc_t> part(plan.chunked ? kChunkBlocks * M * kGemvBlock * kVec
-                                           : M * (plan.streams ? 2 * kStreamPairs : kGemvBlock));
-      if (plan.streams) return read_streams(i0, i1, part.data());
+      // The sums [M, 4] of a block, or with x in chunks those of a group of blocks, each as kVec partial sums.
+      std::vector<acc_t> part(plan.chunked ? kChunkBlocks * M * kGemvBlock * kVec : M * kGemvBlock);
       if (plan.chunked) return read_chunks(i0, i1, part.data());
       read_blocks(i0, i1, part.data());
     });
@@ -640,25 +640,66 @@ class GemvRows {
   }
 #endif
 
-  // Blocks [i0, i1) as two streams: rows r0 + j and r0 + h + j together, plan.stream_ahead bytes prefetched ahead of
-  // each, then the last row of an odd count alone (the prefetches of the last rows reach up to stream_ahead past the
-  // range or w: a prefetch never faults).
-  void read_streams(int64_t i0, int64_t i1, acc_t* part) const {
-    const int64_t r0 = i0 * plan.block, r1 = std::min(N, i1 * plan.block), h = (r1 - r0) / 2;
-    // Pairs a call: all h where 8 rows of x write their outputs directly (Out8::blocks; store returns at once), up
-    // to kStreamPairs where the dot blocks take all M rows of x in one pass, else one.
-    const int64_t per_call = plan.fused && M == 8 ? std::max<int64_t>(h, 1)
-                             : (M & (M - 1)) == 0 && M <= 8 ? kStreamPairs : 1;
-    const int64_t sums_m = 2 * per_call;
-    for (int64_t j = 0; j < h; j += per_call) {
-      const int64_t pairs = std::min(per_call, h - j);
-      dot<false>(r0 + j, 2, h, 0, K, plan.stream_ahead, part, pairs, sums_m);
-      for (int64_t i = 0; i < pairs; ++i) store<false>(r0 + j + i, 2, h, part + 2 * i, sums_m);
+  // One thread's range of the streams: rows [r0, r1) as h pairs (r0 + j, r0 + h + j), then the last row of an odd
+  // count alone; the pairs go in runs of per_run pairs, which its thread claims from the front and threads done with
+  // their own ranges from the back (runs: the front in the low 32 bits, the back in the high 32).
+  struct StreamRange {
+    int64_t r0 = 0, r1 = 0, h = 0, per_run = 1;
+    std::atomic<uint64_t> runs{0};
+  };
+
+  // The next run of a range from its front or back, -1 when none is left.
+  static int64_t claim_run(std::atomic<uint64_t>& runs, bool front) {
+    uint64_t c = runs.load(std::memory_order_relaxed);
+    for (;;) {
+      const uint64_t lo = c & 0xffffffffu, hi = c >> 32;
+      if (lo >= hi) return -1;
+      const uint64_t next = front ? (hi << 32) | (lo + 1) : ((hi - 1) << 32) | lo;
+      if (runs.compare_exchange_weak(c, next, std::memory_order_relaxed))
+        return static_cast<int64_t>(front ? lo : hi - 1);
     }
-    if (r0 + 2 * h < r1) {
-      dot<false>(r1 - 1, 1, 1, 0, K, 0, part);
-      store<false>(r1 - 1, 1, 1, part);
+  }
+
+  // The items (blocks of rows) split into one range a thread (fewer for fewer than `grain` items each), read as two
+  // streams each, plan.stream_ahead bytes prefetched ahead of each (a prefetch past the range or w never faults). A
+  // thread done with its range takes the last runs of the others: the reads of a thread slowed for a while (a busy
+  // neighbour on its core) go on in parallel instead of holding the others at the end of the call.
+  void read_streams(int64_t items, int64_t grain) const {
+    const int64_t ranges = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (items + grain - 1) / grain));
+    const int64_t per_range = (items + ranges - 1) / ranges;
+    std::vector<StreamRange> range(ranges);
+    for (int64_t t = 0; t < ranges; ++t) {
+      StreamRange& r = range[t];
+      r.r0 = std::min(N, t * per_range * plan.block);
+      r.r1 = std::min(N, (t + 1) * per_range * plan.block);
+      r.h = (r.r1 - r.r0) / 2;
+      // Pairs a run: all h where 8 rows of x write their outputs directly (Out8::blocks; store returns at once), up
+      // to kStreamPairs where the dot blocks take all M rows of x in one pass, else one.
+      r.per_run = plan.fused && M == 8 ? std::max<int64_t>(r.h, 1) : (M & (M - 1)) == 0 && M <= 8 ? kStreamPairs : 1;
+      r.runs.store(static_cast<uint64_t>((r.h + r.per_run - 1) / r.per_run) << 32, std::memory_order_relaxed);
     }
+    at::parallel_for(0, ranges, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<acc_t> part(M * 2 * kStreamPairs);  // the sums [M, 2 * per_run] of a run
+      for (int64_t t = t0; t < t1; ++t) {
+        StreamRange& own = range[t];
+        for (int64_t u; (u = claim_run(own.runs, true)) >= 0;) stream_run(own, u, part.data());
+        if (own.r0 + 2 * own.h < own.r1) {
+          dot<false>(own.r1 - 1, 1, 1, 0, K, 0, part.data());
+          store<false>(own.r1 - 1, 1, 1, part.data());
+        }
+        for (int64_t v = 1; v < ranges; ++v) {
+          StreamRange& other = range[(t + v) % ranges];
+          for (int64_t u; (u = claim_run(other.runs, false)) >= 0;) stream_run(other, u, part.data());
+        }
+      }
+    });
+  }
+
+  // Run u of range r: its pairs in one call of the dot blocks, then their stores.
+  void stream_run(const StreamRange& r, int64_t u, acc_t* part) const {
+    const int64_t j = u * r.per_run, pairs = std::min(r.per_run, r.h - j), sums_m = 2 * r.per_run;
+    dot<false>(r.r0 + j, 2, r.h, 0, K, plan.stream_ahead, part, pairs, sums_m);
+    for (int64_t i = 0; i < pairs; ++i) store<false>(r.r0 + j + i, 2, r.h, part + 2 * i, sums_m);
   }
 
   // Blocks [i0, i1) in groups of kChunkBlocks, each group over x in chunks of K (plan.chunk_bytes of each weight row)

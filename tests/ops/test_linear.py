@@ -145,6 +145,31 @@ def test_weight_streams(dtype, k, n, rows):
     check(torch.rand(rows, k).to(dtype), weight.abs(), b)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 4, 8])
+def test_weight_streams_taken_over_by_other_threads(rows):
+    """A thread done with its range of the streams takes the last runs (32 pairs of rows, 8 rows of x: the whole
+    range) of the others' (GemvRows::read_streams). With 6 threads on fewer cores, threads wait for a core and the
+    others take over their runs, at random; every output stays bitwise the one thread's, for each weight width,
+    over ranges of several runs, one run, and a last row alone."""
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    try:
+        for n, k in ((3000, 256), (6 * 4 * 33 + 1, 128), (4100, 64)):
+            w = torch.randn(n, k)
+            calls = [lambda x, w=w.to(torch.int8), s=torch.rand(n): ops.int8_linear(x, w, s)]
+            calls += [lambda x, w=w.to(dtype), dtype=dtype: ops.linear(x.to(dtype), w)
+                      for dtype in (torch.float32, torch.bfloat16)]
+            x = torch.randn(rows, k)
+            for call in calls:
+                torch.set_num_threads(1)
+                one = call(x)
+                torch.set_num_threads(6)
+                for _ in range(20):
+                    assert torch.equal(call(x), one), (n, k, one.dtype)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def stream_prefetch():
     """pytransformer._C.cpu_stream_prefetch, set back to "auto" with its trials started over afterwards."""
