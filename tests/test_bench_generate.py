@@ -155,23 +155,23 @@ def test_engines_subset_and_bfloat16_folder(monkeypatch, tmp_path):
 
 
 def test_engines_take_turns_each_in_a_process_of_its_own(tiny, monkeypatch):
-    """measure loads each engine in a process of its own, warms each up, then times them in turns, round after round
-    (n new tokens, then the prefill alone); an engine that cannot load is reported with its error while the others
-    run."""
+    """measure loads each engine in a process of its own, runs a first call of each (n new tokens, its memory
+    sampled), then times them in turns, round after round (n new tokens, then the prefill alone), unsampled; an engine
+    that cannot load is reported with its error while the others run."""
     hf, folder = tiny
     order, time_call = [], generate.Engine.time
 
-    def logged(self, batch, n):
-        order.append((self.name, batch, n))
-        return time_call(self, batch, n)
+    def logged(self, batch, n, sample=False):
+        order.append((self.name, batch, n, sample))
+        return time_call(self, batch, n, sample)
     monkeypatch.setattr(generate.Engine, "time", logged)
     results = generate.measure({"ours": (3, 2), "nonesuch": (3, 2), "Hugging Face": (3, 2)}, "float32", folder,
                                "cpu", [1, 2], 5, TINY["vocab_size"])
     assert list(results) == ["ours", "nonesuch", "Hugging Face"]
     assert "no engine is named 'nonesuch'" in results["nonesuch"]
     both = ("ours", "Hugging Face")
-    assert order == [(e, b, n) for b in (1, 2) for e, n in [(e, 4) for e in both] + [(e, n) for _ in range(2)
-                                                                                      for e in both for n in (3, 1)]]
+    assert order == [(e, b, n, n == 3 and first) for b in (1, 2) for first in (True, False)
+                     for _ in range(1 if first else 2) for e in both for n in ((3,) if first else (3, 1))]
     for engine in both:
         rates, after_load, peak, peak_total = results[engine]
         assert set(rates) == {1, 2}

@@ -165,16 +165,17 @@ REPLY = "@bench-generate "  # marks the worker's replies on its stdout (engines 
 
 def worker(spec: str) -> None:
     """The process of one engine and dtype (see Engine): load it and reply "loaded", then for each request on stdin,
-    a JSON {"batch": b, "n": n}, time one generate(ids, n) of that batch's prompts and reply with the seconds; at end
-    of input reply with the memory: anonymous resident memory
-    (Linux: RssAnon, sampled every millisecond while loading or generating, counted from just before the load)
+    a JSON {"batch": b, "n": n, "sample": s}, time one generate(ids, n) of that batch's prompts and reply with the
+    seconds; at end of input reply with the memory: anonymous resident memory (Linux: RssAnon, sampled every
+    millisecond while loading and during the calls of requests with "sample" true, counted from just before the load)
     after the load and at its peak, and the peak total resident memory (VmHWM, the kernel's high-water mark, which
-    counts mapped files such as llama.cpp's weights too) over the total just before the load."""
+    counts mapped files such as llama.cpp's weights too) over the total just before the load. The sampler takes the
+    GIL and a core a thousand times a second, so measure samples only untimed calls."""
     s = json.loads(spec)
     torch.set_num_threads(s["threads"])
     peak, busy, done = [0], threading.Event(), threading.Event()
 
-    def sample():  # only while busy, so that an idle worker takes no time from the engine being timed
+    def sample():  # only while busy, so that it takes no time from a timed call or from another engine
         while busy.wait() and not done.is_set():
             peak[0] = max(peak[0], proc_status("RssAnon"))
             time.sleep(0.001)
@@ -194,7 +195,8 @@ def worker(spec: str) -> None:
         for line in sys.stdin:
             request = json.loads(line)
             ids = prompts(request["batch"], s["prompt_len"], s["vocab"], s["device"])
-            busy.set()
+            if request["sample"]:
+                busy.set()
             seconds = timed(lambda: generate(ids, request["n"]), s["device"])
             busy.clear()
             reply(seconds)
@@ -230,9 +232,9 @@ class Engine:
         lines = self.stderr.read().strip().splitlines()
         raise EngineFailed(lines[-1] if lines else f"exit status {self.proc.returncode}")
 
-    def time(self, batch: int, n: int) -> float:
-        """Seconds of one generate(ids, n) of the batch's prompts."""
-        self.proc.stdin.write(json.dumps({"batch": batch, "n": n}) + "\n")
+    def time(self, batch: int, n: int, sample: bool = False) -> float:
+        """Seconds of one generate(ids, n) of the batch's prompts, with its memory sampled or not (see worker)."""
+        self.proc.stdin.write(json.dumps({"batch": batch, "n": n, "sample": sample}) + "\n")
         self.proc.stdin.flush()
         return self.reply()
 
@@ -248,9 +250,10 @@ class Engine:
 
 def measure(calls: dict, dtype, folder: Path, device, batch_sizes, prompt_len, vocab):
     """The engines of `calls` ({engine: (new tokens, timed runs)}) in `dtype`, each in a process of its own
-    (Engine), all loaded at once and timed in turns: per batch size a warm-up call each, then round after round one
-    generate(ids, n) and one generate(ids, 1) of each engine, so that a drift of the host's speed falls on every
-    engine alike -> {engine: (split_times of the median times per batch size, with "spread": the range of the timed
+    (Engine), all loaded at once and timed in turns: per batch size an untimed first call each, generate(ids, n) with
+    its memory sampled (a compiled engine compiles then), then round after round one generate(ids, n) and one
+    generate(ids, 1) of each engine, unsampled, so that a drift of the host's speed falls on every engine alike and no
+    sampler runs beside a timed call -> {engine: (split_times of the median times per batch size, with "spread": the range of the timed
     generate(ids, n) calls over their median; after-load, peak anonymous and peak total resident bytes)}, or for an
     engine that cannot run the reason (a string)."""
     spec = dict(dtype=dtype, folder=str(folder), device=str(device), threads=torch.get_num_threads(),
@@ -265,7 +268,7 @@ def measure(calls: dict, dtype, folder: Path, device, batch_sizes, prompt_len, v
     def turn(engine, batch, n, timed=True):
         if engine in running:
             try:
-                t = running[engine].time(batch, n)
+                t = running[engine].time(batch, n, sample=not timed)
             except EngineFailed as e:
                 failed[engine] = str(e)
                 del running[engine]
@@ -274,7 +277,7 @@ def measure(calls: dict, dtype, folder: Path, device, batch_sizes, prompt_len, v
                 times.setdefault(engine, {}).setdefault(batch, {}).setdefault(n, []).append(t)
     for batch in batch_sizes:
         for engine in list(running):
-            turn(engine, batch, 4, timed=False)  # warm-up (compiles "ours, compiled")
+            turn(engine, batch, calls[engine][0], timed=False)
         for run in range(max(runs for _, runs in calls.values())):
             for engine in [e for e in running if run < calls[e][1]]:
                 for n in (calls[engine][0], 1):
@@ -374,8 +377,9 @@ def markdown(rows, memory, device, command, model_desc, runs, tokens=None, not_r
         lines += ["", "Resident memory of each engine's process, counted from just before loading the model from the "
                   "save_pretrained folder (float32; for bfloat16 a bfloat16 save of the same weights) or from what "
                   "CTranslate2's and llama.cpp's converters made of it: anonymous resident "
-                  "memory (RssAnon, sampled every millisecond) after the load and at its peak over the load and every "
-                  "timed run, which leaves out mapped files (page cache); and the peak of all resident memory (VmHWM), "
+                  "memory (RssAnon, sampled every millisecond) after the load and at its peak over the load and the "
+                  "first, untimed call of each batch size (the same call as the timed ones, which run without the "
+                  "sampler), which leaves out mapped files (page cache); and the peak of all resident memory (VmHWM), "
                   "which counts the pages of mapped files too, such as llama.cpp's memory-mapped weights.", "",
                   "| engine | dtype | prompt | after load (MiB) | peak (MiB) | peak total (MiB) |",
                   "|---|---|---|---|---|---|"]
