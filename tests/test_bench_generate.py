@@ -156,8 +156,8 @@ def test_engines_subset_and_bfloat16_folder(monkeypatch, tmp_path):
 
 def test_engines_take_turns_each_in_a_process_of_its_own(tiny, monkeypatch):
     """measure loads each engine in a process of its own, runs a first call of each (n new tokens, its memory
-    sampled), then times them in turns, round after round (n new tokens, then the prefill alone), unsampled; an engine
-    that cannot load is reported with its error while the others run."""
+    sampled), then times them in turns, round after round (n new tokens, then the prefill alone), unsampled, each call
+    after a pause; an engine that cannot load is reported with its error while the others run."""
     hf, folder = tiny
     order, time_call = [], generate.Engine.time
 
@@ -165,13 +165,14 @@ def test_engines_take_turns_each_in_a_process_of_its_own(tiny, monkeypatch):
         order.append((self.name, batch, n, sample))
         return time_call(self, batch, n, sample)
     monkeypatch.setattr(generate.Engine, "time", logged)
+    monkeypatch.setattr(generate, "pause", lambda: order.append("pause"))
     results = generate.measure({"ours": (3, 2), "nonesuch": (3, 2), "Hugging Face": (3, 2)}, "float32", folder,
                                "cpu", [1, 2], 5, TINY["vocab_size"])
     assert list(results) == ["ours", "nonesuch", "Hugging Face"]
     assert "no engine is named 'nonesuch'" in results["nonesuch"]
     both = ("ours", "Hugging Face")
-    assert order == [(e, b, n, n == 3 and first) for b in (1, 2) for first in (True, False)
-                     for _ in range(1 if first else 2) for e in both for n in ((3,) if first else (3, 1))]
+    assert order == [call for b in (1, 2) for first in (True, False) for _ in range(1 if first else 2) for e in both
+                     for n in ((3,) if first else (3, 1)) for call in ("pause", (e, b, n, first))]
     for engine in both:
         rates, after_load, peak, peak_total = results[engine]
         assert set(rates) == {1, 2}

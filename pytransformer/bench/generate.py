@@ -161,6 +161,13 @@ def split_times(batch: int, new_tokens: int, t_all: float, t_first: float) -> di
 
 
 REPLY = "@bench-generate "  # marks the worker's replies on its stdout (engines may print there too)
+# Seconds between two engines' calls: an engine's threads spin for a while after its call (OpenMP's and ggml's
+# thread pools wait for the next piece of work so), and would take cores from the next engine's call.
+PAUSE_S = 0.2
+
+
+def pause() -> None:
+    time.sleep(PAUSE_S)
 
 
 def worker(spec: str) -> None:
@@ -253,7 +260,7 @@ def measure(calls: dict, dtype, folder: Path, device, batch_sizes, prompt_len, v
     (Engine), all loaded at once and timed in turns: per batch size an untimed first call each, generate(ids, n) with
     its memory sampled (a compiled engine compiles then), then round after round one generate(ids, n) and one
     generate(ids, 1) of each engine, unsampled, so that a drift of the host's speed falls on every engine alike and no
-    sampler runs beside a timed call -> {engine: (split_times of the median times per batch size, with "spread": the range of the timed
+    sampler runs beside a timed call; every call starts PAUSE_S after the last ended -> {engine: (split_times of the median times per batch size, with "spread": the range of the timed
     generate(ids, n) calls over their median; after-load, peak anonymous and peak total resident bytes)}, or for an
     engine that cannot run the reason (a string)."""
     spec = dict(dtype=dtype, folder=str(folder), device=str(device), threads=torch.get_num_threads(),
@@ -267,6 +274,7 @@ def measure(calls: dict, dtype, folder: Path, device, batch_sizes, prompt_len, v
 
     def turn(engine, batch, n, timed=True):
         if engine in running:
+            pause()
             try:
                 t = running[engine].time(batch, n, sample=not timed)
             except EngineFailed as e:
@@ -356,7 +364,7 @@ def markdown(rows, memory, device, command, model_desc, runs, tokens=None, not_r
              f"- model: {model_desc}; greedy, median of {runs} runs",
              "- each engine and dtype runs in a process of its own (in one process, a loaded CTranslate2 slowed "
              "PyTorch's generation by about 15%), with the same thread count; the engines of a dtype take turns, one "
-             "timed call each, round after round; tokens/s counts the new tokens of the batch over the whole generate "
+             f"timed call each, round after round, each call {PAUSE_S} s after the last ended; tokens/s counts the new tokens of the batch over the whole generate "
              "call, prefill included",
              "- prefill: the median time of generate(ids, 1) (the prompt's forward and the first token); decode "
              "tokens/s: the other new tokens of the batch over the median time of generate(ids, n) less the prefill",
