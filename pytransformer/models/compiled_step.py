@@ -8,7 +8,7 @@ per-call guard checks or argument gathering, which torch.compile's Dynamo front 
 
 In their place, each compiled_step call (once per generation) checks what a graph was traced for: the model's
 parameters and buffers (the same tensor objects, used as constants, so in-place updates are seen and a replaced
-tensor means a new graph), its train mode, the shapes, dtypes, devices and layout of the token and cache tensors
+tensor means new graphs), its train mode, the shapes, dtypes, devices and layout of the token and cache tensors
 apart from the capacity, and the capacity against the shape guards recorded by tracing (a rolling cache, whose
 capacity is the attention's window, gets its own graph). Python attributes that the forward reads, such as a
 config's fields, are traced as constants: change them and build a new model. Every batch size has its own graph.
@@ -34,24 +34,31 @@ def decode_step(model: nn.Module, tok: Tensor, cache: KVCache) -> Tensor:
 
 
 class _Graph(NamedTuple):
-    state: tuple  # what it was traced for, apart from the capacity (_state)
+    layout: tuple  # the inputs it was traced for, apart from the capacity (_layout)
     shape_env: ShapeEnv  # the guards on the capacity
     placeholders: list  # the fake inputs it was traced with
     run: Callable
 
 
-_GRAPHS = weakref.WeakKeyDictionary()  # model -> [_Graph]
+# model -> (its tensors' identities (_tensors), the graphs traced with them): a graph holds the tensors as constants,
+# so graphs of replaced tensors go with them.
+_GRAPHS = weakref.WeakKeyDictionary()
 
 
 def _inputs(tok: Tensor, cache: KVCache) -> list:
     return [tok, cache.lengths, *cache.k, *cache.v]
 
 
-def _state(model: nn.Module, inputs: list) -> tuple:
-    tensors = itertools.chain(model.parameters(), model.buffers())
-    shapes = [(i >= 2, *(n for d, n in enumerate(t.shape) if i < 2 or d != _CAPACITY), t.shape[_CAPACITY] < 2
-               if i >= 2 else None, t.dtype, t.device, t.is_contiguous()) for i, t in enumerate(inputs)]
-    return model.training, tuple((id(t), t.shape, t.dtype, t.device) for t in tensors), tuple(shapes)
+def _tensors(model: nn.Module) -> tuple:
+    return tuple((id(t), t.shape, t.dtype, t.device) for t in itertools.chain(model.parameters(), model.buffers()))
+
+
+def _layout(model: nn.Module, inputs: list) -> tuple:
+    """The train mode, and each input's shape, dtype, device and contiguity, the capacity of the cache tensors only as
+    whether it is below 2 (sizes 0 and 1 are traced as constants)."""
+    def shape(i, t):
+        return tuple(t.shape) if i < 2 else (*t.shape[:_CAPACITY], t.shape[_CAPACITY] < 2, *t.shape[_CAPACITY + 1:])
+    return model.training, tuple((shape(i, t), t.dtype, t.device, t.is_contiguous()) for i, t in enumerate(inputs))
 
 
 def _trace(model: nn.Module, cache: KVCache, inputs: list) -> _Graph:
@@ -74,14 +81,17 @@ def _trace(model: nn.Module, cache: KVCache, inputs: list) -> _Graph:
         gm = make_fx(step, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*placeholders)
         options = {"cpp_wrapper": True} if inputs[0].device.type == "cpu" else None
         run = torch._inductor.compile(gm, inputs, options=options)
-    return _Graph(_state(model, inputs), shape_env, placeholders, run)
+    return _Graph(_layout(model, inputs), shape_env, placeholders, run)
 
 
 def compiled_step(model: nn.Module, cache: KVCache) -> Callable[[Tensor], Tensor]:
     """decode_step(model, tok, cache) as one compiled graph (see the module's docstring): the returned step(tok)
     traces and compiles it on its first call unless a graph of this model fits (tens of seconds; Inductor needs a C++
     compiler on the CPU), and from then on runs it directly with the same cache tensors and tokens of tok's shape.
-    The cache's host-side length bound is dropped, as the compiled kernels read the lengths (KVCache)."""
+    The cache's host-side length bound is dropped, as the compiled kernels read the lengths (KVCache). A cache with
+    cross-attention entries is a ValueError: the graph would hold them as constants."""
+    if cache.cross_k is not None:
+        raise ValueError("cache: compiled_step takes a self-attention cache (no cross-attention entries)")
     cache.max_length = None
     inputs, run = [], None
 
@@ -96,10 +106,12 @@ def compiled_step(model: nn.Module, cache: KVCache) -> Callable[[Tensor], Tensor
 
 
 def _graph(model: nn.Module, cache: KVCache, inputs: list) -> _Graph:
-    graphs = _GRAPHS.setdefault(model, [])
-    state = _state(model, inputs)
+    tensors = _tensors(model)
+    if model not in _GRAPHS or _GRAPHS[model][0] != tensors:
+        _GRAPHS[model] = tensors, []
+    graphs, layout = _GRAPHS[model][1], _layout(model, inputs)
     for g in graphs:
-        if g.state == state and g.shape_env.evaluate_guards_for_args(g.placeholders, inputs):
+        if g.layout == layout and g.shape_env.evaluate_guards_for_args(g.placeholders, inputs):
             return g
     graphs.append(_trace(model, cache, inputs))
     return graphs[-1]

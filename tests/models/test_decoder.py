@@ -1,5 +1,8 @@
 """DecoderLM: cached generation equals uncached (every norm, GQA, rotary/window), padded prompts, sampling, beam
 search, GPT-2 import, torch.compile of a training step and of a cached decode step."""
+import gc
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -160,7 +163,7 @@ def test_generate_compiled_equals_eager():
     for length, new in ((5, 7), (9, 12), (3, 4)):
         prompt = torch.randint(0, V, (2, length))
         assert torch.equal(model.generate(prompt, new, compile=True), model.generate(prompt, new))
-    assert len(_GRAPHS[model]) == 1
+    assert len(_GRAPHS[model][1]) == 1
     prompt = torch.randint(0, V, (1, 4))
     assert torch.equal(model.generate(prompt, 6, beam_size=2, compile=True), model.generate(prompt, 6, beam_size=2))
     rolling = tiny(positional="rotary", window=4)  # a cache of `window` rows: the rolling buffer
@@ -182,15 +185,25 @@ def test_compiled_step_is_traced_again_for_what_its_graph_did_not_see():
 
     same(prompt, 2)  # capacity 3: positions in order
     same(torch.randint(0, V, (2, 6)), 9)  # capacity 4 == window: the rolling buffer
-    assert len(_GRAPHS[model]) == 2
+    assert len(_GRAPHS[model][1]) == 2
     fc2 = model.decoder.layers[1].ff.fc2
     fc2.weight.mul_(-3)  # in place: the same graph sees it
     same(prompt, 2)
-    assert len(_GRAPHS[model]) == 2
-    fc2.weight = torch.nn.Parameter(torch.randn_like(fc2.weight) * 3)  # a new tensor: a new graph
+    assert len(_GRAPHS[model][1]) == 2
+    old = weakref.ref(fc2.weight)
+    fc2.weight = torch.nn.Parameter(torch.randn_like(fc2.weight) * 3)  # a new tensor: new graphs, the old ones go
     same(prompt, 2)
+    gc.collect()  # a graph's modules refer to each other
+    assert len(_GRAPHS[model][1]) == 1 and old() is None
     same(torch.randint(0, V, (3, 1)), 2)  # another batch size
-    assert len(_GRAPHS[model]) == 4
+    assert len(_GRAPHS[model][1]) == 2
+
+
+def test_compiled_step_refuses_a_cache_with_cross_attention():
+    from pytransformer.models.compiled_step import compiled_step
+    from pytransformer.nn import KVCache
+    with pytest.raises(ValueError, match="cache: compiled_step takes a self-attention cache"):
+        compiled_step(tiny(), KVCache(2, 1, 4, 8, 6, memory_length=3))
 
 
 def test_generate_compiled_needs_the_cache():
