@@ -260,9 +260,10 @@ def measure(calls: dict, dtype, folder: Path, device, batch_sizes, prompt_len, v
     (Engine), all loaded at once and timed in turns: per batch size an untimed first call each, generate(ids, n) with
     its memory sampled (a compiled engine compiles then), then round after round one generate(ids, n) and one
     generate(ids, 1) of each engine, unsampled, so that a drift of the host's speed falls on every engine alike and no
-    sampler runs beside a timed call; every call starts PAUSE_S after the last ended -> {engine: (split_times of the median times per batch size, with "spread": the range of the timed
-    generate(ids, n) calls over their median; after-load, peak anonymous and peak total resident bytes)}, or for an
-    engine that cannot run the reason (a string)."""
+    sampler runs beside a timed call; every call starts PAUSE_S after the last ended -> {engine: (split_times of the
+    median times per batch size, with "spread": the range of the timed generate(ids, n) calls over their median;
+    after-load, peak anonymous and peak total resident bytes)}, or for an engine that cannot run the reason (a
+    string)."""
     spec = dict(dtype=dtype, folder=str(folder), device=str(device), threads=torch.get_num_threads(),
                 batch_sizes=batch_sizes, prompt_len=prompt_len, vocab=vocab)
     running, failed, times = {}, {}, {}
@@ -364,8 +365,8 @@ def markdown(rows, memory, device, command, model_desc, runs, tokens=None, not_r
              f"- model: {model_desc}; greedy, median of {runs} runs",
              "- each engine and dtype runs in a process of its own (in one process, a loaded CTranslate2 slowed "
              "PyTorch's generation by about 15%), with the same thread count; the engines of a dtype take turns, one "
-             f"timed call each, round after round, each call {PAUSE_S} s after the last ended; tokens/s counts the new tokens of the batch over the whole generate "
-             "call, prefill included",
+             f"timed call each, round after round, each call {PAUSE_S} s after the last ended; tokens/s counts the "
+             "new tokens of the batch over the whole generate call, prefill included",
              "- prefill: the median time of generate(ids, 1) (the prompt's forward and the first token); decode "
              "tokens/s: the other new tokens of the batch over the median time of generate(ids, n) less the prefill",
              "- spread: the range of the timed calls of generate(ids, n) over their median (call-to-call steadiness)",

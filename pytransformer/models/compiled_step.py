@@ -26,6 +26,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 from ..nn import KVCache
 
 _CAPACITY = 2  # the dynamic dimension of the [B, Hkv, capacity, D] cache tensors
+_FIRST_KV = 2  # the index of the first cache tensor in the step's inputs (_inputs)
 
 
 def decode_step(model: nn.Module, tok: Tensor, cache: KVCache) -> Tensor:
@@ -57,7 +58,9 @@ def _layout(model: nn.Module, inputs: list) -> tuple:
     """The train mode, and each input's shape, dtype, device and contiguity, the capacity of the cache tensors only as
     whether it is below 2 (sizes 0 and 1 are traced as constants)."""
     def shape(i, t):
-        return tuple(t.shape) if i < 2 else (*t.shape[:_CAPACITY], t.shape[_CAPACITY] < 2, *t.shape[_CAPACITY + 1:])
+        if i < _FIRST_KV:
+            return tuple(t.shape)
+        return (*t.shape[:_CAPACITY], t.shape[_CAPACITY] < 2, *t.shape[_CAPACITY + 1:])
     return model.training, tuple((shape(i, t), t.dtype, t.device, t.is_contiguous()) for i, t in enumerate(inputs))
 
 
@@ -66,7 +69,7 @@ def _trace(model: nn.Module, cache: KVCache, inputs: list) -> _Graph:
     mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)  # the model's tensors stay real
 
     def fake(i, t):
-        sizes = [DimDynamic.DUCK if i >= 2 and d == _CAPACITY else DimDynamic.STATIC for d in range(t.dim())]
+        sizes = [DimDynamic.DUCK if i >= _FIRST_KV and d == _CAPACITY else DimDynamic.STATIC for d in range(t.dim())]
         return mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
 
     placeholders = [fake(i, t) for i, t in enumerate(inputs)]
