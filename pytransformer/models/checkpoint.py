@@ -3,9 +3,9 @@ directory as save_pretrained writes it (from_pretrained: config.json plus model.
 model.safetensors.index.json, read with the safetensors package; transformers is not imported). The architectures
 are in hf.py; both paths hand `convert` a config dict and a name -> tensor mapping.
 
-The model is built on the meta device, given uninitialised storage (a tied parameter stays one parameter), and its
-parameters are then copied one at a time from the tensors, read one at a time from the files: peak memory stays near
-the model's size. from_pretrained on the CPU copies nothing where it need not: a parameter that is one tensor of the
+The model is built on the meta device (without running its random initialisers), given uninitialised storage (a tied
+parameter stays one parameter), and its parameters are then written one at a time from the tensors, read from the
+files a block of rows at a time (a transposed tensor whole): peak memory stays near the model's size. from_pretrained on the CPU copies nothing where it need not: a parameter that is one tensor of the
 file as stored (same dtype, not transposed, not quantized; fused from parts, such as gate|up, only where the parts
 follow each other in the file) becomes a view of a private mapping of the file (mmap=False turns this off), so its
 weights are the file's page cache, shared with other processes reading the file and never counted as the process's
@@ -13,7 +13,8 @@ anonymous memory; writing to it (training)
 copies the pages written, never the file. As with torch.load(mmap=True), the file must not be overwritten in place
 while the model lives. Buffers derived from the config (rotary frequencies, sinusoidal tables) are recomputed. With
 quantize=True the model is quantized while still on the meta device and each linear weight is quantized as it is
-read, so the float weights are never all in memory: peak memory stays near the int8 model's size plus one tensor.
+read, per output channel, a block of rows at a time, so the float weights are never all in memory: peak memory stays
+near the int8 model's size plus one block.
 
 Every loading failure is a ValueError (FileNotFoundError for a missing path) whose message starts with the file it
 concerns (config.json, a safetensors file or the index; "config" and "state_dict" for from_hf) and names the field or
@@ -35,9 +36,24 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from ..nn.quantized import quantize as quantize_model, quantize_per_channel
 from .hf import Architecture, Source, architecture, backbone_prefix, normalized_name
+
+
+class _SkipInit(TorchFunctionMode):
+    """Construction on the meta device without the random initialisers (nn.init's normal_, uniform_ and the
+    like): their values would be replaced by the checkpoint's anyway, and on meta tensors they run Python reference
+    kernels that import torch._dynamo, tens of MiB of resident memory for nothing."""
+    INITIALISERS = {"normal_", "uniform_", "trunc_normal_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
+                    "kaiming_normal_", "orthogonal_", "sparse_"}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", None) in self.INITIALISERS:
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
 
 
 def _materialize(model: nn.Module, device, mapped: dict) -> None:
@@ -65,6 +81,9 @@ def _list(names) -> str:
     return ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
 
 
+_BLOCK_ROWS = 1024  # rows of a checkpoint tensor read and converted at a time while loading
+
+
 def _int8_owners(model: nn.Module, quantize: bool) -> dict:
     """{parameter name: None, or (path of the QuantizedLinear that takes it, "weight" | "bias")} of a model on the meta
     device; quantize=True quantizes the model (still on meta) first, so that a linear layer's weight (or a weight tied
@@ -82,21 +101,22 @@ def _int8_owners(model: nn.Module, quantize: bool) -> dict:
 
 
 def _writers(model: nn.Module, where: dict) -> dict:
-    """For each parameter name of `where` (_int8_owners), a function writing a tensor into it once the model is
-    materialised: into the parameter, or into its QuantizedLinear (a weight quantized per channel)."""
+    """For each parameter name of `where` (_int8_owners), a function write(t, row) putting tensor t into the rows
+    row .. row + len(t) of it once the model is materialised: into the parameter, or into its QuantizedLinear (a
+    weight quantized per channel: each row on its own, so rows written apart equal the whole quantized at once)."""
     def write(name):
-        def to_param(t):
-            model.get_parameter(name).copy_(t)
+        def to_param(t, row):
+            model.get_parameter(name)[row:row + t.shape[0]].copy_(t)
 
-        def to_int8(t):
+        def to_int8(t, row):
             path, attr = where[name]
             layer = model.get_submodule(path)
             if attr == "bias":
-                layer.bias.copy_(t)
+                layer.bias[row:row + t.shape[0]].copy_(t)
             else:
                 q, scale = quantize_per_channel(t.to(layer.scale.dtype))
-                layer.weight.copy_(q)
-                layer.scale.copy_(scale)
+                layer.weight[row:row + t.shape[0]].copy_(q)
+                layer.scale[row:row + t.shape[0]].copy_(scale)
         return to_int8 if where[name] else to_param
     return {name: write(name) for name in where}
 
@@ -147,6 +167,10 @@ class Tensors(Mapping):
     def where(self, name: str) -> str:
         """The file holding tensor `name` (for messages)."""
         return self.source
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows start .. stop of tensor `name` (of a 1-D tensor, its elements)."""
+        return self[name][start:stop]
 
 
 class InMemory(Tensors):
@@ -201,18 +225,29 @@ class SafetensorsFiles(Tensors):
         """Tensor `name` read from its file into memory of its own. A floating-point tensor is read with plain file
         reads, not through a mapping, so that one that is converted, fused or quantized (and then dropped) leaves no
         file pages in the process's resident memory: a mapping would keep every page read until the file is closed
-        (an int8 load of a float32 Llama of 124.7M parameters peaked 594 MiB above its start that way, 296 this way)."""
+        (an int8 load of a float32 Llama of 124.7M parameters peaked 594 MiB above its start that way, 296 with
+        whole tensors read, 160 with blocks of rows, `rows`)."""
         from safetensors import SafetensorError
-        path, dtype = self._file[name], _TORCH_DTYPES.get(self.dtype(name))
-        if dtype is None:  # other dtypes (refused later, or skipped) as safetensors reads them
+        if _TORCH_DTYPES.get(self.dtype(name)) is None:  # other dtypes (refused later, or skipped) as safetensors reads
             try:
                 return self._handle[name].get_tensor(name)
             except SafetensorError as e:
-                raise ValueError(f"{path}: {name}: unreadable ({e})") from e
+                raise ValueError(f"{self._file[name]}: {name}: unreadable ({e})") from e
+        return self._read(name, 0, self.shape(name))
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows start .. stop of tensor `name` read from its file into memory of their own, as __getitem__ reads."""
         shape = self.shape(name)
+        if _TORCH_DTYPES.get(self.dtype(name)) is None:
+            return super().rows(name, start, stop)
+        return self._read(name, start * math.prod(shape[1:]), [stop - start, *shape[1:]])
+
+    def _read(self, name: str, first: int, shape: list[int]) -> torch.Tensor:
+        """A tensor of `shape` read from tensor `name`'s data from its element `first`."""
+        path, dtype = self._file[name], _TORCH_DTYPES[self.dtype(name)]
         data = torch.empty(math.prod(shape) * dtype.itemsize, dtype=torch.uint8)
         with open(path, "rb") as f:
-            f.seek(self._offset(name))
+            f.seek(self._offset(name) + first * dtype.itemsize)
             if f.readinto(data.numpy()) != data.numel():
                 raise ValueError(f"{path}: {name}: unreadable (the file ends inside its data)")
         return data.view(dtype).reshape(shape)
@@ -372,7 +407,7 @@ def convert(cls, config_class, d, tensors: Mapping, *, dtype: torch.dtype, devic
         arch = architecture(d, given.keys())
     _check_names(arch, given, tensors)
     _check_sizes(arch, tensors, config_name)
-    with _naming(config_name), torch.device("meta"):
+    with _naming(config_name), torch.device("meta"), _SkipInit():
         model = cls(arch.config).to(dtype)
     shapes = {name: p.shape for name, p in model.named_parameters()}
     assert shapes.keys() == arch.plan.keys(), "hf.py: the plan must cover the model's parameters"
@@ -384,9 +419,15 @@ def convert(cls, config_class, d, tensors: Mapping, *, dtype: torch.dtype, devic
         for ours, source in arch.plan.items():
             if ours in mapped:
                 continue
-            parts = [tensors[given[n]] for n in source.names]
-            t = parts[0] if len(parts) == 1 else torch.cat(parts)
-            writers[ours](t.t() if source.transpose else t)
+            if source.transpose:
+                writers[ours](tensors[given[source.names[0]]].t(), 0)
+                continue
+            row = 0
+            for name in source.names:  # each part in blocks of rows: no float copy of a whole weight
+                rows = tensors.shape(given[name])[0]
+                for start in range(0, rows, _BLOCK_ROWS):
+                    writers[ours](tensors.rows(given[name], start, min(rows, start + _BLOCK_ROWS)), row + start)
+                row += rows
     return model
 
 

@@ -13,15 +13,25 @@ def token_positions(length: int, device=None, cache=None) -> Tensor:
 class _DerivedBuffers(nn.Module):
     """A module whose (non-persistent) buffers are functions of its constructor arguments: moving or casting it
     (.to, .double(), .to_empty() of a model built on the meta device) recomputes them on the new device by
-    `_derive(device, dtype)` instead of converting the old values, so they are never uninitialised or rounded."""
+    `_derive(device, dtype)` instead of converting the old values, so they are never uninitialised or rounded. On the
+    meta device only their shapes are derived (computed on the CPU, kept as meta tensors): arithmetic on meta tensors
+    runs Python reference kernels whose first use imports torch._dynamo, tens of MiB for a shape."""
 
     def _derive(self, device, dtype) -> None:
         raise NotImplementedError
 
+    def _set_buffers(self, device, dtype) -> None:
+        """The buffers on `device` (None: the default device) in `dtype`."""
+        meta = torch.empty(0, device=device).is_meta
+        self._derive("cpu" if meta else device, dtype)
+        if meta:
+            for name, b in self._buffers.items():
+                self._buffers[name] = torch.empty_like(b, device="meta")
+
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
         ref = next(self.buffers(recurse=False))
-        self._derive(ref.device, ref.dtype)
+        self._set_buffers(ref.device, ref.dtype)
         return self
 
 
@@ -31,7 +41,7 @@ class SinusoidalPositionalEncoding(_DerivedBuffers):
     def __init__(self, d_model: int, max_len: int = 5000):
         super().__init__()
         self.d_model, self.max_len = d_model, max_len
-        self._derive(None, torch.float32)
+        self._set_buffers(None, torch.float32)
 
     def _derive(self, device, dtype) -> None:
         d = self.d_model
@@ -102,7 +112,7 @@ class RotaryEmbedding(_DerivedBuffers):
         if head_dim % 2:
             raise ValueError(f"head_dim: must be even for rotary embeddings, got {head_dim}")
         self.head_dim, self.base, self.scaling = head_dim, base, scaling
-        self._derive(None, torch.float32)
+        self._set_buffers(None, torch.float32)
 
     def _derive(self, device, dtype) -> None:
         dtype = torch.float64 if dtype == torch.float64 else torch.float32

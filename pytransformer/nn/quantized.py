@@ -39,10 +39,12 @@ class QuantizedLinear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "QuantizedLinear":
-        """The int8 version of an nn.Linear (its weights quantized per output channel)."""
+        """The int8 version of an nn.Linear (its weights quantized per output channel; on the meta device only the
+        shapes, as there are no values to quantize)."""
         w = linear.weight
         q = cls(linear.in_features, linear.out_features, linear.bias is not None, device=w.device, dtype=w.dtype)
-        q.weight, q.scale = quantize_per_channel(w)
+        if not w.is_meta:
+            q.weight, q.scale = quantize_per_channel(w)
         if linear.bias is not None:
             q.bias = linear.bias.detach().clone()
         return q

@@ -383,3 +383,52 @@ def test_reading_a_tensor_leaves_no_file_pages_resident(tmp_path):
         tensors = SafetensorsFiles([path], stack, mmap=False)
         assert torch.equal(tensors["a"], t["a"]) and torch.equal(tensors["b"], t["b"])
         assert _mapped_rss(path) == 0
+
+
+@pytest.mark.parametrize("name", ["llama3", "gpt2"])  # fused q|k|v and gate|up from parts; transposed Conv1D weights
+@pytest.mark.parametrize("dtype,quantized", [(torch.bfloat16, False), (torch.float32, True)])
+def test_loads_read_blocks_of_rows(saved, monkeypatch, name, dtype, quantized):
+    """A converted or quantized weight is read and written a block of rows at a time (a transposed one whole): no
+    read is larger than a block, and the model equals, to the bit, one whose weights were read whole."""
+    from pytransformer.models import checkpoint
+    path = saved[name][1]
+    whole = DecoderLM.from_pretrained(path, dtype, quantize=quantized, mmap=False)
+    largest, read = [0], checkpoint.SafetensorsFiles._read
+
+    def recorded(self, tensor, first, shape):
+        transposed = name == "gpt2" and tensor.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
+        largest[0] = max(largest[0], 0 if transposed else (shape or [1])[0])
+        return read(self, tensor, first, shape)
+    monkeypatch.setattr(checkpoint, "_BLOCK_ROWS", 5)
+    monkeypatch.setattr(checkpoint.SafetensorsFiles, "_read", recorded)
+    blocks = DecoderLM.from_pretrained(path, dtype, quantize=quantized, mmap=False)
+    assert largest[0] == 5
+    a, b = blocks.state_dict(), whole.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in a)
+
+
+def test_rows_of_a_file_tensor(tmp_path):
+    """SafetensorsFiles.rows(name, start, stop) reads the rows asked for (the elements of a 1-D tensor)."""
+    from pytransformer.models.checkpoint import SafetensorsFiles
+    t = {"a": torch.randn(7, 3), "b": torch.randn(11).to(torch.bfloat16), "c": torch.randn(2, 3, 4)}
+    path = tmp_path / "model.safetensors"
+    safetensors_torch.save_file(t, str(path))
+    with contextlib.ExitStack() as stack:
+        tensors = SafetensorsFiles([path], stack)
+        for name, (start, stop) in {"a": (2, 5), "b": (0, 11), "c": (1, 2)}.items():
+            assert torch.equal(tensors.rows(name, start, stop), t[name][start:stop])
+
+
+def test_loading_runs_no_meta_reference_kernels(saved):
+    """The model is built on the meta device without its random initialisers and with the derived buffers computed
+    on the CPU: arithmetic on meta tensors would run Python reference kernels whose first use imports torch._dynamo
+    (tens of MiB of resident memory, in a process that only loads and generates). A fresh process loads float32 and
+    int8 models and generates without importing it."""
+    import subprocess
+    path = saved["llama3"][1]
+    script = ("import sys, torch\nfrom pytransformer.models import DecoderLM\n"
+              f"for q in (False, True):\n    m = DecoderLM.from_pretrained({str(path)!r}, quantize=q)\n"
+              "    m.generate(torch.tensor([[1, 2, 3]]), 2)\n"
+              "print('torch._dynamo' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False"], out.stdout + out.stderr
