@@ -4,17 +4,17 @@ model.safetensors.index.json, read with the safetensors package; transformers is
 are in hf.py; both paths hand `convert` a config dict and a name -> tensor mapping.
 
 The model is built on the meta device (without running its random initialisers), given uninitialised storage (a tied
-parameter stays one parameter), and its parameters are then written one at a time from the tensors, read from the
-files a block of rows at a time (a transposed tensor whole): peak memory stays near the model's size. from_pretrained on the CPU copies nothing where it need not: a parameter that is one tensor of the
-file as stored (same dtype, not transposed, not quantized; fused from parts, such as gate|up, only where the parts
-follow each other in the file) becomes a view of a private mapping of the file (mmap=False turns this off), so its
-weights are the file's page cache, shared with other processes reading the file and never counted as the process's
-anonymous memory; writing to it (training)
-copies the pages written, never the file. As with torch.load(mmap=True), the file must not be overwritten in place
-while the model lives. Buffers derived from the config (rotary frequencies, sinusoidal tables) are recomputed. With
-quantize=True the model is quantized while still on the meta device and each linear weight is quantized as it is
-read, per output channel, a block of rows at a time, so the float weights are never all in memory: peak memory stays
-near the int8 model's size plus one block.
+parameter stays one parameter), and its parameters are then written one at a time from the tensors, read from the files
+a block of rows at a time (a transposed tensor whole): peak memory stays near the model's size. from_pretrained on the
+CPU copies nothing where it need not: a parameter that is one tensor of the file as stored (same dtype, not transposed,
+not quantized; fused from parts, such as gate|up, only where the parts follow each other in the file) becomes a view of
+a private mapping of the file (mmap=False turns this off), so its weights are the file's page cache, shared with other
+processes reading the file and never counted as the process's anonymous memory; writing to it (training) copies the
+pages written, never the file. As with torch.load(mmap=True), the file must not be overwritten in place while the model
+lives. Buffers derived from the config (rotary frequencies, sinusoidal tables) are recomputed. With quantize=True the
+model is quantized while still on the meta device and each linear weight is quantized as it is read, per output channel,
+a block of rows at a time, so the float weights are never all in memory: peak memory stays near the int8 model's size
+plus one block.
 
 Every loading failure is a ValueError (FileNotFoundError for a missing path) whose message starts with the file it
 concerns (config.json, a safetensors file or the index; "config" and "state_dict" for from_hf) and names the field or
