@@ -26,9 +26,9 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x [..., d_model] -> [..., d_model]."""
         h = self.fc1(x)  # [..., d_ff] (swiglu: [..., 2 * d_ff])
-        if self.activation == "swiglu":
-            gate, up = h.chunk(2, -1)
-            h = F.silu(gate) * up
+        if self.activation == "swiglu":  # silu(gate) * up into silu's output, and no name left on fc1's: one
+            d_ff = self.fc2.in_features  # [..., d_ff] temporary at a time besides fc1's, freed before fc2 runs
+            h = F.silu(h[..., :d_ff]).mul_(h[..., d_ff:])
         else:
             h = ACTIVATIONS[self.activation](h)
         return self.fc2(self.dropout(h) if self.training else h)
