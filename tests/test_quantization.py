@@ -89,7 +89,10 @@ def test_untied_head_and_other_models():
     torch.manual_seed(0)
     model = tiny_lm(tie_embeddings=False)
     q = pytransformer.quantize(copy.deepcopy(model))
-    assert isinstance(q.embed.tok, torch.nn.Embedding) and isinstance(q.lm_head, QuantizedLinear)
+    assert isinstance(q.embed.tok, QuantizedEmbedding) and isinstance(q.lm_head, QuantizedLinear)
+    assert q.embed.tok.head is not q.lm_head  # an untied table of its own, each row within half a step of the float
+    table, steps = q.embed.tok(torch.arange(V)).double(), q.embed.tok.head.scale.double()[:, None]
+    assert ((table - model.embed.tok.weight.double()).abs() <= steps / 2 + 1e-6 * steps).all()
     ids = torch.randint(0, V, (2, 9))
     with torch.no_grad():
         torch.testing.assert_close(q(ids), model(ids), atol=0.02 * model(ids).abs().max().item(), rtol=0)

@@ -96,6 +96,9 @@ def _int8_owners(model: nn.Module, quantize: bool) -> dict:
                 for attr in ("weight", "bias"):
                     if getattr(m, attr) is not None:
                         linears.setdefault(id(getattr(m, attr)), (path, attr))
+        for path, m in model.named_modules():  # an untied embedding's own int8 table (QuantizedEmbedding.head)
+            if isinstance(m, nn.Embedding) and m.max_norm is None:
+                linears.setdefault(id(m.weight), (f"{path}.head", "weight"))
         quantize_model(model)
     return {name: linears.get(id(p)) for name, p in params.items()}
 

@@ -39,14 +39,18 @@ class QuantizedLinear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> "QuantizedLinear":
-        """The int8 version of an nn.Linear (its weights quantized per output channel; on the meta device only the
-        shapes, as there are no values to quantize)."""
-        w = linear.weight
-        q = cls(linear.in_features, linear.out_features, linear.bias is not None, device=w.device, dtype=w.dtype)
-        if not w.is_meta:
-            q.weight, q.scale = quantize_per_channel(w)
-        if linear.bias is not None:
-            q.bias = linear.bias.detach().clone()
+        """The int8 version of an nn.Linear (its weights quantized per output channel)."""
+        return cls.from_weight(linear.weight, linear.bias)
+
+    @classmethod
+    def from_weight(cls, weight: Tensor, bias: Tensor | None = None) -> "QuantizedLinear":
+        """The int8 version of weight [out, in] (quantized per output channel) and bias [out]; on the meta device
+        only the shapes, as there are no values to quantize."""
+        q = cls(weight.shape[1], weight.shape[0], bias is not None, device=weight.device, dtype=weight.dtype)
+        if not weight.is_meta:
+            q.weight, q.scale = quantize_per_channel(weight)
+        if bias is not None:
+            q.bias = bias.detach().clone()
         return q
 
     @property
@@ -81,12 +85,18 @@ def linear_rows(linear: nn.Module, x: Tensor, rows: slice) -> Tensor:
 
 
 class QuantizedEmbedding(nn.Module):
-    """The embedding tied to a QuantizedLinear LM head: row i of the table is the head's int8 row i times scale[i].
-    The head is a submodule (as a tied weight, it appears in the state dict under both names and moves with .to())."""
+    """An int8 embedding table: row i is `head`'s int8 row i times scale[i], where head is the QuantizedLinear LM head
+    the embedding is tied to (a submodule: as a tied weight, it appears in the state dict under both names and moves
+    with .to()) or, for an untied embedding (from_embedding), a table of its own in the same form, used only here."""
 
     def __init__(self, head: QuantizedLinear):
         super().__init__()
         self.head = head
+
+    @classmethod
+    def from_embedding(cls, embedding: nn.Embedding) -> "QuantizedEmbedding":
+        """The int8 version of an untied nn.Embedding (each row quantized with a scale of its own)."""
+        return cls(QuantizedLinear.from_weight(embedding.weight))
 
     def forward(self, ids: Tensor) -> Tensor:
         """ids int [...] -> [..., embedding_dim] in the head's float dtype."""
@@ -96,8 +106,9 @@ class QuantizedEmbedding(nn.Module):
 
 def quantize(model: nn.Module, x_bits: int = DEFAULT_X_BITS) -> nn.Module:
     """Replace every nn.Linear of `model` in place by a QuantizedLinear (int8 weight, per-output-channel scale) and
-    return the model; an nn.Embedding whose weight is tied to a Linear's becomes a QuantizedEmbedding of that head.
-    Every QuantizedLinear of the model, new or already there (a model loaded with quantize=True), then has `x_bits`:
+    return the model; an nn.Embedding whose weight is tied to a Linear's becomes a QuantizedEmbedding of that head,
+    any other nn.Embedding one of its own table quantized per row (as llama.cpp's q8_0 and CTranslate2's int8 store
+    embeddings), except one with max_norm, which stays as it is. Every QuantizedLinear of the model, new or already there (a model loaded with quantize=True), then has `x_bits`:
     16 weight-only, 8 x quantized per row to 8 bits too (see ops.int8_linear)."""
     _checks.known_x_bits(x_bits)  # before the model changes
     if isinstance(model, nn.Linear):
@@ -114,6 +125,8 @@ def quantize(model: nn.Module, x_bits: int = DEFAULT_X_BITS) -> nn.Module:
                 raise ValueError("model: an nn.Embedding tied to a Linear has max_norm, which the int8 table cannot "
                                  "apply")
             new[id(m)] = QuantizedEmbedding(heads[id(m.weight)])
+        elif isinstance(m, nn.Embedding) and m.max_norm is None:
+            new[id(m)] = QuantizedEmbedding.from_embedding(m)
     for parent in modules:
         for name, child in list(parent.named_children()):
             if id(child) in new:
