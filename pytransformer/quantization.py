@@ -1,5 +1,5 @@
-"""pytransformer.quantize: post-training weight-only int8 quantization of a model's nn.Linear layers (defined in
-nn.quantized, so that models can load a checkpoint quantized), and state_dict_bytes."""
+"""pytransformer.quantize: post-training weight-only int8 quantization of a model's nn.Linear layers and embeddings
+(defined in nn.quantized, so that models can load a checkpoint quantized), and state_dict_bytes."""
 from torch import nn
 
 from .nn.quantized import quantize

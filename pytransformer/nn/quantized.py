@@ -1,5 +1,5 @@
-"""int8 modules: QuantizedLinear (per-output-channel scales) and QuantizedEmbedding (an embedding tied to a quantized LM
-head), and quantize(model), which swaps them in. Weights are quantized after training; activations stay in floating
+"""int8 modules: QuantizedLinear (per-output-channel scales) and QuantizedEmbedding (an int8 table: a quantized LM head
+it is tied to, or its own), and quantize(model), which swaps them in. Weights are quantized after training; activations stay in floating
 point (x_bits=16, weight-only) or are quantized per row to 8 bits as each layer runs (x_bits=8, see
 ops.int8_linear)."""
 import torch
@@ -108,8 +108,9 @@ def quantize(model: nn.Module, x_bits: int = DEFAULT_X_BITS) -> nn.Module:
     """Replace every nn.Linear of `model` in place by a QuantizedLinear (int8 weight, per-output-channel scale) and
     return the model; an nn.Embedding whose weight is tied to a Linear's becomes a QuantizedEmbedding of that head,
     any other nn.Embedding one of its own table quantized per row (as llama.cpp's q8_0 and CTranslate2's int8 store
-    embeddings), except one with max_norm, which stays as it is. Every QuantizedLinear of the model, new or already there (a model loaded with quantize=True), then has `x_bits`:
-    16 weight-only, 8 x quantized per row to 8 bits too (see ops.int8_linear)."""
+    embeddings), except one with max_norm, which stays as it is. Every QuantizedLinear of the model, new or already
+    there (a model loaded with quantize=True), then has `x_bits`: 16 weight-only, 8 x quantized per row to 8 bits too
+    (see ops.int8_linear)."""
     _checks.known_x_bits(x_bits)  # before the model changes
     if isinstance(model, nn.Linear):
         model = QuantizedLinear.from_linear(model)
