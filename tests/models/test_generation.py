@@ -3,7 +3,7 @@ work; max_new_tokens=0 returns the prompt; top_k=0 and top_p=1 disable their fil
 import pytest
 import torch
 
-from pytransformer.models import DecoderLM, Seq2SeqTransformer, gpt2_small, transformer_base
+from pytransformer.models import DecoderLM, Seq2SeqTransformer, gpt2_small, next_token, transformer_base
 
 V = 32
 
@@ -74,3 +74,14 @@ def test_top_k_zero_and_top_p_one_mean_no_filter(make):
                 outs.append(model.generate(prompt, max_new_tokens=5, bos_id=1, eos_id=2, do_sample=True, generator=g,
                                            **kwargs))
     assert all(torch.equal(o, outs[0]) for o in outs[1:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_greedy_pick_is_argmax(dtype):
+    """The greedy token of each row is argmax's: the first of equal maxima (bfloat16 rounding makes many), a NaN
+    where a row has one."""
+    torch.manual_seed(0)
+    logits = torch.randn(9, 1000, dtype=torch.float64).mul(3).round().to(dtype)  # ties in every row
+    logits[3, 17] = logits[3].max()  # a tie with the row's first maximum, later in the row
+    logits[4, 500] = float("nan")
+    assert torch.equal(next_token(logits), logits.argmax(-1)) and next_token(logits)[4] == 500
