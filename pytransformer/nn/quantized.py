@@ -1,7 +1,7 @@
 """int8 modules: QuantizedLinear (per-output-channel scales) and QuantizedEmbedding (an int8 table: a quantized LM head
-it is tied to, or its own), and quantize(model), which swaps them in. Weights are quantized after training; activations stay in floating
-point (x_bits=16, weight-only) or are quantized per row to 8 bits as each layer runs (x_bits=8, see
-ops.int8_linear)."""
+it is tied to, or its own), and quantize(model), which swaps them in. Weights are quantized after training;
+activations stay in floating point (x_bits=16, weight-only) or are quantized per row to 8 bits as each layer runs
+(x_bits=8, see ops.int8_linear)."""
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
