@@ -421,13 +421,14 @@ def test_rows_of_a_file_tensor(tmp_path):
             assert torch.equal(tensors.rows(name, start, stop), t[name][start:stop])
 
 
-def test_loading_runs_no_meta_reference_kernels(saved):
+@pytest.mark.parametrize("name", ["llama3", "gpt2"])  # rotary, RMSNorm; learned positions, LayerNorm, biases
+def test_loading_runs_no_meta_reference_kernels(saved, name):
     """The model is built on the meta device without its random initialisers and with the derived buffers computed
     on the CPU: arithmetic on meta tensors would run Python reference kernels whose first use imports torch._dynamo
     (tens of MiB of resident memory, in a process that only loads and generates). A fresh process loads float32 and
     int8 models and generates without importing it."""
     import subprocess
-    path = saved["llama3"][1]
+    path = saved[name][1]
     script = ("import sys, torch\nfrom pytransformer.models import DecoderLM\n"
               f"for q in (False, True):\n    m = DecoderLM.from_pretrained({str(path)!r}, quantize=q)\n"
               "    m.generate(torch.tensor([[1, 2, 3]]), 2)\n"
