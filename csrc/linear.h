@@ -12,9 +12,9 @@ struct LinearParams {
   int64_t rows, out_features, in_features;  // M (x's leading dims flattened), N, K
 };
 
-// The CPU few-rows kernel (csrc/cpu/linear_kernel.cpp): out [M, N] = x [M, K] @ weight [N, K]^T + bias [N] (bias may
-// be nullptr), every array contiguous and of `dtype`: float32, bfloat16 or float16 (accumulated in float32).
-using LinearGemvCpuFn = void (*)(const LinearParams& p, at::ScalarType dtype, const void* x, const void* weight,
+// The CPU kernel (csrc/cpu/linear_kernel.cpp): out [M, N] = x [M, K] @ weight [N, K]^T + bias [N] (bias may be
+// nullptr), every array contiguous and of `dtype`: float32, bfloat16 or float16 (accumulated in float32).
+using LinearCpuFn = void (*)(const LinearParams& p, at::ScalarType dtype, const void* x, const void* weight,
                                  const void* bias, void* out);
 
 inline LinearParams check_linear_args(const at::Tensor& x, const at::Tensor& weight,

@@ -1,7 +1,7 @@
 """ops.linear against a float64 reference, each output element within the dot-product error bound of its dtype (both
-CPU paths: the weight-streaming kernel up to gemv_rows rows, ATen's GEMM above; float16, and float32 up to K 6144, the
-kernel at every row count, in calls of 32 rows), dtypes, layouts, edge shapes, every CPU ISA level, opcheck,
-gradcheck, torch.compile, bad input, and the CUDA glue's cases."""
+CPU paths: our kernel up to gemv_rows rows, ATen's GEMM above; float16, and float32 up to K 6144, the kernel at every
+row count, weight streaming in calls of 32 rows, with AVX-512 a GEMM of its own for float32 from 128 rows), dtypes,
+layouts, edge shapes, every CPU ISA level, opcheck, gradcheck, torch.compile, bad input, and the CUDA glue's cases."""
 import math
 
 import pytest
@@ -21,8 +21,8 @@ REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3, torch
 
 
 def gemv_rows(dtype, k):
-    """The most rows of x of k features that take the CPU kernel (csrc/cpu/linear.cpp: use_gemv); float64 none, float16
-    every count (math.inf), float32 every count up to K 6144 and 128 rows above."""
+    """The most rows of x of k features that take the CPU kernel (csrc/cpu/linear.cpp: use_kernel); float64 none,
+    float16 every count (math.inf), float32 every count up to K 6144 and 128 rows above."""
     if dtype == torch.float64:
         return 0
     if dtype == torch.float32:
@@ -89,6 +89,21 @@ def test_cpu_path_by_rows(dtype, k):
         assert ("aten::linear" in {e.name for e in prof.events()}) == (rows > last), (rows, last)
 
 
+@pytest.mark.parametrize("rows", [128, 144, 151])
+@pytest.mark.parametrize("k,n", [(1, 33), (300, 32), (2049, 70), (96, 1)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_gemm_tiles(rows, k, n, bias):
+    """float32 from 128 rows with AVX-512 is the kernel's GEMM (csrc/cpu/linear_kernel.cpp, gemm_f32): tiles of 12 rows
+    of x by 32 weight rows, the weight rows in panels of 32 over the threads and K in blocks of 2048. 128 and 151 rows
+    end in a tile of 8 and of 7 rows, 144 in whole tiles; 1, 33 and 70 weight rows end in a panel of 1, 1 and 6, 32 is
+    one whole panel; K 2049 is two blocks, the second of 1; K 1 a tile of one outer product. x and weights positive,
+    so that a product left out or counted twice is far outside the bound of every element (check)."""
+    weight = torch.rand(n, k, dtype=torch.float64).float()
+    b = torch.rand(n, dtype=torch.float64).float() if bias else None
+    check(torch.rand(rows, k), weight, b)
+    check(-torch.rand(rows, k), weight, b)
+
+
 # avx512 capped explicitly runs the AVX-512 code without AVX-512 BF16 dot products (csrc/cpu/isa.h: has_avx512_bf16),
 # which the uncapped tests use on a processor that has them.
 @pytest.mark.parametrize("isa", CPU_ISA_LEVELS + (["avx512"] if pytransformer._C.cpu_isa() == "avx512" else []))
@@ -97,13 +112,14 @@ def test_each_cpu_isa_level_agrees(isa):
     over 2 threads, 8 and 5, two streams of 4, and of 2 and the last row alone; below it blocks of 4, the next one
     prefetched a line at a time) and 7 rows of x (in bfloat16 13 with AVX-512 BF16 dot products, blocks of 8, 4 and 1
     rows, else 2, the most its kernel takes) reach every block shape, K = 1100 full vectors and a tail, in each weight
-    dtype; 8 float32 rows (x of 35 KiB) go by in chunks of K at AVX-512. 1 and 2 rows below AVX-512 take blocks
+    dtype; 8 float32 rows (x of 35 KiB) go by in chunks of K at AVX-512, and 130 in the GEMM's tiles there. 1 and 2
+    rows below AVX-512 take blocks
     prefetched all at once (K 1100), or for long rows (float16 K 5000) a line at a time; their x and weights positive,
     so that a row left out is 100% off."""
     run_under_isa(isa, (
         "bf16_rows = 13 if pt._C.cpu_bf16_dot_products() else 2\n"
-        "for dt, m, tol in ((torch.float32, 7, 2e-5), (torch.float32, 8, 2e-5), (torch.bfloat16, bf16_rows, 2e-2),"
-        " (torch.float16, 7, 2e-3)):\n"
+        "for dt, m, tol in ((torch.float32, 7, 2e-5), (torch.float32, 8, 2e-5), (torch.float32, 130, 2e-5),"
+        " (torch.bfloat16, bf16_rows, 2e-2), (torch.float16, 7, 2e-3)):\n"
         "  w=torch.randn(13,1100).to(dt); b=torch.randn(13).to(dt); x=torch.randn(m,1100).to(dt)\n"
         "  torch.testing.assert_close(pt.ops.linear(x,w,b).double(), ref.linear(x.double(),w.double(),b.double()),"
         " atol=tol*40, rtol=tol)\n"
