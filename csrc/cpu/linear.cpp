@@ -92,7 +92,7 @@ constexpr int64_t kLongK = 6144, kLongKRows = 128;
 // benchmarks/bench_linear.py has the crossover rows, benchmarks/results/cpu_kernel_notes_2026-11-28.md, use_gemv, the
 // measurements):
 // - float32: every row count (the weight-streaming kernel is faster than ATen's GEMM even with the weight cached
-//   across calls, and with AVX-512 from 128 rows the kernel's own GEMM is faster still), except for rows of more than
+//   across calls, and with AVX-512 from 48 rows the kernel's own GEMM is faster still), except for rows of more than
 //   kLongK features: there 32 rows of x no longer stay in L2 beside the weights, and above kLongKRows rows ATen's GEMM
 //   is as fast or faster;
 // - float16: every row count (ATen's float16 GEMM is several times slower still);

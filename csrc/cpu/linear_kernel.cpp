@@ -34,7 +34,7 @@ constexpr int64_t kRowBlock = 32;
 // runs over k in order (as a naive dot product), the blocks of K adding to out.
 constexpr int kGemmMR = 12, kGemmNR = 32;
 constexpr int64_t kGemmKC = 2048;
-constexpr int64_t kGemmRows = 128;  // the fewest rows that take gemm_f32: with fewer, gemv_rows measured as fast
+constexpr int64_t kGemmRows = 48;  // the fewest rows that take gemm_f32: with fewer, gemv_rows measured as fast
 
 struct AlignedFloats {
   std::unique_ptr<float[], void (*)(float*)> p;
@@ -73,19 +73,57 @@ __attribute__((noinline)) void gemm_tile(int64_t kc, const float* ap, const floa
   }
 }
 
+// v[c] = column c of the 16 x 16 floats whose row r is v[r] (unpacks, then 128-bit lane shuffles).
+__attribute__((always_inline)) inline void transpose_16x16(__m512* v) {
+  __m512 t[16], u[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) {  // t[2i], t[2i + 1]: rows 2i and 2i + 1 interleaved, elements 0-1 and 2-3 of a lane
+    t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {  // u[4i + j]: element j of each lane from rows 4i to 4i + 3
+    u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {  // t: lanes 0 and 2 of rows 0-3 and 4-7 (t[j]), 1 and 3 (t[j + 4]); rows 8-15 likewise
+    t[j] = _mm512_shuffle_f32x4(u[j], u[j + 4], 0x88);
+    t[j + 4] = _mm512_shuffle_f32x4(u[j], u[j + 4], 0xDD);
+    t[j + 8] = _mm512_shuffle_f32x4(u[j + 8], u[j + 12], 0x88);
+    t[j + 12] = _mm512_shuffle_f32x4(u[j + 8], u[j + 12], 0xDD);
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    v[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+    v[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xDD);
+  }
+}
+
+// dst[k * ld + r] = src[r * src_ld + k] for the rows r < width (<= 16) and k < kc, zeros for the rows from `rows` on:
+// rows of src packed as columns, 16 x 16 at a time.
+void pack_columns(const float* src, int64_t src_ld, int64_t rows, int64_t kc, float* dst, int64_t ld, int width) {
+  const __mmask16 store = width >= 16 ? 0xffff : (1u << width) - 1;
+  for (int64_t k = 0; k < kc; k += 16) {
+    const int n = static_cast<int>(std::min<int64_t>(16, kc - k));
+    const __mmask16 load = n == 16 ? 0xffff : (1u << n) - 1;
+    __m512 v[16];
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r)
+      v[r] = r < rows ? _mm512_maskz_loadu_ps(load, src + r * src_ld + k) : _mm512_setzero_ps();
+    transpose_16x16(v);
+    for (int c = 0; c < n; ++c) _mm512_mask_storeu_ps(dst + (k + c) * ld, store, v[c]);
+  }
+}
+
 void gemm_f32(int64_t M, int64_t N, int64_t K, const float* x, const float* w, const float* bias, float* out) {
   const int64_t tiles_m = (M + kGemmMR - 1) / kGemmMR, panels = (N + kGemmNR - 1) / kGemmNR;
   AlignedFloats ap(std::max<int64_t>(1, tiles_m * K * kGemmMR));
   at::parallel_for(0, tiles_m, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
-      for (int i = 0; i < kGemmMR; ++i) {
-        const int64_t m = t * kGemmMR + i;
-        float* dst = ap.p.get() + t * K * kGemmMR + i;
-        if (m < M)
-          for (int64_t k = 0; k < K; ++k) dst[k * kGemmMR] = x[m * K + k];
-        else
-          for (int64_t k = 0; k < K; ++k) dst[k * kGemmMR] = 0.0f;
-      }
+      pack_columns(x + t * kGemmMR * K, K, M - t * kGemmMR, K, ap.p.get() + t * K * kGemmMR, kGemmMR, kGemmMR);
   });
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     AlignedFloats bp(std::min(K, kGemmKC) * kGemmNR);
@@ -95,13 +133,8 @@ void gemm_f32(int64_t M, int64_t N, int64_t K, const float* x, const float* w, c
       const int cols = static_cast<int>(std::min<int64_t>(kGemmNR, N - n0));
       for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kGemmKC) {
         const int64_t kc = std::min(kGemmKC, K - k0);
-        for (int j = 0; j < kGemmNR; ++j) {
-          float* dst = bp.p.get() + j;
-          if (j < cols)
-            for (int64_t k = 0; k < kc; ++k) dst[k * kGemmNR] = w[(n0 + j) * K + k0 + k];
-          else
-            for (int64_t k = 0; k < kc; ++k) dst[k * kGemmNR] = 0.0f;
-        }
+        for (int h = 0; h < kGemmNR; h += 16)
+          pack_columns(w + (n0 + h) * K + k0, K, cols - h, kc, bp.p.get() + h, kGemmNR, 16);
         const float* b = bias ? bias + n0 : nullptr;
         for (int64_t t = 0; t < tiles_m; ++t) {
           const int64_t m0 = t * kGemmMR, rows = std::min<int64_t>(kGemmMR, M - m0);

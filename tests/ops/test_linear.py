@@ -1,6 +1,6 @@
 """ops.linear against a float64 reference, each output element within the dot-product error bound of its dtype (both
 CPU paths: our kernel up to gemv_rows rows, ATen's GEMM above; float16, and float32 up to K 6144, the kernel at every
-row count, weight streaming in calls of 32 rows, with AVX-512 a GEMM of its own for float32 from 128 rows), dtypes,
+row count, weight streaming in calls of 32 rows, with AVX-512 a GEMM of its own for float32 from 48 rows), dtypes,
 layouts, edge shapes, every CPU ISA level, opcheck, gradcheck, torch.compile, bad input, and the CUDA glue's cases."""
 import math
 
@@ -89,15 +89,16 @@ def test_cpu_path_by_rows(dtype, k):
         assert ("aten::linear" in {e.name for e in prof.events()}) == (rows > last), (rows, last)
 
 
-@pytest.mark.parametrize("rows", [128, 144, 151])
+@pytest.mark.parametrize("rows", [48, 128, 144, 151])
 @pytest.mark.parametrize("k,n", [(1, 33), (300, 32), (2049, 70), (96, 1)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_gemm_tiles(rows, k, n, bias):
-    """float32 from 128 rows with AVX-512 is the kernel's GEMM (csrc/cpu/linear_kernel.cpp, gemm_f32): tiles of 12 rows
-    of x by 32 weight rows, the weight rows in panels of 32 over the threads and K in blocks of 2048. 128 and 151 rows
-    end in a tile of 8 and of 7 rows, 144 in whole tiles; 1, 33 and 70 weight rows end in a panel of 1, 1 and 6, 32 is
-    one whole panel; K 2049 is two blocks, the second of 1; K 1 a tile of one outer product. x and weights positive,
-    so that a product left out or counted twice is far outside the bound of every element (check)."""
+    """float32 from 48 rows with AVX-512 is the kernel's GEMM (csrc/cpu/linear_kernel.cpp, gemm_f32): tiles of 12 rows
+    of x by 32 weight rows, x and the weight rows packed 16 x 16 at a time, the weight rows in panels of 32 over the
+    threads and K in blocks of 2048. 128 and 151 rows end in a tile of 8 and of 7 rows, 48 and 144 in whole tiles; 1,
+    33 and 70 weight rows end in a panel of 1, 1 and 6, 32 is one whole panel; K 2049 is two blocks, the second of 1;
+    K 1 a tile of one outer product; K 300 ends in 12 columns of a 16 x 16 packing. x and weights positive, so that a
+    product left out or counted twice is far outside the bound of every element (check)."""
     weight = torch.rand(n, k, dtype=torch.float64).float()
     b = torch.rand(n, dtype=torch.float64).float() if bias else None
     check(torch.rand(rows, k), weight, b)
