@@ -84,7 +84,8 @@ std::vector<StreamPrefetchState> stream_prefetch_states() {
 }
 
 namespace {
-// float32 x in rows of more than kLongK features goes to ATen's GEMM above kLongKRows rows (see use_kernel).
+// Below AVX-512, float32 x in rows of more than kLongK features goes to ATen's GEMM above kLongKRows rows (see
+// use_kernel).
 constexpr int64_t kLongK = 6144, kLongKRows = 128;
 
 // Whether `rows` rows of x of `in_features` take our kernel (linear_kernel.cpp), by dtype; more rows (prefill) go to
@@ -92,15 +93,15 @@ constexpr int64_t kLongK = 6144, kLongKRows = 128;
 // benchmarks/bench_linear.py has the crossover rows, benchmarks/results/cpu_kernel_notes_2026-11-28.md, use_gemv, the
 // measurements):
 // - float32: every row count (the weight-streaming kernel is faster than ATen's GEMM even with the weight cached
-//   across calls, and with AVX-512 from 48 rows the kernel's own GEMM is faster still), except for rows of more than
-//   kLongK features: there 32 rows of x no longer stay in L2 beside the weights, and above kLongKRows rows ATen's GEMM
-//   is as fast or faster;
+//   across calls, and with AVX-512 from 48 rows the kernel's own GEMM is faster still, 3x ATen's at K 11008), except
+//   below AVX-512 for rows of more than kLongK features: there 32 rows of x no longer stay in L2 beside the weights,
+//   and above kLongKRows rows ATen's GEMM is as fast or faster;
 // - float16: every row count (ATen's float16 GEMM is several times slower still);
 // - bfloat16 with AVX-512 BF16 dot products (has_avx512_bf16): up to 8 rows always (one pass over 2 weight rows at a
 //   time), then up to 28 while x is at most 64 KiB in rows of at most 4 KiB (K <= 2048); widening bfloat16 instead,
 //   up to 2 rows.
 bool use_kernel(at::ScalarType dtype, int64_t rows, int64_t in_features) {
-  if (dtype == at::kFloat) return in_features <= kLongK || rows <= kLongKRows;
+  if (dtype == at::kFloat) return best_isa() == kAvx512 || in_features <= kLongK || rows <= kLongKRows;
   if (dtype != at::kBFloat16) return true;
   if (!has_avx512_bf16()) return rows <= 2;
   return rows <= 8 || (rows <= 28 && in_features <= 2048 && rows * in_features * 2 <= (int64_t(64) << 10));

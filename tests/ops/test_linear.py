@@ -1,7 +1,8 @@
 """ops.linear against a float64 reference, each output element within the dot-product error bound of its dtype (both
-CPU paths: our kernel up to gemv_rows rows, ATen's GEMM above; float16, and float32 up to K 6144, the kernel at every
-row count, weight streaming in calls of 32 rows, with AVX-512 a GEMM of its own for float32 from 48 rows), dtypes,
-layouts, edge shapes, every CPU ISA level, opcheck, gradcheck, torch.compile, bad input, and the CUDA glue's cases."""
+CPU paths: our kernel up to gemv_rows rows, ATen's GEMM above; float16, and float32 up to K 6144 (with AVX-512 every
+K), the kernel at every row count, weight streaming in calls of 32 rows, with AVX-512 a GEMM of its own for float32
+from 48 rows), dtypes, layouts, edge shapes, every CPU ISA level, opcheck, gradcheck, torch.compile, bad input, and the
+CUDA glue's cases."""
 import math
 
 import pytest
@@ -22,11 +23,12 @@ REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3, torch
 
 def gemv_rows(dtype, k):
     """The most rows of x of k features that take the CPU kernel (csrc/cpu/linear.cpp: use_kernel); float64 none,
-    float16 every count (math.inf), float32 every count up to K 6144 and 128 rows above."""
+    float16 every count (math.inf), float32 every count with AVX-512 (its GEMM), else up to K 6144 and 128 rows
+    above."""
     if dtype == torch.float64:
         return 0
     if dtype == torch.float32:
-        return math.inf if k <= 6144 else 128
+        return math.inf if k <= 6144 or pytransformer._C.cpu_isa() == "avx512" else 128
     if dtype != torch.bfloat16:
         return math.inf
     if not pytransformer._C.cpu_bf16_dot_products():
@@ -80,7 +82,7 @@ def test_dtypes(device, dtype, rows, k, n):
                                      (torch.float64, 16)])
 def test_cpu_path_by_rows(dtype, k):
     """The kernel takes up to gemv_rows(dtype, k) rows and ATen's GEMM (aten::linear in the profile) the rest; float16
-    every row count, float32 too up to K 6144."""
+    every row count, float32 too up to K 6144 (with AVX-512 at every K: its GEMM)."""
     weight = torch.randn(7, k).to(dtype)
     last = gemv_rows(dtype, k)
     for rows in ({1, 32, 33, 100} if last == math.inf else {1, last, last + 1} - {0}):
