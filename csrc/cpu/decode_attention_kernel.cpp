@@ -116,7 +116,7 @@ template <int ND>
 inline __m512 scores_16(const float* q, int64_t D, const float* k, int64_t k_step, int64_t count, const float* ahead,
                         int64_t ahead_count) {
   const int64_t tail = D - 16 * (ND - 1);  // elements in the last vector, 1 to 16
-  const __mmask16 last = tail >= 16 ? __mmask16(0xFFFF) : static_cast<__mmask16>((1u << tail) - 1);
+  const __mmask16 last = first_lanes(tail);
   const auto load = [&](const float* p, int i) __attribute__((always_inline)) {
     return i + 1 < ND ? _mm512_loadu_ps(p + 16 * i) : _mm512_maskz_loadu_ps(last, p + 16 * i);
   };
@@ -145,10 +145,7 @@ void accumulate_block(float* acc, int64_t Dv, const float* alpha, const float* p
   for (int64_t d0 = 0; d0 < Dv; d0 += 64) {
     __mmask16 mask[4];
 #pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
-      const int64_t left = Dv - d0 - 16 * i;
-      mask[i] = left >= 16 ? __mmask16(0xFFFF) : left > 0 ? static_cast<__mmask16>((1u << left) - 1) : __mmask16(0);
-    }
+    for (int i = 0; i < 4; ++i) mask[i] = first_lanes(Dv - d0 - 16 * i);
     __m512 a[R][4];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r)

@@ -28,6 +28,7 @@
 #include "dot_rows.h"
 #include "isa.h"
 #include "stream_prefetch.h"
+#include "vec_util.h"
 
 namespace pytransformer::cpu {
 inline namespace CPU_CAPABILITY {
@@ -211,9 +212,6 @@ inline int32_t x_quant_max(int64_t K) {
 template <typename xq_t>
 inline void quantize_rows(int64_t M, int64_t K, const float* x, xq_t* q, float* scale, int64_t* offset) {
   const float q_max = static_cast<float>(x_quant_max<xq_t>(K));
-  const auto tail = [K](int64_t k) {  // the elements of K from k in a vector of 16
-    return K - k >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (K - k)) - 1);
-  };
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x + m * K;
     xq_t* qr = q + m * K;
@@ -221,7 +219,7 @@ inline void quantize_rows(int64_t M, int64_t K, const float* x, xq_t* q, float* 
     // the largest |x| as bits: integer order is magnitude order, with inf and NaN above every finite value
     __m512i top = _mm512_setzero_si512();
     for (int64_t k = 0; k < K; k += 16) {
-      const __mmask16 mask = tail(k);
+      const __mmask16 mask = first_lanes(K - k);
       const __m512i bits = _mm512_and_si512(_mm512_maskz_loadu_epi32(mask, xr + k), _mm512_set1_epi32(0x7FFFFFFF));
       top = _mm512_max_epi32(top, bits);
     }
@@ -240,7 +238,7 @@ inline void quantize_rows(int64_t M, int64_t K, const float* x, xq_t* q, float* 
     const __m512 pre_v = _mm512_set1_ps(pre);
     __m512i sum = _mm512_setzero_si512();  // of q, at most 127 * K a lane
     for (int64_t k = 0; k < K; k += 16) {
-      const __mmask16 mask = tail(k);
+      const __mmask16 mask = first_lanes(K - k);
       const __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, xr + k), pre_v), mul);
       const __m512i qv = _mm512_cvtps_epi32(v);
       if constexpr (std::is_same_v<xq_t, int8_t>) {

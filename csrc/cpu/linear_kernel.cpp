@@ -13,6 +13,7 @@
 
 #include "../linear.h"
 #include "gemv.h"
+#include "vec_util.h"
 
 namespace pytransformer::cpu {
 
@@ -47,8 +48,7 @@ struct AlignedFloats {
 // bp's: ap [kc][kGemmMR] and bp [kc][kGemmNR] packed.
 __attribute__((noinline)) void gemm_tile(int64_t kc, const float* ap, const float* bp, float* c, int64_t ldc,
                                          int cols, bool first, const float* bias) {
-  const __mmask16 m0 = cols >= 16 ? 0xffff : (1u << cols) - 1;
-  const __mmask16 m1 = cols >= 32 ? 0xffff : cols <= 16 ? 0 : (1u << (cols - 16)) - 1;
+  const __mmask16 m0 = first_lanes(cols), m1 = first_lanes(cols - 16);
   __m512 acc[kGemmMR][2];
   const __m512 b0 = first && bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
   const __m512 b1 = first && bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
@@ -105,10 +105,10 @@ __attribute__((always_inline)) inline void transpose_16x16(__m512* v) {
 // dst[k * ld + r] = src[r * src_ld + k] for the rows r < width (<= 16) and k < kc, zeros for the rows from `rows` on:
 // rows of src packed as columns, 16 x 16 at a time.
 void pack_columns(const float* src, int64_t src_ld, int64_t rows, int64_t kc, float* dst, int64_t ld, int width) {
-  const __mmask16 store = width >= 16 ? 0xffff : (1u << width) - 1;
+  const __mmask16 store = first_lanes(width);
   for (int64_t k = 0; k < kc; k += 16) {
     const int n = static_cast<int>(std::min<int64_t>(16, kc - k));
-    const __mmask16 load = n == 16 ? 0xffff : (1u << n) - 1;
+    const __mmask16 load = first_lanes(n);
     __m512 v[16];
 #pragma GCC unroll 16
     for (int r = 0; r < 16; ++r)

@@ -25,5 +25,13 @@ const acc_t* widen_row(const T* row, int64_t n, std::vector<acc_t>& buf) {
   }
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// The mask of the first n of a vector's 16 float lanes (none for n <= 0, all from 16): the part of a row from a
+// vector's start that is left, for masked loads and stores.
+inline __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? __mmask16(0xFFFF) : n > 0 ? static_cast<__mmask16>((1u << n) - 1) : __mmask16(0);
+}
+#endif
+
 }  // namespace CPU_CAPABILITY
 }  // namespace pytransformer::cpu

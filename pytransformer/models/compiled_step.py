@@ -88,9 +88,8 @@ def _trace(model: nn.Module, cache: KVCache, inputs: list) -> _Graph:
 def _options(device: torch.device) -> dict:
     """Inductor's options: on the CPU its C++ wrapper; everywhere without size_asserts, the wrapper's check of every
     input's and op output's sizes and strides against the traced ones, which formats its error message's strings
-    before checking (on the CPU about 0.15 ms of a 4.5 ms bfloat16 step of a 12-layer model with 2 threads). The
-    inputs are checked once per generate call instead (_layout, _guards), and the ops' outputs match their fake
-    kernels (tests/ops: opcheck)."""
+    before checking (on the CPU some 50 us a step of a 12-layer model). The inputs are checked once per generate
+    call instead (_layout, _guards), and the ops' outputs match their fake kernels (tests/ops: opcheck)."""
     return {"size_asserts": False} | ({"cpp_wrapper": True} if device.type == "cpu" else {})
 
 
