@@ -81,8 +81,12 @@ class MultiHeadAttention(nn.Module):
             else:
                 bound = cache.max_length  # host-side bound of cache.lengths (None: unknown, read on CUDA)
                 ops.kv_cache_append(cache.k, cache.v, k, v, cache.lengths, max_position=bound)
-                y = ops.decode_attention(q, cache.k, cache.v, cache.visible, window=self.window,
-                                         max_length=None if bound is None else bound + x.shape[1])
+                if bound == 0:  # an empty cache (a prompt): the rows visible are the new ones, causally, and the
+                    # tiled attention kernel computes that in blocks of queries, faster than one query at a time
+                    y = ops.attention(q, k, v, causal=True, window=self.window)
+                else:
+                    y = ops.decode_attention(q, cache.k, cache.v, cache.visible, window=self.window,
+                                             max_length=None if bound is None else bound + x.shape[1])
         else:
             q, k, v = self._qkv(x, context, None)
             y = ops.attention(q, k, v, mask=mask, causal=causal, window=self.window, key_lengths=key_lengths,

@@ -79,6 +79,26 @@ def test_cached_steps_equal_full_causal(rotary, window):
     torch.testing.assert_close(torch.cat(outs, 1), full.detach())
 
 
+@pytest.mark.parametrize("n_kv_heads,window", [(2, None), (1, 3), (4, 8)])
+@torch.no_grad()
+def test_prompt_into_empty_cache_equals_cached_rows_path(n_kv_heads, window):
+    """A prompt into an empty cache (host bound 0) takes ops.attention over its own rows; with the bound unknown the
+    same prompt goes through decode_attention over the cache: both equal the float64 reference and store the same K/V."""
+    m = MultiHeadAttention(32, 4, n_kv_heads, rotary=RotaryEmbedding(8), window=window).double().eval()
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    outs, caches = [], []
+    for bound in (0, None):
+        cache = KVCache(1, 2, n_kv_heads, 8, 9, dtype=torch.float64)
+        cache.max_length = bound
+        outs.append(m(x, cache=cache.layers(7)[0].self_attn))
+        caches.append(cache)
+    reference = reference_mha(m, x, causal=True, positions=torch.arange(7))
+    for out in outs:
+        torch.testing.assert_close(out, reference)
+    torch.testing.assert_close(caches[0].k[0], caches[1].k[0], rtol=0, atol=0)
+    torch.testing.assert_close(caches[0].v[0], caches[1].v[0], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("cross,n_kv_heads,causal,window", [(True, 1, False, None), (False, 2, True, None),
                                                           (False, 4, False, 3)])
 def test_attention_weights_reproduce_forward(cross, n_kv_heads, causal, window):
