@@ -83,7 +83,8 @@ def test_cached_steps_equal_full_causal(rotary, window):
 @torch.no_grad()
 def test_prompt_into_empty_cache_equals_cached_rows_path(n_kv_heads, window):
     """A prompt into an empty cache (host bound 0) takes ops.attention over its own rows; with the bound unknown the
-    same prompt goes through decode_attention over the cache: both equal the float64 reference and store the same K/V."""
+    same prompt goes through decode_attention over the cache: both equal the float64 reference and store the same
+    K/V."""
     m = MultiHeadAttention(32, 4, n_kv_heads, rotary=RotaryEmbedding(8), window=window).double().eval()
     x = torch.randn(2, 7, 32, dtype=torch.float64)
     outs, caches = [], []
