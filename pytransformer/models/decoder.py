@@ -11,6 +11,9 @@ from . import checkpoint
 from .compiled_step import compiled_step, decode_step
 
 
+PREFILL_CHUNK = 512  # tokens of all rows per forward of a prompt (DecoderLM.prefill), as llama.cpp's micro-batch
+
+
 class DecoderLM(nn.Module):
     """Token + position embeddings, a causal TransformerDecoder without cross-attention, an LM head (tied by default)."""
 
@@ -45,9 +48,12 @@ class DecoderLM(nn.Module):
                        dtype=dtype or w.dtype)
 
     def prefill(self, input_ids: Tensor, cache: KVCache, key_lengths: Tensor | None = None) -> Tensor:
-        """Run a prompt [B, L] (right-padded to key_lengths [B]) into the cache -> hidden states [B, L, d_model]; a
-        rolling cache takes it in chunks of `window` tokens, so a prompt of any length needs O(window) memory."""
-        chunk = cache.capacity if is_rolling(cache.capacity, self.config.window) else input_ids.shape[1]
+        """Run a prompt [B, L] (right-padded to key_lengths [B]) into the cache -> hidden states [B, L, d_model], in
+        chunks of PREFILL_CHUNK // B tokens of every row (of `window` tokens for a rolling cache): the activations of
+        one chunk at a time, so that the transient memory of a long prompt or a large batch is that of a chunk, at
+        the speed of one forward (matrix products of hundreds of rows run at the rate of thousands)."""
+        rolling = is_rolling(cache.capacity, self.config.window)
+        chunk = cache.capacity if rolling else max(1, PREFILL_CHUNK // input_ids.shape[0])
         hidden = []
         for start in range(0, input_ids.shape[1], chunk):
             part = input_ids[:, start:start + chunk]

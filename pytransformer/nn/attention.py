@@ -81,9 +81,9 @@ class MultiHeadAttention(nn.Module):
             else:
                 bound = cache.max_length  # host-side bound of cache.lengths (None: unknown, read on CUDA)
                 ops.kv_cache_append(cache.k, cache.v, k, v, cache.lengths, max_position=bound)
-                if bound == 0:  # an empty cache (a prompt): the rows visible are the new ones, causally, and the
-                    # tiled attention kernel computes that in blocks of queries, faster than one query at a time
-                    y = ops.attention(q, k, v, causal=True, window=self.window)
+                if cache.length is not None and x.shape[1] > 1:  # a prompt or a chunk of one, after `length`
+                    n = cache.length + x.shape[1]  # rows in every row: tiled attention over the first n, bottom-right
+                    y = ops.attention(q, cache.k[:, :, :n], cache.v[:, :, :n], causal=True, window=self.window)
                 else:
                     y = ops.decode_attention(q, cache.k, cache.v, cache.visible, window=self.window,
                                              max_length=None if bound is None else bound + x.shape[1])

@@ -23,6 +23,9 @@ class AttentionCache(NamedTuple):
     # as max_position / max_length, so that on CUDA they check it instead of reading the lengths back (a stream
     # synchronisation per layer per token).
     max_length: int | None = None
+    # The host-side count every row holds when all hold the same (the bound is then exact), else None: the step's L
+    # new tokens then attend to the first length + L rows of k/v, the same in every row (MultiHeadAttention).
+    length: int | None = None
 
 
 class LayerCache(NamedTuple):
@@ -38,8 +41,10 @@ class KVCache:
     `lengths` [B] lives on the cache's device (the kernels read it there); beside it `max_length`, a host-side int
     bound of it, kept by advance/reset, lets the CUDA kernels check for overflow without reading the lengths back: an
     eager decode loop then has no stream synchronisation per token. Inside torch.compile the bound is dropped (None:
-    unknown, so nothing is specialised on it) and later calls read the lengths as before. Writing `lengths` directly
-    breaks the bound: call reset() or set `max_length` (None if unknown) too.
+    unknown, so nothing is specialised on it) and later calls read the lengths as before. `uniform` says whether every
+    row holds exactly max_length tokens (a prompt without padding, and the tokens after it): a prompt's later chunks
+    then attend through the tiled attention kernel over the rows before them. Writing `lengths` directly breaks both:
+    call reset() or set `max_length` (None if unknown) too.
 
     The window of sliding-window attention is the attention's alone: a self-attention cache of exactly `window` rows is
     a rolling buffer for it (position i in row i % window, see is_rolling), so a sequence of any length needs only
@@ -53,6 +58,7 @@ class KVCache:
         self.v = [torch.zeros(shape, **factory) for _ in range(n_layers)]
         self.lengths = torch.zeros(batch_size, dtype=torch.int64, device=device)  # [B] tokens held per row
         self.max_length: int | None = 0  # host-side bound of lengths
+        self.uniform = True  # every row holds max_length tokens
         # Cross-attention K/V of the encoder output, written once by TransformerDecoder.cache_memory.
         mem_shape = (batch_size, n_kv_heads, memory_length, head_dim)
         self.cross_k = [torch.zeros(mem_shape, **factory) for _ in range(n_layers)] if memory_length else None
@@ -69,13 +75,14 @@ class KVCache:
         tokens of every row (their positions and the visible rows computed once, shared by all layers)."""
         positions = self.positions(length)
         visible = self.lengths + length
+        exact = self.max_length if self.uniform else None
         entries = []
         for i in range(len(self.k)):
             cross = None
             if self.cross_k is not None:
                 cross = AttentionCache(self.cross_k[i], self.cross_v[i], self.memory_lengths, True)
             entries.append(LayerCache(AttentionCache(self.k[i], self.v[i], self.lengths, False, positions, visible,
-                                                     self.max_length), cross))
+                                                     self.max_length, exact), cross))
         return entries
 
     def positions(self, length: int) -> Tensor:
@@ -86,6 +93,7 @@ class KVCache:
         """Count n more tokens per row (an int, or [B] for padded prompts), in place; `most` bounds n's largest value
         on the host (default: n itself, or n.max() read back for a tensor)."""
         self.lengths.add_(n)
+        self.uniform = self.uniform and isinstance(n, int)
         if torch.compiler.is_compiling():
             self.max_length = None
         elif self.max_length is not None:
@@ -99,7 +107,7 @@ class KVCache:
     def reset(self) -> None:
         """Empty every row (the stored K/V are simply overwritten later)."""
         self.lengths.zero_()
-        self.max_length = 0
+        self.max_length, self.uniform = 0, True
 
 
 def is_rolling(capacity: int, window: int | None) -> bool:

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pytransformer.models import DecoderLM, gpt2_small
+from pytransformer.models import DecoderLM, decoder, gpt2_small
 from tests.helpers import assert_compiled_training_step_matches
 
 V = 64
@@ -44,6 +44,24 @@ def test_cached_logits_match_full_forward():
     with torch.no_grad():
         steps = torch.cat([model(ids[:, :4], cache=cache)] + [model(ids[:, t:t + 1], cache=cache) for t in range(4, 9)], 1)
         torch.testing.assert_close(steps, model(ids), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("overrides,padded", [({}, False), ({"positional": "rotary", "window": 5}, False),
+                                              ({"positional": "rotary", "n_kv_heads": 2}, True)])
+def test_prefill_in_chunks_equals_one_forward(monkeypatch, overrides, padded):
+    """A prompt of several PREFILL_CHUNKs (and a partial one): each chunk attends to the rows of those before it,
+    through the tiled kernel while every row holds the same count, after a padded chunk through decode_attention."""
+    monkeypatch.setattr(decoder, "PREFILL_CHUNK", 4)
+    model = tiny(**overrides)
+    ids = torch.randint(0, V, (3, 11))
+    lengths = torch.tensor([11, 6, 9]) if padded else None
+    cache = model.new_cache(3, 12)
+    with torch.no_grad():
+        hidden = model.prefill(ids, cache, lengths)
+        for b in range(3):
+            n = 11 if lengths is None else int(lengths[b])
+            torch.testing.assert_close(hidden[b, :n], model.hidden(ids[b:b + 1, :n])[0], atol=1e-5, rtol=1e-5)
+    assert cache.uniform != padded and cache.lengths.tolist() == ([11] * 3 if lengths is None else lengths.tolist())
 
 
 def test_padded_prompts_equal_single_prompts():
