@@ -1,29 +1,47 @@
-"""compiled_step: a model's cached decoding step as one graph compiled by Inductor, run without Dynamo.
+"""compiled_step: a model's cached decoding step compiled ahead of time by AOTInductor, in a child process.
 
-The step, model(tok, cache=cache)[:, -1], is traced once by make_fx over fake inputs whose only dynamic size is the
-cache's capacity, so one graph serves every prompt length and max_new_tokens; Inductor compiles it (on the CPU with
-its C++ wrapper, so no Python runs between kernels). A step then calls the compiled code directly: there are no
-per-call guard checks or argument gathering, which torch.compile's Dynamo front end spends on every call (about
-0.6 ms a token for a 12-layer model with 2 CPU threads, 8% of a bfloat16 step).
+The step, model(tok, cache=cache)[:, -1], is exported (torch.export, non-strict) with the cache's capacity as its only
+dynamic size, so one package serves every prompt length and max_new_tokens; AOTInductor compiles it into a shared
+library without the weights (on the CPU a C++ wrapper around the kernels: no Python runs between them). A step then
+calls the library through PyTorch's C++ loader, with the model's own parameters and buffers as its constants (the same
+tensors, not copies: in-place updates are seen). There are no per-call guard checks or argument gathering, which
+torch.compile's Dynamo front end spends on every call (about 0.6 ms a token for a 12-layer model with 2 CPU threads).
 
-In their place, each compiled_step call (once per generation) checks what a graph was traced for: the model's
-parameters and buffers (the same tensor objects, used as constants, so in-place updates are seen and a replaced
-tensor means new graphs), its train mode, the shapes, dtypes, devices and layout of the token and cache tensors
-apart from the capacity, and the capacity against the shape guards recorded by tracing (a rolling cache, whose
-capacity is the attention's window, gets its own graph). Python attributes that the forward reads, such as a
-config's fields, are traced as constants: change them and build a new model. Every batch size has its own graph.
+The export and the compile run in a child process (`python -m pytransformer.models.compiled_step`), handed a copy of
+the model on the meta device (its modules, attributes, shapes and dtypes; no weights). So the process that generates
+never imports Dynamo or Inductor, whose modules and compile-time memory come to some 110 MiB, more than a 12-layer
+model's activations and cache: it holds the library, a few MiB. Packages are kept in a directory
+(PYTRANSFORMER_CACHE, default ~/.cache/pytransformer) under a hash of what they were compiled from: the meta model,
+the token and cache layouts, torch's version and CPU capability, and this package's files. A later process with a model
+of the same structure and batch size loads its package in a fraction of a second instead of compiling (tens of
+seconds; Inductor needs a C++ compiler on the CPU).
+
+Each compiled_step call (once per generation) checks what a package was compiled for: the model's structure (the meta
+copy's hash), the shapes, dtypes, devices and layout of the token and cache tensors apart from the capacity, and the
+capacity against the range it was exported for. A model's attention windows split the capacities: a rolling cache
+(capacity == window) branches differently, so the range runs between the windows (and 2, as sizes 0 and 1 are
+specialised), and a capacity that is a window, or below 2, gets a package of that capacity alone. Python attributes
+that the forward reads, such as a config's fields, are compiled as constants: change them and the hash changes.
+Every batch size has its own package.
 """
+import copy
+import functools
+import hashlib
+import io
 import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import weakref
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor, nn
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP, DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-from ..nn import KVCache
+from ..nn import KVCache, MultiHeadAttention
 
 _CAPACITY = 2  # the dynamic dimension of the [B, Hkv, capacity, D] cache tensors
 _FIRST_KV = 2  # the index of the first cache tensor in the step's inputs (_inputs)
@@ -34,104 +52,184 @@ def decode_step(model: nn.Module, tok: Tensor, cache: KVCache) -> Tensor:
     return model(tok, cache=cache)[:, -1]
 
 
-class _Graph(NamedTuple):
-    layout: tuple  # the inputs it was traced for, apart from the capacity (_layout)
-    fits: Callable[[list], bool]  # whether inputs meet the shape guards on the capacity (_guards)
-    run: Callable
+class _Step(nn.Module):
+    """decode_step over the cache tensors as arguments: step(tok, lengths, *k, *v) -> logits [B, vocab]."""
+
+    def __init__(self, model: nn.Module, n_layers: int):
+        super().__init__()
+        self.model, self.n_layers = model, n_layers
+
+    def forward(self, tok: Tensor, lengths: Tensor, *kv: Tensor) -> Tensor:
+        cache = KVCache.__new__(KVCache)
+        cache.__dict__.update(lengths=lengths, k=list(kv[:self.n_layers]), v=list(kv[self.n_layers:]), max_length=None,
+                              uniform=False, cross_k=None, cross_v=None, memory_lengths=None)
+        return decode_step(self.model, tok, cache)
 
 
-# model -> (its tensors' identities (_tensors), the graphs traced with them): a graph holds the tensors as constants,
-# so graphs of replaced tensors go with them.
-_GRAPHS = weakref.WeakKeyDictionary()
+class _Package(NamedTuple):
+    capacities: tuple[int, int]  # the capacity range it serves, inclusive
+    loader: object  # torch._C._aoti.AOTIModelPackageLoader
+
+
+# model -> its loaded packages: a loader holds the model's tensors as constants, so it goes with the model.
+_PACKAGES = weakref.WeakKeyDictionary()
 
 
 def _inputs(tok: Tensor, cache: KVCache) -> list:
     return [tok, cache.lengths, *cache.k, *cache.v]
 
 
-def _tensors(model: nn.Module) -> tuple:
-    return tuple((id(t), t.shape, t.dtype, t.device) for t in itertools.chain(model.parameters(), model.buffers()))
-
-
-def _layout(model: nn.Module, inputs: list) -> tuple:
-    """The train mode, and each input's shape, dtype, device and contiguity, the capacity of the cache tensors only as
-    whether it is below 2 (sizes 0 and 1 are traced as constants)."""
+def _layout(inputs: list) -> list:
+    """Each input's shape (the cache tensors' capacity left out), dtype and device (the package is compiled for
+    contiguous inputs, which compiled_step checks)."""
     def shape(i, t):
-        if i < _FIRST_KV:
-            return tuple(t.shape)
-        return (*t.shape[:_CAPACITY], t.shape[_CAPACITY] < 2, *t.shape[_CAPACITY + 1:])
-    return model.training, tuple((shape(i, t), t.dtype, t.device, t.is_contiguous()) for i, t in enumerate(inputs))
+        return list(t.shape) if i < _FIRST_KV else [*t.shape[:_CAPACITY], *t.shape[_CAPACITY + 1:]]
+    return [[shape(i, t), str(t.dtype), str(t.device)] for i, t in enumerate(inputs)]
 
 
-def _trace(model: nn.Module, cache: KVCache, inputs: list) -> _Graph:
-    shape_env = ShapeEnv()
-    mode = FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=True)  # the model's tensors stay real
+def _capacities(model: nn.Module, capacity: int) -> tuple[int, int]:
+    """The range of capacities around `capacity` that one package serves: between the attention windows (a capacity
+    equal to one is a rolling cache), from 2 (sizes 0 and 1 are specialised); a window or a size below 2 alone."""
+    windows = {m.window for m in model.modules() if isinstance(m, MultiHeadAttention) and m.window is not None}
+    if capacity < 2 or capacity in windows:
+        return capacity, capacity
+    return max([2] + [w + 1 for w in windows if w < capacity]), min([sys.maxsize] + [w - 1 for w in windows
+                                                                                   if w > capacity])
 
-    def fake(i, t):
-        sizes = [DimDynamic.DUCK if i >= _FIRST_KV and d == _CAPACITY else DimDynamic.STATIC for d in range(t.dim())]
-        return mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
 
-    placeholders = [fake(i, t) for i, t in enumerate(inputs)]
-    n = len(cache.k)
+def _meta_copy(model: nn.Module) -> nn.Module:
+    """The model with every parameter and buffer on the meta device (shapes and dtypes kept), nothing copied."""
+    memo = {}
+    for t in _tensors(model).values():
+        meta = torch.empty_like(t, device="meta")
+        memo[id(t)] = nn.Parameter(meta, t.requires_grad) if isinstance(t, nn.Parameter) else meta
+    return copy.deepcopy(model, memo)
 
-    def step(tok, lengths, *kv):
-        view = KVCache.__new__(KVCache)
-        view.__dict__.update(cache.__dict__, lengths=lengths, k=list(kv[:n]), v=list(kv[n:]), max_length=None)
-        return decode_step(model, tok, view)
 
-    with torch.no_grad():
-        gm = make_fx(step, tracing_mode="symbolic", _allow_non_fake_inputs=True)(*placeholders)
-        run = torch._inductor.compile(gm, inputs, options=_options(inputs[0].device))
-    return _Graph(_layout(model, inputs), _guards(shape_env, placeholders), run)
+def _tensors(model: nn.Module) -> dict[str, Tensor]:
+    """Every parameter and buffer under each of its names (a tied or shared one under all), as the step names them."""
+    named = itertools.chain(model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False))
+    return {f"model.{name}": t for name, t in named}
+
+
+@functools.cache
+def _code_stamp() -> str:
+    """This package's files (path, size, modification time) and torch's version and CPU capability, hashed."""
+    root = Path(__file__).resolve().parents[1]
+    files = sorted(p for p in root.rglob("*") if p.suffix in (".py", ".so", ".pyd"))
+    stamp = [(str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    stamp += [torch.__version__, torch.backends.cpu.get_cpu_capability()]
+    return hashlib.sha256(repr(stamp).encode()).hexdigest()
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("PYTRANSFORMER_CACHE", Path.home() / ".cache" / "pytransformer")) / "compiled"
+
+
+def _spec(model: nn.Module, inputs: list, capacities: tuple[int, int]) -> tuple[str, bytes]:
+    """The key of a package (the meta model as a step, the inputs' layout apart from the capacity, the capacity range
+    and _code_stamp, hashed) and the child's input (the step and the inputs' shapes and dtypes)."""
+    step = io.BytesIO()
+    torch.save(_Step(_meta_copy(model), (len(inputs) - _FIRST_KV) // 2), step)
+    described = json.dumps([_layout(inputs), capacities, _code_stamp()]).encode()
+    key = hashlib.sha256(step.getvalue() + described).hexdigest()[:32]
+    spec = io.BytesIO()
+    torch.save({"step": step.getvalue(), "inputs": [(list(t.shape), t.dtype) for t in inputs],
+                "capacities": capacities, "device": str(inputs[0].device)}, spec)
+    return key, spec.getvalue()
 
 
 def _options(device: torch.device) -> dict:
-    """Inductor's options: on the CPU its C++ wrapper; everywhere without size_asserts, the wrapper's check of every
-    input's and op output's sizes and strides against the traced ones, which formats its error message's strings
-    before checking (on the CPU some 50 us a step of a 12-layer model). The inputs are checked once per generate
-    call instead (_layout, _guards), and the ops' outputs match their fake kernels (tests/ops: opcheck)."""
-    return {"size_asserts": False} | ({"cpp_wrapper": True} if device.type == "cpu" else {})
+    """AOTInductor's options: the weights left out of the library (the model's own tensors are its constants), and no
+    size_asserts, a check of every input's and op output's sizes and strides against the traced ones, which formats its
+    error message's strings before checking (some 50 us a step of a 12-layer model on the CPU). The inputs are checked
+    once per generate call instead (_layout, _capacities), and the ops' outputs match their fake kernels (opcheck)."""
+    return {"aot_inductor.package_constants_in_so": False, "size_asserts": False}
 
 
-def _guards(shape_env: ShapeEnv, placeholders: list) -> Callable[[list], bool]:
-    """Whether inputs meet the shape guards recorded while tracing and compiling: the ShapeEnv's own guard
-    expression over the placeholders (what evaluate_guards_for_args evaluates), compiled once, as producing and
-    compiling it from its text took 2.8 ms a generate call (a 12-layer model)."""
-    code = shape_env.produce_guards_expression(placeholders)
-    if not code:
-        return lambda inputs: True
-    expression = compile(code, "<compiled_step guards>", "eval")
-    return lambda inputs: eval(expression, SYMPY_INTERP, {"L": {f"t{i}": t for i, t in enumerate(inputs)}})
+def _compile(spec_path: str, package_path: str) -> None:
+    """The child process: export the step of the meta model (made real but uninitialised) and compile it."""
+    spec = torch.load(spec_path, weights_only=False)
+    device = torch.device(spec["device"])
+    step = torch.load(io.BytesIO(spec["step"]), weights_only=False).to_empty(device=device)
+    inputs = tuple(torch.zeros(shape, dtype=dtype, device=device) if i < _FIRST_KV else
+                   torch.empty(shape, dtype=dtype, device=device) for i, (shape, dtype) in enumerate(spec["inputs"]))
+    low, high = spec["capacities"]
+    if low == high:
+        dims = tuple(None for _ in inputs[_FIRST_KV:])
+    else:
+        capacity = torch.export.Dim("capacity", min=low, max=None if high == sys.maxsize else high)
+        dims = tuple({_CAPACITY: capacity} for _ in inputs[_FIRST_KV:])
+    with torch.no_grad():
+        program = torch.export.export(step, inputs, dynamic_shapes=(None, None, dims), strict=False)
+    torch._inductor.aoti_compile_and_package(program, package_path=package_path, inductor_configs=_options(device))
+
+
+def _build(key: str, spec: bytes) -> Path:
+    """The package of `key`, compiled by a child process unless the cache directory has it."""
+    path = _cache_dir() / f"{key}.pt2"
+    if path.exists():
+        return path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RuntimeError(f"compiled_step: cannot write compiled steps to {path.parent} ({e}); set "
+                           "PYTRANSFORMER_CACHE to a writable directory") from e
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        spec_path, package = Path(tmp) / "spec.pt", Path(tmp) / "step.pt2"
+        spec_path.write_bytes(spec)
+        env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        done = subprocess.run([sys.executable, "-m", __name__, str(spec_path), str(package)], env=env,
+                              capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"compiled_step: compiling the decoding step failed:\n{done.stderr[-4000:]}")
+        os.replace(package, path)  # atomic: another process sees the whole package or none
+    return path
+
+
+def _load(path: Path, device: torch.device):
+    index = -1 if device.type == "cpu" else (device.index if device.index is not None else torch.cuda.current_device())
+    return torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, index)
+
+
+def _package(model: nn.Module, inputs: list) -> tuple[_Package, list]:
+    """The model's package for these inputs, its constants set to the model's tensors (returned: the package refers
+    to them without holding them)."""
+    capacities = _capacities(model, inputs[_FIRST_KV].shape[_CAPACITY])
+    key, spec = _spec(model, inputs, capacities)
+    packages = _PACKAGES.setdefault(model, {})
+    if key not in packages:
+        packages[key] = _Package(capacities, _load(_build(key, spec), inputs[0].device))
+    tensors, loader = _tensors(model), packages[key].loader
+    constants = {name: tensors[name] for name in loader.get_constant_fqns()}
+    loader.load_constants(constants, False, True, True)  # not the inactive buffer, all of them, user-managed
+    return packages[key], list(constants.values())
 
 
 def compiled_step(model: nn.Module, cache: KVCache) -> Callable[[Tensor], Tensor]:
-    """decode_step(model, tok, cache) as one compiled graph (see the module's docstring): the returned step(tok)
-    traces and compiles it on its first call unless a graph of this model fits (tens of seconds; Inductor needs a C++
-    compiler on the CPU), and from then on runs it directly with the same cache tensors and tokens of tok's shape.
-    The cache's host-side length bound is dropped, as the compiled kernels read the lengths (KVCache). A cache with
-    cross-attention entries is a ValueError: the graph would hold them as constants."""
+    """decode_step(model, tok, cache) as one compiled library (see the module's docstring): the returned step(tok)
+    loads or compiles the package for this model structure, batch and capacity on its first call (tens of seconds
+    when compiled; Inductor needs a C++ compiler on the CPU), and from then on runs it directly with the same cache
+    tensors and tokens of tok's shape. The cache's host-side length bound is dropped, as the compiled kernels read
+    the lengths (KVCache). A cache with cross-attention entries is a ValueError: its tensors would be constants."""
     if cache.cross_k is not None:
         raise ValueError("cache: compiled_step takes a self-attention cache (no cross-attention entries)")
+    if not all(t.is_contiguous() for t in _inputs(cache.lengths, cache)):
+        raise ValueError("cache: compiled_step takes contiguous cache tensors (as KVCache makes them)")
     cache.max_length = None
-    inputs, run = [], None
+    inputs, run, constants = [], None, []
 
     def step(tok: Tensor) -> Tensor:
         nonlocal run
         if run is None:
             inputs.extend(_inputs(tok, cache))
-            run = _graph(model, cache, inputs).run
-        inputs[0] = tok
-        return run(*inputs)
+            package, held = _package(model, inputs)
+            constants.extend(held)  # alive while the step is, should the model's attributes be replaced
+            run = package.loader.run
+        inputs[0] = tok.contiguous()
+        return run(inputs)[0]
     return step
 
 
-def _graph(model: nn.Module, cache: KVCache, inputs: list) -> _Graph:
-    tensors = _tensors(model)
-    if model not in _GRAPHS or _GRAPHS[model][0] != tensors:
-        _GRAPHS[model] = tensors, []
-    graphs, layout = _GRAPHS[model][1], _layout(model, inputs)
-    for g in graphs:
-        if g.layout == layout and g.fits(inputs):
-            return g
-    graphs.append(_trace(model, cache, inputs))
-    return graphs[-1]
+if __name__ == "__main__":
+    _compile(sys.argv[1], sys.argv[2])

@@ -1,7 +1,5 @@
 """DecoderLM: cached generation equals uncached (every norm, GQA, rotary/window), padded prompts, sampling, beam
 search, GPT-2 import, torch.compile of a training step and of a cached decode step."""
-import gc
-import weakref
 
 import pytest
 import torch
@@ -174,14 +172,14 @@ def test_nan_embedding_does_not_reach_earlier_tokens():
 
 @torch.no_grad()
 def test_generate_compiled_equals_eager():
-    """generate(compile=True): the tokens of eager decoding (greedy and beam search), from one compiled graph for
+    """generate(compile=True): the tokens of eager decoding (greedy and beam search), from one compiled package for
     every prompt length and max_new_tokens of a batch size (the cache's capacity is dynamic)."""
-    from pytransformer.models.compiled_step import _GRAPHS
+    from pytransformer.models.compiled_step import _PACKAGES
     model = tiny(positional="rotary", activation="swiglu", norm_type="rmsnorm", norm="pre", n_kv_heads=2)
     for length, new in ((5, 7), (9, 12), (3, 4)):
         prompt = torch.randint(0, V, (2, length))
         assert torch.equal(model.generate(prompt, new, compile=True), model.generate(prompt, new))
-    assert len(_GRAPHS[model][1]) == 1
+    assert len(_PACKAGES[model]) == 1
     prompt = torch.randint(0, V, (1, 4))
     assert torch.equal(model.generate(prompt, 6, beam_size=2, compile=True), model.generate(prompt, 6, beam_size=2))
     rolling = tiny(positional="rotary", window=4)  # a cache of `window` rows: the rolling buffer
@@ -190,38 +188,57 @@ def test_generate_compiled_equals_eager():
 
 
 @torch.no_grad()
-def test_compiled_step_is_traced_again_for_what_its_graph_did_not_see():
-    """compile=True reuses a graph only for the tensors, batch and capacity guards it was traced for: a replaced
-    weight, another batch size and a rolling cache (capacity == window) get graphs of their own, while an in-place
-    update of a weight is seen by the same graph; the tokens are always eager decoding's."""
-    from pytransformer.models.compiled_step import _GRAPHS
+def test_compiled_step_packages_and_constants():
+    """compile=True reuses a package for the model structure, batch and capacity range it was compiled for: a rolling
+    cache (capacity == window) and another batch size get packages of their own, a model of the same structure loads
+    the same package file (no compile), and the package's constants are the model's tensors: an in-place update
+    and a replaced weight are both seen. The tokens are always eager decoding's."""
+    from pytransformer.models import compiled_step
     model = tiny(positional="rotary", window=4)
     prompt = torch.randint(0, V, (2, 1))
 
-    def same(prompt, new):
+    def same(model, prompt, new):
         assert torch.equal(model.generate(prompt, new, compile=True), model.generate(prompt, new))
 
-    same(prompt, 2)  # capacity 3: positions in order
-    same(torch.randint(0, V, (2, 6)), 9)  # capacity 4 == window: the rolling buffer
-    assert len(_GRAPHS[model][1]) == 2
+    same(model, prompt, 2)  # capacity 3: positions in order
+    same(model, torch.randint(0, V, (2, 6)), 9)  # capacity 4 == window: the rolling buffer
+    assert [p.capacities for p in compiled_step._PACKAGES[model].values()] == [(2, 3), (4, 4)]
     fc2 = model.decoder.layers[1].ff.fc2
-    fc2.weight.mul_(-3)  # in place: the same graph sees it
-    same(prompt, 2)
-    assert len(_GRAPHS[model][1]) == 2
-    old = weakref.ref(fc2.weight)
-    fc2.weight = torch.nn.Parameter(torch.randn_like(fc2.weight) * 3)  # a new tensor: new graphs, the old ones go
-    same(prompt, 2)
-    gc.collect()  # a graph's modules refer to each other
-    assert len(_GRAPHS[model][1]) == 1 and old() is None
-    same(torch.randint(0, V, (3, 1)), 2)  # another batch size
-    assert len(_GRAPHS[model][1]) == 2
+    fc2.weight.mul_(-3)  # in place
+    same(model, prompt, 2)
+    fc2.weight = torch.nn.Parameter(torch.randn_like(fc2.weight) * 3)  # a new tensor: the same package's constant
+    same(model, prompt, 2)
+    assert len(compiled_step._PACKAGES[model]) == 2
+    same(model, torch.randint(0, V, (3, 1)), 2)  # another batch size
+    assert len(compiled_step._PACKAGES[model]) == 3
+    twin = tiny(positional="rotary", window=4)
+    builds = []
+    build = compiled_step._build
+    compiled_step._build = lambda key, spec: builds.append(key) or build(key, spec)
+    try:
+        same(twin, prompt, 2)
+    finally:
+        compiled_step._build = build
+    assert builds == [next(iter(compiled_step._PACKAGES[model]))]
+    assert (compiled_step._cache_dir() / f"{builds[0]}.pt2").exists()
 
 
-def test_compiled_step_refuses_a_cache_with_cross_attention():
+def test_compiled_step_refuses_what_it_cannot_compile(monkeypatch, tmp_path):
+    """A cache with cross-attention entries or non-contiguous tensors is a ValueError; a cache directory that cannot
+    be written is a RuntimeError naming PYTRANSFORMER_CACHE."""
     from pytransformer.models.compiled_step import compiled_step
     from pytransformer.nn import KVCache
     with pytest.raises(ValueError, match="cache: compiled_step takes a self-attention cache"):
         compiled_step(tiny(), KVCache(2, 1, 4, 8, 6, memory_length=3))
+    model = tiny()
+    cache = model.new_cache(1, 6)
+    cache.k[1] = cache.k[1].transpose(2, 3)
+    with pytest.raises(ValueError, match="cache: compiled_step takes contiguous cache tensors"):
+        compiled_step(model, cache)
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("PYTRANSFORMER_CACHE", str(tmp_path / "file"))
+    with pytest.raises(RuntimeError, match="PYTRANSFORMER_CACHE"):
+        model.generate(torch.randint(0, V, (1, 3)), 2, compile=True)
 
 
 def test_generate_compiled_needs_the_cache():
