@@ -67,13 +67,18 @@ def _materialize(model: nn.Module, device, mapped: dict) -> None:
                 if id(p) not in fresh:
                     keep.append(p)  # holds the meta parameter alive, so ids stay unique
                     data = mapped.get(names[id(p)])
-                    fresh[id(p)] = nn.Parameter(torch.empty_like(p, device=device) if data is None else data,
-                                                p.requires_grad)
+                    fresh[id(p)] = nn.Parameter(_empty(p, device) if data is None else data, p.requires_grad)
                 m._parameters[name] = fresh[id(p)]
         for name, b in m._buffers.items():
             if b is not None:
-                m._buffers[name] = torch.empty_like(b, device=device)
+                m._buffers[name] = _empty(b, device)
     model.to(device)  # moves nothing; recomputes the derived buffers (nn.positional)
+
+
+def _empty(t: torch.Tensor, device) -> torch.Tensor:
+    """Uninitialised storage for meta tensor t: torch.empty, as empty_like of a meta tensor runs a Python reference
+    that imports torch's symbolic shapes (sympy, some 30 MiB)."""
+    return torch.empty(t.shape, dtype=t.dtype, device=device)
 
 
 def _list(names) -> str:

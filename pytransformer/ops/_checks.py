@@ -11,7 +11,12 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def check(cond, message: str) -> None:
-    """ValueError(message) unless cond."""
+    """ValueError(message) unless cond. A plain bool is decided here: torch._check_value imports torch's symbolic
+    shapes (sympy, some 30 MiB) on its first call, which only a symbolic condition (tracing) needs."""
+    if isinstance(cond, bool):
+        if not cond:
+            raise ValueError(message)
+        return
     torch._check_value(cond, lambda: message)
 
 

@@ -424,14 +424,15 @@ def test_rows_of_a_file_tensor(tmp_path):
 @pytest.mark.parametrize("name", ["llama3", "gpt2"])  # rotary, RMSNorm; learned positions, LayerNorm, biases
 def test_loading_runs_no_meta_reference_kernels(saved, name):
     """The model is built on the meta device without its random initialisers and with the derived buffers computed
-    on the CPU: arithmetic on meta tensors would run Python reference kernels whose first use imports torch._dynamo
-    (tens of MiB of resident memory, in a process that only loads and generates). A fresh process loads float32 and
-    int8 models and generates without importing it."""
+    on the CPU: arithmetic on meta tensors would run Python reference kernels whose first use imports torch._dynamo,
+    and torch._check_value or empty_like of a meta tensor torch's symbolic shapes (sympy): tens of MiB of resident
+    memory, in a process that only loads and generates. A fresh process loads float32 and int8 models and generates,
+    eager and compiled (the compile runs in a child process), without importing either."""
     import subprocess
     path = saved[name][1]
     script = ("import sys, torch\nfrom pytransformer.models import DecoderLM\n"
               f"for q in (False, True):\n    m = DecoderLM.from_pretrained({str(path)!r}, quantize=q)\n"
-              "    m.generate(torch.tensor([[1, 2, 3]]), 2)\n"
-              "print('torch._dynamo' in sys.modules)\n")
+              "    m.generate(torch.tensor([[1, 2, 3]]), 2, compile=not q)\n"
+              "print('torch._dynamo' in sys.modules, 'sympy' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False"], out.stdout + out.stderr
+    assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr
