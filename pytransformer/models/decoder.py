@@ -47,19 +47,28 @@ class DecoderLM(nn.Module):
         return KVCache(c.n_layers, batch_size, c.n_kv_heads or c.n_heads, c.head_dim, rows, device=device or w.device,
                        dtype=dtype or w.dtype)
 
-    def prefill(self, input_ids: Tensor, cache: KVCache, key_lengths: Tensor | None = None) -> Tensor:
-        """Run a prompt [B, L] (right-padded to key_lengths [B]) into the cache -> hidden states [B, L, d_model], in
-        chunks of PREFILL_CHUNK // B tokens of every row (of `window` tokens for a rolling cache): the activations of
-        one chunk at a time, so that the transient memory of a long prompt or a large batch is that of a chunk, at
-        the speed of one forward (matrix products of hundreds of rows run at the rate of thousands)."""
+    def prefill(self, input_ids: Tensor, cache: KVCache, key_lengths: Tensor | None = None, *,
+                last: bool = False) -> Tensor:
+        """Run a prompt [B, L] (right-padded to key_lengths [B]) into the cache -> hidden states [B, L, d_model], or
+        with last=True only those of each row's last prompt token [B, d_model] (what generation needs; the others are
+        not kept). In chunks of PREFILL_CHUNK // B tokens of every row (of `window` tokens for a rolling cache): the
+        activations of one chunk at a time, so that the transient memory of a long prompt or a large batch is that of
+        a chunk, at the speed of one forward (matrix products of hundreds of rows run at the rate of thousands)."""
         rolling = is_rolling(cache.capacity, self.config.window)
         chunk = cache.capacity if rolling else max(1, PREFILL_CHUNK // input_ids.shape[0])
-        hidden = []
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        ends = torch.full_like(rows, input_ids.shape[1] - 1) if key_lengths is None else key_lengths - 1  # [B]
+        hidden, kept = [], None
         for start in range(0, input_ids.shape[1], chunk):
             part = input_ids[:, start:start + chunk]
             lens = None if key_lengths is None else (key_lengths - start).clamp(0, part.shape[1])
-            hidden.append(self.hidden(part, cache=cache, key_lengths=lens))
-        return torch.cat(hidden, 1)
+            h = self.hidden(part, cache=cache, key_lengths=lens)
+            if last:  # a row whose last token is in this chunk or later takes this chunk's (later ones overwrite)
+                mine = h[rows, (ends - start).clamp(0, part.shape[1] - 1)]  # [B, d_model]
+                kept = mine if kept is None else torch.where((ends >= start)[:, None], mine, kept)
+            else:
+                hidden.append(h)
+        return kept if last else torch.cat(hidden, 1)
 
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
@@ -88,14 +97,14 @@ class DecoderLM(nn.Module):
             raise ValueError("compile: compiles the cached decoding step, so it needs use_cache=True")
         if use_cache:
             cache = self.new_cache(n_rows, length + max_new_tokens)
-            h = self.prefill(ids, cache, lens)  # [N, L, d]
+            last = self.prefill(ids, cache, lens, last=True)  # [N, d]
 
             step = compiled_step(self, cache) if compile else lambda tok: decode_step(self, tok, cache)
             reorder = cache.reorder
         else:
             if key_lengths is not None:
                 raise ValueError("key_lengths: padded prompts need use_cache=True")
-            h = self.hidden(ids)
+            last = self.hidden(ids)[:, -1]
 
             def step(tok):
                 nonlocal ids
@@ -105,7 +114,6 @@ class DecoderLM(nn.Module):
             def reorder(index):
                 nonlocal ids
                 ids = ids[index]
-        last = h[:, -1] if lens is None else h[torch.arange(n_rows, device=h.device), lens - 1]
         logits = self.lm_head(last)  # [N, vocab]
         if beam_size > 1:
             new = beam_search(step, reorder, logits, beam_size, max_new_tokens, eos_id, length_penalty)
