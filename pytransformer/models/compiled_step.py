@@ -16,12 +16,12 @@ the token and cache layouts, torch's version and CPU capability, and this packag
 of the same structure and batch size loads its package in a fraction of a second instead of compiling (tens of
 seconds; Inductor needs a C++ compiler on the CPU).
 
-Each compiled_step call (once per generation) checks what a package was compiled for: the model's structure (the meta
-copy's hash), the shapes, dtypes, devices and layout of the token and cache tensors apart from the capacity, and the
-capacity against the range it was exported for. A model's attention windows split the capacities: a rolling cache
+Each compiled_step call (once per generation, about 1 ms) picks the model's package for its train mode, the shapes,
+dtypes and devices of the token and cache tensors apart from the capacity, and the capacity's range, and loads the
+model's current tensors into it as its constants. A model's attention windows split the capacities: a rolling cache
 (capacity == window) branches differently, so the range runs between the windows (and 2, as sizes 0 and 1 are
 specialised), and a capacity that is a window, or below 2, gets a package of that capacity alone. Python attributes
-that the forward reads, such as a config's fields, are compiled as constants: change them and the hash changes.
+that the forward reads, such as a config's fields, are compiled as constants: change them and build a new model.
 Every batch size has its own package.
 """
 import copy
@@ -174,6 +174,8 @@ def _build(key: str, spec: bytes) -> Path:
         return path
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(path.parent, os.W_OK):
+            raise PermissionError("not writable")
     except OSError as e:
         raise RuntimeError(f"compiled_step: cannot write compiled steps to {path.parent} ({e}); set "
                            "PYTRANSFORMER_CACHE to a writable directory") from e
