@@ -80,8 +80,9 @@ class DecoderLM(nn.Module):
         list of ids any of which ends a row). on_token(tokens [B]) is called as each step's tokens are chosen
         (streaming; not with beam search). ValueError naming the argument for key_lengths that are not [B] lengths in
         [1, L], or for more tokens than learned positions (max_len). compile=True runs each decoding step as one
-        graph compiled by Inductor (models/compiled_step.py): the first call traces and compiles it (tens of seconds),
-        later calls of the same model and batch size reuse it for any prompt length and max_new_tokens."""
+        library compiled ahead of time by AOTInductor in a child process (models/compiled_step.py): the first call
+        for a model structure and batch size compiles it (tens of seconds) into $PYTRANSFORMER_CACHE (default
+        ~/.cache/pytransformer); later calls, and later processes, load it for any prompt length and max_new_tokens."""
         check_generate_args(max_new_tokens, beam_size, do_sample, temperature, top_k, top_p)
         if on_token is not None and beam_size > 1:
             raise ValueError("on_token: beam search settles its tokens only at the end")
