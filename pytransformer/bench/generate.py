@@ -45,6 +45,9 @@ from ..models import DecoderLM, count_parameters
 from ..nn.quantized import quantize
 from . import command_line, device_name, llamacpp, proc_status, sync
 
+# Our KV cache's dtype where it is not the model's: int8 models keep a 16-bit cache, as llama.cpp runs q8_0 and bf16
+# (its default float16 cache); its f32 runs keep a float32 cache, as ours (llamacpp.load).
+CACHE_DTYPES = {"int8": torch.bfloat16}
 # 12 layers, d_model 768, 12 query heads sharing 3 KV heads, SwiGLU 2048, vocabulary 32000: 124M parameters
 LLAMA_SHAPE = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                    num_attention_heads=12, num_key_value_heads=3, tie_word_embeddings=False)
@@ -115,8 +118,8 @@ def ct2_generate(generator):
 
 def load_engine(engine: str, dtype: str, folder: Path, device, threads: int, max_batch: int, max_len: int):
     """generate(ids, n) of an engine loaded from the saved folder in `dtype`: "ours" (DecoderLM.from_pretrained;
-    int8: quantize=True), "ours, compiled" (the same, generate(compile=True)), "ours, x 8 bits" (int8 with
-    x_bits=8), "ours, no cache", "Hugging Face" (from_pretrained;
+    int8: quantize=True, and a bfloat16 KV cache: CACHE_DTYPES), "ours, compiled" (the same, generate(compile=True)),
+    "ours, x 8 bits" (int8 with x_bits=8), "ours, no cache", "Hugging Face" (from_pretrained;
     int8: torch's dynamic quantization of its nn.Linear layers), "CTranslate2" (its conversion of the folder, on
     the CPU) or "llama.cpp <GGUF type>" (its conversion, with a context for max_batch sequences of max_len tokens)."""
     if engine.startswith("llama.cpp"):
@@ -125,10 +128,11 @@ def load_engine(engine: str, dtype: str, folder: Path, device, threads: int, max
     if engine.startswith("ours"):
         model = DecoderLM.from_pretrained(folder, torch_dtype, quantize=dtype == "int8", device=device)
         if engine == "ours, x 8 bits":
-            return quantize(model, x_bits=8).generate
-        if engine == "ours, compiled":
-            return lambda ids, n: model.generate(ids, n, compile=True)
-        return model.generate if engine == "ours" else lambda ids, n: model.generate(ids, n, use_cache=False)
+            quantize(model, x_bits=8)
+        if engine == "ours, no cache":
+            return lambda ids, n: model.generate(ids, n, use_cache=False)
+        return lambda ids, n: model.generate(ids, n, compile=engine == "ours, compiled",
+                                             cache_dtype=CACHE_DTYPES.get(dtype))
     if engine == "Hugging Face":
         import transformers
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype).to(device).eval()
@@ -350,7 +354,9 @@ def llamacpp_notes(names) -> list[str]:
         return []
     notes = ["- llama.cpp (llama-cpp-python, built for this CPU): the folder converted by llama.cpp's "
              "convert_hf_to_gguf.py (q8_0: the converter's own `--outtype q8_0`), memory-mapped as llama.cpp loads it; "
-             "a batch is that many parallel sequences in one llama_batch per step, sampled by its greedy sampler"]
+             "a batch is that many parallel sequences in one llama_batch per step, sampled by its greedy sampler; "
+             "its KV cache is float32 for f32, else its default float16, and ours is the model's dtype, bfloat16 for "
+             "int8 (generate(cache_dtype=torch.bfloat16))"]
     if "q8_0" in types and not llamacpp.extra_buffers("q8_0"):
         notes.append("- llama.cpp q8_0 ran with its extra buffer types off (use_extra_bufts=false): on this AMX CPU "
                      "llama.cpp's AMX path can crash in q8_0 prompt processing")

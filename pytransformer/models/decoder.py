@@ -11,7 +11,10 @@ from . import checkpoint
 from .compiled_step import compiled_step, decode_step
 
 
-PREFILL_CHUNK = 512  # tokens of all rows per forward of a prompt (DecoderLM.prefill), as llama.cpp's micro-batch
+# Tokens of all rows per forward of a prompt (DecoderLM.prefill). Half llama.cpp's micro-batch: a chunk's MLP
+# activations are the largest transient memory of generation (float32, d_ff 2048: 6 MiB at 256 tokens), and 256
+# rows keep the matrix products within a few percent of 512's speed.
+PREFILL_CHUNK = 256
 
 
 class DecoderLM(nn.Module):
@@ -74,7 +77,8 @@ class DecoderLM(nn.Module):
     def generate(self, input_ids: Tensor, max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, generator: torch.Generator | None = None, *,
                  key_lengths: Tensor | None = None, eos_id: int | list[int] | None = None, beam_size: int = 1,
-                 length_penalty: float = 1.0, use_cache: bool = True, on_token=None, compile: bool = False) -> Tensor:
+                 length_penalty: float = 1.0, use_cache: bool = True, on_token=None, compile: bool = False,
+                 cache_dtype: torch.dtype | None = None) -> Tensor:
         """Prompt [B, L] (right-padded to key_lengths [B] if given) -> prompt + new tokens [B, L + n]: greedy,
         sampled, or beam search when beam_size > 1; n < max_new_tokens when every row emitted an eos_id (an int, or a
         list of ids any of which ends a row). on_token(tokens [B]) is called as each step's tokens are chosen
@@ -82,8 +86,11 @@ class DecoderLM(nn.Module):
         [1, L], or for more tokens than learned positions (max_len). compile=True runs each decoding step as one
         library compiled ahead of time by AOTInductor in a child process (models/compiled_step.py): the first call
         for a model structure and batch size compiles it (tens of seconds) into $PYTRANSFORMER_CACHE (default
-        ~/.cache/pytransformer); later calls, and later processes, load it for any prompt length and max_new_tokens."""
-        check_generate_args(max_new_tokens, beam_size, do_sample, temperature, top_k, top_p)
+        ~/.cache/pytransformer); later calls, and later processes, load it for any prompt length and max_new_tokens.
+        cache_dtype: the KV cache's float dtype (default the model's); attention then runs in it (KVCache): a 16-bit
+        cache holds a float32 or int8 model's keys and values in half the memory."""
+        check_generate_args(max_new_tokens, beam_size, do_sample, temperature, top_k, top_p, cache_dtype=cache_dtype,
+                            use_cache=use_cache)
         if on_token is not None and beam_size > 1:
             raise ValueError("on_token: beam search settles its tokens only at the end")
         n_rows, length = input_ids.shape[0] * beam_size, input_ids.shape[1]
@@ -97,7 +104,7 @@ class DecoderLM(nn.Module):
         if compile and not use_cache:
             raise ValueError("compile: compiles the cached decoding step, so it needs use_cache=True")
         if use_cache:
-            cache = self.new_cache(n_rows, length + max_new_tokens)
+            cache = self.new_cache(n_rows, length + max_new_tokens, dtype=cache_dtype)
             last = self.prefill(ids, cache, lens, last=True)  # [N, d]
 
             step = compiled_step(self, cache) if compile else lambda tok: decode_step(self, tok, cache)

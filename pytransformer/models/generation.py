@@ -8,7 +8,8 @@ import torch
 from torch import Tensor
 
 
-def check_generate_args(max_new_tokens, beam_size: int, do_sample: bool, temperature: float, top_k, top_p) -> None:
+def check_generate_args(max_new_tokens, beam_size: int, do_sample: bool, temperature: float, top_k, top_p, *,
+                        cache_dtype: torch.dtype | None = None, use_cache: bool = True) -> None:
     """ValueError naming the argument for settings generate() cannot honour; top_k=0 and top_p=1 mean no filter."""
     def is_int(v):
         return isinstance(v, int) and not isinstance(v, bool)
@@ -22,6 +23,10 @@ def check_generate_args(max_new_tokens, beam_size: int, do_sample: bool, tempera
         raise ValueError(f"top_p: expected None or a value in (0, 1], got {top_p!r}")
     if do_sample and not (temperature > 0 and math.isfinite(temperature)):
         raise ValueError(f"temperature: expected a finite value > 0 when sampling, got {temperature!r}")
+    if cache_dtype is not None and not (use_cache and isinstance(cache_dtype, torch.dtype) and
+                                        cache_dtype.is_floating_point):
+        raise ValueError(f"cache_dtype: expected None or a float dtype of the KV cache, with use_cache=True; got "
+                         f"{cache_dtype!r} with use_cache={use_cache}")
 
 
 def eos_ids(eos_id, device) -> Tensor | None:

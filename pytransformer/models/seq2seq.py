@@ -60,11 +60,14 @@ class Seq2SeqTransformer(nn.Module):
     def generate(self, src: Tensor, src_key_lengths: Tensor | None = None, *, max_new_tokens: int, bos_id: int,
                  eos_id: int, beam_size: int = 1, length_penalty: float = 1.0, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-                 generator: torch.Generator | None = None, use_cache: bool = True) -> Tensor:
+                 generator: torch.Generator | None = None, use_cache: bool = True,
+                 cache_dtype: torch.dtype | None = None) -> Tensor:
         """src [B, Ls] -> target tokens [B, 1 + n] starting with bos_id: the encoder runs once, cross-attention K/V
         are cached once, self-attention goes through the KV cache; rows that emitted eos_id continue with eos_id.
-        ValueError naming src_key_lengths unless it is an integer tensor [B] of lengths in [1, Ls]."""
-        check_generate_args(max_new_tokens, beam_size, do_sample, temperature, top_k, top_p)
+        ValueError naming src_key_lengths unless it is an integer tensor [B] of lengths in [1, Ls]. cache_dtype: the
+        KV cache's float dtype (default the model's), as in DecoderLM.generate."""
+        check_generate_args(max_new_tokens, beam_size, do_sample, temperature, top_k, top_p, cache_dtype=cache_dtype,
+                            use_cache=use_cache)
         if src_key_lengths is not None:
             check_key_lengths(src_key_lengths, src.shape[0], src.shape[1], "src_key_lengths")
         n_rows = src.shape[0] * beam_size
@@ -72,7 +75,7 @@ class Seq2SeqTransformer(nn.Module):
         lens = None if src_key_lengths is None else src_key_lengths.to(src.device).repeat_interleave(beam_size, 0)
         tgt = torch.full((n_rows, 1), bos_id, dtype=torch.long, device=src.device)
         if use_cache:
-            cache = self.new_cache(n_rows, max_new_tokens + 1, memory.shape[1])
+            cache = self.new_cache(n_rows, max_new_tokens + 1, memory.shape[1], dtype=cache_dtype)
             self.decoder.cache_memory(cache, memory, lens)
 
             def step(tok):

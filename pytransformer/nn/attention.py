@@ -69,13 +69,14 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: Tensor, context: Tensor | None = None, *, mask: Tensor | None = None, causal: bool = False,
                 key_lengths: Tensor | None = None, cache: AttentionCache | None = None) -> Tensor:
         """x [B, L, d_model] (context [B, Lk, d_model]) -> [B, L, d_model]. With a self-attention `cache`, x holds
-        the next L tokens of every row: their K/V are appended and they attend causally to the cached rows."""
+        the next L tokens of every row: their K/V are appended and they attend causally to the cached rows. Attention
+        over a cache runs in the cache's dtype (KVCache), the result in x's."""
         if cache is not None and mask is not None:
             raise ValueError("mask: not supported with a cache (cached attention is causal over the cached rows)")
         if cache is not None and cache.static:  # cross-attention over the K/V computed once
-            y = ops.attention(self._project_q(x), cache.k, cache.v, key_lengths=cache.lengths)
-        elif cache is not None:  # self-attention over the cached rows plus the L new ones
-            q, k, v = self._qkv(x, context, cache.positions)
+            y = ops.attention(self._project_q(x).to(cache.k.dtype), cache.k, cache.v, key_lengths=cache.lengths)
+        elif cache is not None:  # self-attention over the cached rows plus the L new ones, in the cache's dtype
+            q, k, v = (t.to(cache.k.dtype) for t in self._qkv(x, context, cache.positions))
             if is_rolling(cache.k.shape[2], self.window):
                 y = rolling_attention(q, k, v, cache, key_lengths)
             else:
@@ -91,4 +92,4 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self._qkv(x, context, None)
             y = ops.attention(q, k, v, mask=mask, causal=causal, window=self.window, key_lengths=key_lengths,
                               dropout_p=self.dropout if self.training else 0.0)
-        return self.out_proj(y.transpose(1, 2).flatten(2))  # [B, Hq, L, D] -> [B, L, d_model]
+        return self.out_proj(y.to(x.dtype).transpose(1, 2).flatten(2))  # [B, Hq, L, D] -> [B, L, d_model]

@@ -38,6 +38,10 @@ class KVCache:
     """Preallocated caches for `n_layers` decoder layers with per-row lengths, so prompts of different lengths batch
     together. Every tensor keeps its shape and address for the cache's lifetime (torch.compile and CUDA graphs).
 
+    `dtype` may be another float dtype than the model's: attention over the cache then runs in it (queries, keys and
+    values rounded to it, float32 accumulation in the kernels) and its result returns to the model's dtype. A 16-bit
+    cache of a float32 or int8 model takes half the memory, as llama.cpp's default float16 cache does.
+
     `lengths` [B] lives on the cache's device (the kernels read it there); beside it `max_length`, a host-side int
     bound of it, kept by advance/reset, lets the CUDA kernels check for overflow without reading the lengths back: an
     eager decode loop then has no stream synchronisation per token. Inside torch.compile the bound is dropped (None:

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from pytransformer.models import DecoderLM, decoder, gpt2_small
+from pytransformer import quantize
 from tests.helpers import assert_compiled_training_step_matches
 
 V = 64
@@ -176,8 +177,9 @@ def test_nan_embedding_does_not_reach_earlier_tokens():
 
 @torch.no_grad()
 def test_generate_compiled_equals_eager():
-    """generate(compile=True): the tokens of eager decoding (greedy and beam search), from one compiled package for
-    every prompt length and max_new_tokens of a batch size (the cache's capacity is dynamic)."""
+    """generate(compile=True): the tokens of eager decoding (greedy and beam search, a rolling cache, an int8 model
+    over a bfloat16 cache), from one compiled package for every prompt length and max_new_tokens of a batch size (the
+    cache's capacity is dynamic)."""
     from pytransformer.models.compiled_step import _PACKAGES
     model = tiny(positional="rotary", activation="swiglu", norm_type="rmsnorm", norm="pre", n_kv_heads=2)
     for length, new in ((5, 7), (9, 12), (3, 4)):
@@ -189,6 +191,10 @@ def test_generate_compiled_equals_eager():
     rolling = tiny(positional="rotary", window=4)  # a cache of `window` rows: the rolling buffer
     prompt = torch.randint(0, V, (2, 6))
     assert torch.equal(rolling.generate(prompt, 9, compile=True), rolling.generate(prompt, 9))
+    int8 = quantize(model)  # an int8 model over a bfloat16 cache (half the cache memory of float32)
+    prompt = torch.randint(0, V, (2, 5))
+    assert torch.equal(int8.generate(prompt, 7, compile=True, cache_dtype=torch.bfloat16),
+                       int8.generate(prompt, 7, cache_dtype=torch.bfloat16))
 
 
 @torch.no_grad()

@@ -41,6 +41,9 @@ BAD = [
     ("temperature", {"temperature": 0.0, "do_sample": True}),
     ("temperature", {"temperature": -1.0, "do_sample": True}),
     ("temperature", {"temperature": float("nan"), "do_sample": True}),
+    ("cache_dtype", {"cache_dtype": torch.int32}),
+    ("cache_dtype", {"cache_dtype": "bfloat16"}),
+    ("cache_dtype", {"cache_dtype": torch.bfloat16, "use_cache": False}),
 ]
 
 
@@ -85,3 +88,23 @@ def test_greedy_pick_is_argmax(dtype):
     logits[3, 17] = logits[3].max()  # a tie with the row's first maximum, later in the row
     logits[4, 500] = float("nan")
     assert torch.equal(next_token(logits), logits.argmax(-1)) and next_token(logits)[4] == 500
+
+
+@pytest.mark.parametrize("make", MODELS)
+def test_cache_dtype_sets_the_caches_dtype_and_the_tokens_follow_the_model(make, monkeypatch):
+    """generate(cache_dtype=torch.bfloat16) decodes through a bfloat16 cache, and each greedy token is the argmax of
+    the uncached forward over the tokens before it, up to bfloat16's rounding of the attention inputs."""
+    model = make()
+    dtypes = []
+    new_cache = model.new_cache
+    monkeypatch.setattr(model, "new_cache", lambda *a, **k: dtypes.append(k.get("dtype")) or new_cache(*a, **k))
+    prompt, out = generate(model, max_new_tokens=6, cache_dtype=torch.bfloat16)
+    assert dtypes == [torch.bfloat16]
+    with torch.no_grad():
+        for t in range(out.shape[1] - (4 if make is lm else 1)):
+            if make is lm:
+                logits = model(out[:, :4 + t])[:, -1]
+            else:
+                logits = model(prompt, out[:, :1 + t])[:, -1]
+            chosen = logits.gather(1, out[:, -6 + t, None])[:, 0]
+            assert (chosen >= logits.max(1).values - 0.05).all(), t

@@ -100,6 +100,42 @@ def test_prompt_into_empty_cache_equals_cached_rows_path(n_kv_heads, window):
     torch.testing.assert_close(caches[0].v[0], caches[1].v[0], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("cache_dtype,tol", [(torch.float32, {"rtol": 1e-5, "atol": 1e-5}),
+                                             (torch.bfloat16, {"rtol": 2e-2, "atol": 2e-2})])
+@pytest.mark.parametrize("capacity,window", [(12, None), (12, 3), (4, 4)])
+@torch.no_grad()
+def test_cache_of_another_dtype(cache_dtype, tol, capacity, window):
+    """A float64 module over a cache of a narrower dtype: a prompt (tiled attention, or a rolling buffer), then single
+    tokens, then a chunk whose rows are not known to be uniform (decode_attention) give x's dtype and equal the float64
+    reference to the cache dtype's precision; the cache holds the keys rounded to its dtype; cross-attention too (no
+    window)."""
+    m = MultiHeadAttention(32, 4, 2, rotary=RotaryEmbedding(8), window=window).double().eval()
+    x = torch.randn(2, 9, 32, dtype=torch.float64)
+    cache = KVCache(1, 2, 2, 8, capacity, dtype=cache_dtype)
+    outs = []
+    for lo, hi in [(0, 5), (5, 6), (6, 7), (7, 9)]:
+        if hi == 9:
+            cache.max_length = None  # lengths unknown on the host: decode_attention
+        outs.append(m(x[:, lo:hi], cache=cache.layers(hi - lo)[0].self_attn))
+        cache.advance(hi - lo)
+    out = torch.cat(outs, 1)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, reference_mha(m, x, causal=True, positions=torch.arange(9)), **tol)
+    if capacity == 12:
+        k = m.project_kv(x)[0]
+        k = m.rotary(k, torch.arange(9))
+        torch.testing.assert_close(cache.k[0][:, :, :9], k.to(cache_dtype), rtol=0, atol=0)
+    if window is not None:
+        return
+    mem = torch.randn(2, 6, 32, dtype=torch.float64)
+    cross = KVCache(1, 2, 2, 8, 1, memory_length=6, dtype=cache_dtype)
+    for t, new in zip(cross.cross_k + cross.cross_v, m.project_kv(mem)):
+        t.copy_(new)
+    y = m(x, cache=cross.layers(9)[0].cross_attn)
+    assert y.dtype == torch.float64
+    torch.testing.assert_close(y, reference_mha(m, x, mem), **tol)
+
+
 @pytest.mark.parametrize("cross,n_kv_heads,causal,window", [(True, 1, False, None), (False, 2, True, None),
                                                           (False, 4, False, 3)])
 def test_attention_weights_reproduce_forward(cross, n_kv_heads, causal, window):
