@@ -60,10 +60,7 @@ class _Step(nn.Module):
         self.model, self.n_layers = model, n_layers
 
     def forward(self, tok: Tensor, lengths: Tensor, *kv: Tensor) -> Tensor:
-        cache = KVCache.__new__(KVCache)
-        cache.__dict__.update(lengths=lengths, k=list(kv[:self.n_layers]), v=list(kv[self.n_layers:]), max_length=None,
-                              uniform=False, cross_k=None, cross_v=None, memory_lengths=None)
-        return decode_step(self.model, tok, cache)
+        return decode_step(self.model, tok, KVCache.over(kv[:self.n_layers], kv[self.n_layers:], lengths))
 
 
 class _Package(NamedTuple):

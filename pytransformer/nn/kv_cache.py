@@ -69,6 +69,16 @@ class KVCache:
         self.cross_v = [torch.zeros(mem_shape, **factory) for _ in range(n_layers)] if memory_length else None
         self.memory_lengths = torch.full((batch_size,), memory_length, dtype=torch.int64, device=device)
 
+    @classmethod
+    def over(cls, k: list[Tensor], v: list[Tensor], lengths: Tensor) -> "KVCache":
+        """A self-attention cache over existing tensors, not copied: k and v [B, Hkv, capacity, D] per layer and
+        lengths [B], with no host-side bound of the lengths (max_length None), as a compiled step sees its cache."""
+        cache = cls.__new__(cls)
+        cache.k, cache.v, cache.lengths = list(k), list(v), lengths
+        cache.max_length, cache.uniform = None, False
+        cache.cross_k = cache.cross_v = cache.memory_lengths = None
+        return cache
+
     @property
     def capacity(self) -> int:
         """Rows per sequence of the self-attention cache (for attention of this window: a rolling buffer)."""

@@ -41,6 +41,22 @@ def test_padded_prompts_batch_together():
         torch.testing.assert_close(batched[b:b + 1], alone)
 
 
+@torch.no_grad()
+def test_cache_over_existing_tensors():
+    """KVCache.over: a view of another cache's tensors (not copies) without a host-side bound; steps through it write
+    into those tensors and equal the steps through the cache itself."""
+    dec = _decoder(cross=False, rotary=True)
+    x = torch.randn(2, 6, D, dtype=torch.float64)
+    cache = KVCache(2, 2, H, D // H, 8, dtype=torch.float64)
+    dec(x[:, :4], cache=cache)
+    view = KVCache.over(cache.k, cache.v, cache.lengths)
+    assert view.max_length is None and view.cross_k is None
+    assert all(a is b for a, b in zip(view.k + view.v, cache.k + cache.v)) and view.lengths is cache.lengths
+    steps = [dec(x[:, t:t + 1], cache=view) for t in (4, 5)]
+    torch.testing.assert_close(torch.cat(steps, 1), dec(x)[:, 4:])
+    assert cache.lengths.tolist() == [6, 6]
+
+
 def test_reorder_and_reset():
     cache = KVCache(2, 3, 1, 2, 4)
     for i, t in enumerate(cache.k):
