@@ -5,8 +5,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pytransformer.models import DecoderLM, decoder, gpt2_small
+import pytransformer
 from pytransformer import quantize
+from pytransformer.models import DecoderLM, decoder, gpt2_small
 from tests.helpers import assert_compiled_training_step_matches
 
 V = 64
@@ -16,6 +17,9 @@ def tiny(**overrides):
     torch.manual_seed(0)
     return DecoderLM(gpt2_small(**{"vocab_size": V, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64,
                                    "max_len": 64, "dropout": 0.0, **overrides})).eval()
+
+
+LLAMA_SHAPE = {"positional": "rotary", "activation": "swiglu", "norm_type": "rmsnorm", "norm": "pre", "n_kv_heads": 2}
 
 
 @pytest.mark.parametrize("norm", ["post", "pre", "sandwich"])
@@ -181,7 +185,7 @@ def test_generate_compiled_equals_eager():
     over a bfloat16 cache), from one compiled package for every prompt length and max_new_tokens of a batch size (the
     cache's capacity is dynamic)."""
     from pytransformer.models.compiled_step import _PACKAGES
-    model = tiny(positional="rotary", activation="swiglu", norm_type="rmsnorm", norm="pre", n_kv_heads=2)
+    model = tiny(**LLAMA_SHAPE)
     for length, new in ((5, 7), (9, 12), (3, 4)):
         prompt = torch.randint(0, V, (2, length))
         assert torch.equal(model.generate(prompt, new, compile=True), model.generate(prompt, new))
@@ -195,6 +199,26 @@ def test_generate_compiled_equals_eager():
     prompt = torch.randint(0, V, (2, 5))
     assert torch.equal(int8.generate(prompt, 7, compile=True, cache_dtype=torch.bfloat16),
                        int8.generate(prompt, 7, cache_dtype=torch.bfloat16))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not (torch.cuda.is_available() and pytransformer.with_cuda()), reason="needs a GPU and a CUDA build")
+@pytest.mark.parametrize("overrides", [{}, LLAMA_SHAPE], ids=["gpt2", "llama"])
+@torch.no_grad()
+def test_generate_on_cuda_equals_cpu(overrides):
+    """Greedy float32 generation of a GPT-2- and a Llama-shaped model on the GPU gives the CPU's tokens: a batch and a
+    padded batch (prefill chunks through the tiled kernel, then decode_attention), and beam search; the compiled step
+    (AOTInductor on CUDA) and a bfloat16 cache give the GPU's own eager tokens."""
+    model = tiny(**overrides)
+    gpu = tiny(**overrides).cuda()
+    prompt, lengths = torch.randint(0, V, (3, 7)), torch.tensor([7, 3, 5])
+    runs = [dict(), dict(key_lengths=lengths), dict(beam_size=2)]
+    for kwargs in runs:
+        on_gpu = {k: v.cuda() if torch.is_tensor(v) else v for k, v in kwargs.items()}
+        assert torch.equal(gpu.generate(prompt.cuda(), 9, **on_gpu).cpu(), model.generate(prompt, 9, **kwargs)), kwargs
+    for kwargs in (dict(compile=True), dict(cache_dtype=torch.bfloat16, compile=True)):
+        eager = {k: v for k, v in kwargs.items() if k != "compile"}
+        assert torch.equal(gpu.generate(prompt.cuda(), 9, **kwargs), gpu.generate(prompt.cuda(), 9, **eager)), kwargs
 
 
 @torch.no_grad()
