@@ -122,6 +122,8 @@ def parser() -> argparse.ArgumentParser:
                      help="tokens to generate (default %(default)s; fewer at the end-of-sequence token)")
     gen.add_argument("--int8", action="store_true", help="weight-only int8 linear layers")
     gen.add_argument("--bf16", action="store_true", help="bfloat16 weights and activations")
+    gen.add_argument("--bf16-cache", action="store_true",
+                     help="a bfloat16 KV cache: half a float32 or int8 model's cache memory")
     gen.add_argument("--temperature", type=_temperature, metavar="T", help="sampling temperature (0: greedy)")
     gen.add_argument("--top-p", type=_probability, metavar="P", help="nucleus sampling mass")
     gen.add_argument("--top-k", type=_nonnegative_int, metavar="K", help="sample among the K most likely tokens (0: all)")
@@ -188,7 +190,8 @@ def main(argv=None) -> int:
             prepared = textgen.prepare(args.model, args.prompt, int8=args.int8, bf16=args.bf16,
                                        device=args.device or _default_device())
             textgen.stream(*prepared, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                           top_p=args.top_p, top_k=args.top_k, seed=args.seed, eos_id=textgen.eos_tokens(args.model))
+                           top_p=args.top_p, top_k=args.top_k, seed=args.seed, eos_id=textgen.eos_tokens(args.model),
+                           cache_dtype=torch.bfloat16 if args.bf16_cache else None)
         except (ValueError, FileNotFoundError) as e:  # a broken checkpoint directory or prompt: one line, status 2
             message = " ".join(str(e).splitlines())
             print(f"python -m pytransformer generate: error: {message}", file=sys.stderr)

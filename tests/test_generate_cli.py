@@ -52,6 +52,20 @@ def test_greedy_text_is_streamed(model_dir, capsys):
     assert "prefill: " in err and "decode: 11 tokens" in err and "tokens/s" in err
 
 
+def test_bf16_cache_decodes_through_a_bfloat16_cache(model_dir, capsys, monkeypatch):
+    """--int8 --bf16-cache: a bfloat16 cache, and the tokens of generate(cache_dtype=torch.bfloat16) of the int8
+    model."""
+    prompt, dtypes, new_cache = "hello", [], DecoderLM.new_cache
+    monkeypatch.setattr(DecoderLM, "new_cache", lambda *a, **k: dtypes.append(k.get("dtype")) or new_cache(*a, **k))
+    assert run(model_dir, "--prompt", prompt, "--max-new-tokens", "10", "--int8", "--bf16-cache") == 0
+    assert dtypes == [torch.bfloat16]
+    tok = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    ids = torch.tensor([tok.encode(prompt).ids])
+    model = DecoderLM.from_pretrained(model_dir, quantize=True)
+    new = model.generate(ids, 10, cache_dtype=torch.bfloat16)[0, ids.shape[1]:]
+    assert capsys.readouterr().out == prompt + tok.decode(new.tolist()) + "\n"
+
+
 def test_sampling_is_reproducible_and_int8_bf16_run(model_dir, capsys):
     sample = ["--prompt", "the quick", "--max-new-tokens", "8", "--temperature", "1.5", "--top-p", "0.9",
               "--top-k", "20"]
