@@ -16,10 +16,10 @@ struct Int8LinearParams {
 };
 
 // The CPU kernels (csrc/cpu/int8_linear_kernel.cpp) compute in the accumulation type `acc` (float32, float64 for
-// float64 x); every array is contiguous. Few rows (any number with VNNI, called on blocks of rows): out [M, N] =
-// (x [M, K] @ weight^T) * scale [N] + bias [N] (bias may be nullptr); x_quant_bits 16 or 8: the kernel quantizes each
-// row of float32 x to that many bits and sums in integers (only where has_avx512_vnni()), 0: x as it is (the glue
-// decides which, see x_for_kernels in cpu/int8_linear.cpp).
+// float64 x); every array is contiguous. Few rows (any number with integer dot products, called on blocks of rows):
+// out [M, N] = (x [M, K] @ weight^T) * scale [N] + bias [N] (bias may be nullptr); x_quant_bits 16 or 8: the kernel
+// quantizes each row of float32 x to that many bits and sums in integers (only where has_int_dot_products()), 0: x as
+// it is (the glue decides which, see x_for_kernels in cpu/int8_linear.cpp).
 // Many rows: deq [n, K] = weight[:n] * scale[:n, None], a block of dequantized weight rows for a GEMM.
 using Int8GemvCpuFn = void (*)(const Int8LinearParams& p, at::ScalarType acc, const void* x, const int8_t* weight,
                                const void* scale, const void* bias, void* out, int64_t x_quant_bits);

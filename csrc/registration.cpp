@@ -255,8 +255,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, "The CPU instruction set level the CPU kernels run with.");
   m.def("cpu_bf16_dot_products", [] { return pytransformer::cpu::has_avx512_bf16(); },
         "Whether the AVX-512 kernels use AVX-512 BF16 dot products (bfloat16 linear layers).");
-  m.def("cpu_vnni_dot_products", [] { return pytransformer::cpu::has_avx512_vnni(); },
-        "Whether int8_linear's few-rows kernel uses AVX-512 VNNI dot products (x quantized per row to 16 bits).");
+  m.def("cpu_int_dot_products", [] { return pytransformer::cpu::has_int_dot_products(); },
+        "Whether int8_linear's few-rows kernel sums in integers (AVX-512 VNNI, or AVX2 as the best level) on x "
+        "quantized per row to 16 bits.");
   m.def("cpu_stream_prefetch", [](std::optional<std::string> mode) {
     namespace cpu = pytransformer::cpu;
     if (mode) cpu::set_stream_prefetch(*mode);

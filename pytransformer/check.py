@@ -9,7 +9,7 @@ split-KV decode, int8_linear (GEMV rows per block, split-K, tiled GEMM, 16-byte 
 are allocated over freed NaN-filled memory so unwritten elements show up as NaN.
 
 int8_linear's references use x as the op's path on this processor sees it (reference.int8_linear_x: quantized
-per row to 16 bits by the CPU kernel with AVX-512 VNNI), so its bounds are those of float32 sums on every path.
+per row to 16 bits by the CPU kernel with integer dot products), so its bounds are those of float32 sums on every path.
 
 Every compared output is checked as a whole (relative error within TOL) and row by row (each row of the last dim
 within ROW_TOL, relative to its own size but not below the tensor's RMS row size), so that one wrong row among

@@ -1,17 +1,18 @@
 """pytransformer.check on the CPU: int8_linear's cases pass on whatever path this processor takes (x quantized to 16
-bits with AVX-512 VNNI, as is without it; as is in the CUDA kernels, which the host emulator runs on CPU tensors), and
+bits with integer dot products, AVX-512 VNNI or AVX2, as is without them; as is in the CUDA kernels, which the host emulator runs on CPU tensors), and
 fail on planted errors of the size of real bugs: a bias dropped, the last product of every dot product dropped (a tail
 bug), x quantized to 15 bits instead of 16. The command's table and exit status are tested in test_cli.py."""
 import pytest
 import torch
 
+import pytransformer
 from pytransformer import check
 from pytransformer.ops import reference
 
 from tests.helpers import run_under_isa
 
 # (M, K, N): the few-rows kernel at 3 and 16 rows (K 4096: 16-byte weight loads, several K slices), more rows (with
-# VNNI the same kernel 8 rows a call, without it dequantized weights and ATen's GEMM).
+# integer dot products the same kernel 8 rows a call, without them dequantized weights and ATen's GEMM).
 SHAPES = [(3, 15, 7), (16, 4096, 7), (40, 100, 24)]
 OPS = torch.ops.pytransformer
 
@@ -68,11 +69,17 @@ def test_int8_linear_cases_pass():
     assert failed_cases(OPS.int8_linear) == set()
 
 
-def test_int8_linear_cases_pass_without_vnni():
-    """The same cases with the kernels capped at plain AVX-512 (ATEN_CPU_CAPABILITY turns VNNI off: x is used as it
-    is; the levels below run these cases in test_int8_linear.py's test_each_cpu_isa_level_agrees)."""
-    run_under_isa("avx512", "from tests.test_check import failed_cases\n"
-                            "assert failed_cases(torch.ops.pytransformer.int8_linear) == set()")
+# The levels below this processor's: on an AVX-512 one, AVX2's integer dot products, and plain AVX-512 (an
+# ATEN_CPU_CAPABILITY cap turns VNNI off: x is used as it is).
+CAPPED = ["default"] + (["avx2", "avx512"] if pytransformer._C.cpu_isa() == "avx512" else [])
+
+
+@pytest.mark.parametrize("isa", CAPPED)
+def test_int8_linear_cases_pass_capped(isa):
+    """The same cases with the kernels capped at a lower ISA level (test_int8_linear.py's
+    test_each_cpu_isa_level_agrees runs its own cases at every level)."""
+    run_under_isa(isa, "from tests.test_check import failed_cases\n"
+                       "assert failed_cases(torch.ops.pytransformer.int8_linear) == set()")
 
 
 def test_int8_linear_cases_of_cuda_kernels_on_cpu_tensors():

@@ -2,16 +2,17 @@
 // gemv_rows: the few-rows (decoding) product of the linear layers, out [M, N] = (x [M, K] @ w [N, K]^T) * scale [N] +
 // bias [N], shared by linear (float32, bfloat16, float16 x and weights) and int8_linear (int8 weights with scales). It
 // is weight streaming: M is small, so the time is that of reading w once from memory. The output features are split
-// over all threads (at::parallel_for, each thread a contiguous range of weight rows). With AVX-512 and an x of at most
-// 32 KiB (48 for up to 4 rows), a thread reads its range as two sequential streams, its first half and its second half,
-// a row of each at a time, up to kStreamPairs pairs of rows a call of the dot blocks (a run), prefetched in software
-// from 3 rows of x and for 1 or 2 as timed trials chose (stream_prefetch.h), and a thread done with its range takes
-// the last runs of the others' (GemvRows::read_streams); otherwise in blocks of 4 (or 2) rows, the next
-// block prefetched. The weight rows are dotted with all M rows of x by dot_rows (blocks of up to 4 weight rows by up to
-// kDotCols rows of x; with AVX-512, 8 rows of x at once over 2 weight rows), widening narrow weights as they are
-// loaded, by AVX-512 BF16 dot products on bfloat16, or by AVX-512 VNNI integer dot products on int8 weights and x
-// quantized to 16 or 8 bits (both 8 rows of x at once over 2 weight rows), so each weight row comes from memory once
-// and from cache for the later blocks of x rows. With AVX-512, an x too large to stay in L1 goes by in chunks of K,
+// over all threads (at::parallel_for, each thread a contiguous range of weight rows). With an x of at most 32 KiB (48
+// for up to 4 rows; below AVX-512 only up to 4 rows, or 8 with integer dot products), a thread reads its range as two
+// sequential streams, its first half and its second half, a row of each at a time, up to kStreamPairs pairs of rows a
+// call of the dot blocks (a run), prefetched in software from 3 rows of x and for 1 or 2 as timed trials chose
+// (stream_prefetch.h), and a thread done with its range takes the last runs of the others' (GemvRows::read_streams);
+// otherwise in blocks of 4 rows, the next block prefetched. The weight rows are dotted with all M rows of x by
+// dot_rows (blocks of up to 4 weight rows by up to kDotCols rows of x; with AVX-512, 8 rows of x at once over 2 weight
+// rows), widening narrow weights as they are loaded, by AVX-512 BF16 dot products on bfloat16, or by integer dot
+// products on int8 weights and x quantized per row: AVX-512 VNNI on x of 16 or 8 bits (both 8 rows of x at once over
+// 2 weight rows), AVX2 vpmaddwd on x of 16 bits (4 rows of x over 2 weight rows), so each weight row comes from memory
+// once and from cache for the later blocks of x rows. With AVX-512, an x too large to stay in L1 goes by in chunks of K,
 // each over two blocks at a time. Sums are per vector lane over K (or over the chunks), then across lanes (the order of
 // a blocked GEMM). Compiled into each including kernel file's ISA level (namespace CPU_CAPABILITY, see isa.h).
 #include <ATen/Parallel.h>
@@ -19,6 +20,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -46,18 +48,33 @@ constexpr int64_t kChunkBlocks = 2;                     // blocks a chunk of x i
 constexpr int64_t kChunkAhead = 1152;                   // bytes prefetched ahead along each row of a chunked group
 constexpr int64_t kL1Bytes = int64_t(48) << 10;        // a core's L1 data cache (Zen 4: 32 KiB, Zen 5 and Intel: 48)
 
-// Asks for rows [n, n + count) of w [N, K] (those that exist) to be brought into L1, a line at a time, when they are at
-// most kPrefetchBytes: short rows are short streams that the hardware prefetcher barely starts following before they
-// end (blocks of long rows gain too), while much larger blocks would evict each other from L1 and are long streams
-// that the hardware follows by itself (benchmarks/results/cpu_kernel_notes_2026-11-28.md, prefetch_rows).
-// Always inlined: GCC counts a prefetch as free of side effects, so it deletes a call to a function that only
-// prefetches (GCC 12 did, in linear's kernel files), while a prefetch inside a loop that stores is kept.
-template <typename w_t>
-__attribute__((always_inline)) inline void prefetch_rows(const w_t* w, int64_t K, int64_t N, int64_t n, int64_t count) {
-  if (n >= N || count * K * static_cast<int64_t>(sizeof(w_t)) > kPrefetchBytes) return;
-  const char* p = reinterpret_cast<const char*>(w + n * K);
-  const char* end = reinterpret_cast<const char*>(w + std::min(N, n + count) * K);
-  for (; p < end; p += 64) __builtin_prefetch(p, 0, 3);
+// The largest magnitude of x quantized to xq_t for a K: 32767 (int16_t) or 127 (int8_t), or less where an int32 lane
+// of the AVX-512 dot_block_i8 could overflow (the AVX2 one is exact for any of these, and quantizes to the same). With
+// 16 bits a lane takes 2 of every 32 elements of K against weights down to -128 (K over 8192: 11008 gives 24385);
+// with 8 bits, 4 of every 64 against weights shifted to 0..255 (K over a million).
+template <typename xq_t>
+inline int32_t x_quant_max(int64_t K) {
+  constexpr int64_t kPerLane = 4 / sizeof(xq_t), kStep = 64 / sizeof(xq_t), kWeightMax = sizeof(xq_t) == 2 ? 128 : 255;
+  return static_cast<int32_t>(std::min<int64_t>(std::numeric_limits<xq_t>::max(),
+                                                INT32_MAX / (kWeightMax * kPerLane *
+                                                             std::max<int64_t>(1, (K + kStep - 1) / kStep))));
+}
+
+// How a row of x is quantized (quantize_rows, quantize_rows_16), from the bits of its largest magnitude (as an int32:
+// integer order is magnitude order, with inf and NaN above every finite value) and q_max: finite false for a row with
+// an inf or NaN (scale NaN, its outputs NaN); else q = round(x * pre * mul) with pre 2^100 for a row whose largest
+// magnitude is below 2^-100 (exact, so that 1 / scale stays finite), else 1, and mul 0 for a row of zeros.
+struct RowQuant {
+  float scale, pre, mul;
+  bool finite;
+};
+inline RowQuant row_quant(int32_t top_bits, float q_max) {
+  if (top_bits >= 0x7F800000) return {std::numeric_limits<float>::quiet_NaN(), 1.0f, 0.0f, false};
+  float amax;
+  std::memcpy(&amax, &top_bits, sizeof amax);
+  const float pre = amax < 0x1p-100f ? 0x1p100f : 1.0f;
+  const float big = amax * pre;
+  return {big / q_max / pre, pre, big > 0 ? q_max / big : 0.0f, true};
 }
 
 #if defined(CPU_CAPABILITY_AVX512)
@@ -193,17 +210,6 @@ void dot_block_bf16(const c10::BFloat16* a_first, int64_t a_step, const c10::BFl
   }
 }
 
-// The largest magnitude of x quantized to xq_t for a K: 32767 (int16_t) or 127 (int8_t), or less where an int32 lane
-// of dot_block_i8 could overflow. With 16 bits a lane takes 2 of every 32 elements of K against weights down to -128
-// (K over 8192: 11008 gives 24385); with 8 bits, 4 of every 64 against weights shifted to 0..255 (K over a million).
-template <typename xq_t>
-inline int32_t x_quant_max(int64_t K) {
-  constexpr int64_t kPerLane = 4 / sizeof(xq_t), kStep = 64 / sizeof(xq_t), kWeightMax = sizeof(xq_t) == 2 ? 128 : 255;
-  return static_cast<int32_t>(std::min<int64_t>(std::numeric_limits<xq_t>::max(),
-                                                INT32_MAX / (kWeightMax * kPerLane *
-                                                             std::max<int64_t>(1, (K + kStep - 1) / kStep))));
-}
-
 // x [M, K] float32 quantized per row for dot_block_i8 to xq_t (int16_t or int8_t): q[m, k] = round(x[m, k] / scale[m])
 // (to nearest, ties to even) with scale[m] = max_k |x[m, k]| / x_quant_max<xq_t>(K), so |x - q * scale| <= scale / 2;
 // offset[m] = -128 * sum_k q[m, k] for int8_t (the term that dot_block_i8's weights shifted by 128 add), 0 for
@@ -223,19 +229,14 @@ inline void quantize_rows(int64_t M, int64_t K, const float* x, xq_t* q, float* 
       const __m512i bits = _mm512_and_si512(_mm512_maskz_loadu_epi32(mask, xr + k), _mm512_set1_epi32(0x7FFFFFFF));
       top = _mm512_max_epi32(top, bits);
     }
-    const int32_t top_bits = _mm512_reduce_max_epi32(top);
-    float amax;
-    std::memcpy(&amax, &top_bits, sizeof amax);
-    if (top_bits >= 0x7F800000) {  // inf or NaN
-      scale[m] = std::numeric_limits<float>::quiet_NaN();
+    const RowQuant rq = row_quant(_mm512_reduce_max_epi32(top), q_max);
+    scale[m] = rq.scale;
+    if (!rq.finite) {
       std::fill(qr, qr + K, xq_t(0));
       continue;
     }
-    const float pre = amax < 0x1p-100f ? 0x1p100f : 1.0f;
-    const float big = amax * pre;
-    scale[m] = big / q_max / pre;
-    const __m512 mul = _mm512_set1_ps(big > 0 ? q_max / big : 0.0f);
-    const __m512 pre_v = _mm512_set1_ps(pre);
+    const __m512 mul = _mm512_set1_ps(rq.mul);
+    const __m512 pre_v = _mm512_set1_ps(rq.pre);
     __m512i sum = _mm512_setzero_si512();  // of q, at most 127 * K a lane
     for (int64_t k = 0; k < K; k += 16) {
       const __mmask16 mask = first_lanes(K - k);
@@ -357,6 +358,122 @@ __attribute__((noinline)) void dot_block_i8(const int8_t* a_first, int64_t a_ste
 #pragma GCC pop_options
 #endif
 
+#if defined(CPU_CAPABILITY_AVX2)
+// x [M, K] float32 quantized per row to int16 for the AVX2 dot_block_i8, as the AVX-512 quantize_rows does it to 16
+// bits (bits 16) or to 8 (bits 8, stored in 16): the same q_max (x_quant_max), scale, rounding (to nearest, ties to
+// even), pre-scaling of tiny rows and NaN rows, so that both kernels multiply the same integers.
+inline void quantize_rows_16(int64_t M, int64_t K, const float* x, int64_t bits, int16_t* q, float* scale) {
+  const float q_max = static_cast<float>(bits == 8 ? x_quant_max<int8_t>(K) : x_quant_max<int16_t>(K));
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * K;
+    int16_t* qr = q + m * K;
+    // the largest |x| as bits: integer order is magnitude order, with inf and NaN above every finite value
+    int32_t top_bits = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      int32_t b;
+      std::memcpy(&b, xr + k, sizeof b);
+      top_bits = std::max(top_bits, b & 0x7FFFFFFF);
+    }
+    const RowQuant rq = row_quant(top_bits, q_max);
+    scale[m] = rq.scale;
+    if (!rq.finite) {
+      std::fill(qr, qr + K, int16_t(0));
+      continue;
+    }
+    const float pre = rq.pre, mul = rq.mul;
+    const __m256 mul_v = _mm256_set1_ps(mul), pre_v = _mm256_set1_ps(pre);
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {  // cvtps rounds to nearest, ties to even; packs keeps 128-bit lanes, hence the permute
+      const __m256i lo = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + k), pre_v), mul_v));
+      const __m256i hi = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + k + 8), pre_v), mul_v));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qr + k),
+                          _mm256_permute4x64_epi64(_mm256_packs_epi32(lo, hi), 0xD8));
+    }
+    for (; k < K; ++k) qr[k] = static_cast<int16_t>(std::nearbyint(xr[k] * pre * mul));
+  }
+}
+
+// part[c * part_m + r] = dot(a row r, b row c) over n elements, exactly, rounded once to float32, for R int8 weight
+// rows a + r * a_step and C rows b + c * b_step of x quantized to int16 (quantize_rows_16), by AVX2 vpmaddwd: 16
+// products a step of int16 pairs (the weights sign-extended), added in pairs into 8 int32 lanes, where widening the
+// weights to float32 takes 4 instructions and 2 fmas a row. Every kSegment elements the int32 lanes go into int64
+// totals, so that no lane overflows for any K and x up to 32767. The sums' chain is an integer add (1 cycle), so one
+// set of sums hides it. prefetch: as in dot_block; n_blocks: as many blocks of R weight rows, block i the rows after
+// block i - 1's (n: whole rows), its sums at part + i * R. R x C up to 4 x 2 or 2 x 4: the sums, C vectors of x, a
+// weight vector and a product in at most 14 of the 16 registers. Never inlined, as dot_block.
+template <int R, int C>
+__attribute__((noinline)) void dot_block_i8(const int8_t* a_first, int64_t a_step, const int16_t* b, int64_t b_step,
+                                            int64_t n, float* part, int64_t part_m, int64_t prefetch,
+                                            int64_t n_blocks = 1) {
+  constexpr int64_t kSegment = 4096;  // 512 products a lane of at most 128 * 32767 each: below 2^31
+  for (int64_t block = 0; block < n_blocks; ++block) {
+    const int8_t* a = a_first + block * n;
+    int64_t total[R][C] = {};
+    for (int64_t s0 = 0; s0 < n; s0 += kSegment) {
+      const int64_t s1 = std::min(n, s0 + kSegment);
+      __m256i acc[R][C];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_si256();
+      // 16 elements from k: weights as given, and x, or copies of the last count elements with zeros past them
+      const auto step = [&](const int8_t* const* w, int64_t w_at, const int16_t* const* xs, int64_t x_at)
+          __attribute__((always_inline)) {
+        __m256i bv[C];
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) bv[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[c] + x_at));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m256i av = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w[r] + w_at)));
+#pragma GCC unroll 4
+          for (int c = 0; c < C; ++c) acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(av, bv[c]));
+        }
+      };
+      const int8_t* w_rows[R];
+      const int16_t* x_rows[C];
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) w_rows[r] = a + r * a_step;
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) x_rows[c] = b + c * b_step;
+      int64_t k = s0;
+      if (prefetch != 0)
+        for (; k + 64 <= s1; k += 64) {  // a 64-byte line of each weight row
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) prefetch_line(w_rows[r] + k, prefetch);
+#pragma GCC unroll 4
+          for (int64_t j = 0; j < 64; j += 16) step(w_rows, k + j, x_rows, k + j);
+        }
+      for (; k + 16 <= s1; k += 16) step(w_rows, k, x_rows, k);
+      if (k < s1) {  // the last elements of a row, through zero-filled copies
+        alignas(32) int8_t w_tail[R][16] = {};
+        alignas(32) int16_t x_tail[C][16] = {};
+        const int8_t* w_t[R];
+        const int16_t* x_t[C];
+        for (int r = 0; r < R; ++r) {
+          std::memcpy(w_tail[r], w_rows[r] + k, s1 - k);
+          w_t[r] = w_tail[r];
+        }
+        for (int c = 0; c < C; ++c) {
+          std::memcpy(x_tail[c], x_rows[c] + k, (s1 - k) * sizeof(int16_t));
+          x_t[c] = x_tail[c];
+        }
+        step(w_t, 0, x_t, 0);
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int c = 0; c < C; ++c) {
+          alignas(32) int32_t lanes[8];
+          _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[r][c]);
+          for (int l = 0; l < 8; ++l) total[r][c] += lanes[l];
+        }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) part[block * R + c * part_m + r] = static_cast<float>(total[r][c]);
+  }
+}
+#endif
+
 // &to for a dot block that writes T where it writes its results itself (on), else nullptr.
 template <typename T, typename U>
 const Out8<T>* fused_out(bool on, const Out8<U>& to) {
@@ -385,11 +502,9 @@ struct GemvPlan {
   bool streams = false;    // a thread reads its weight rows as two sequential streams (GemvRows::read_streams)
   int64_t stream_ahead = 0;  // streams: the bytes prefetched ahead of each (0: none, the hardware's prefetch alone)
   bool prefetch_trial = false;  // streams of 1 or 2 rows of x: a timed trial of the way (stream_prefetch.h)
-  bool burst = false;      // blocks: the next block prefetched whole at the start of each (GemvRows::read_blocks)
   bool fused = false;      // dot blocks of 8 rows of x write out themselves (Out8) instead of sums for store
   int64_t x_bytes = 0;     // x as the dot products read it
   int64_t row_bytes = 0;   // a weight row
-  int64_t block = kGemvBlock;  // weight rows a work item of the parallel loop
   int64_t block_bytes = 0;     // the weight bytes of a block
   int64_t chunk_bytes = 0;     // chunked: the bytes of each weight row a chunk of K covers
 };
@@ -398,7 +513,7 @@ struct GemvPlan {
 // gemv_rows).
 template <typename acc_t, typename w_t, typename io_t>
 GemvPlan plan_gemv(int64_t M, int64_t N, int64_t K, int64_t x_quant_bits) {
-  constexpr bool kFloatIo = std::is_same_v<io_t, float> && std::is_same_v<acc_t, float>;
+  [[maybe_unused]] constexpr bool kFloatIo = std::is_same_v<io_t, float> && std::is_same_v<acc_t, float>;
   GemvPlan p;
 #if defined(CPU_CAPABILITY_AVX512)
   constexpr bool kIntTypes = std::is_same_v<w_t, int8_t> && std::is_same_v<io_t, float>;
@@ -408,9 +523,18 @@ GemvPlan plan_gemv(int64_t M, int64_t N, int64_t K, int64_t x_quant_bits) {
   // fmas on widened weights that bound 8 rows of x, and they are exact, so a row's result does not depend on M or on
   // the path.
   if constexpr (kIntTypes) p.int_dots = x_quant_bits != 0;
+#elif defined(CPU_CAPABILITY_AVX2)
+  // vpmaddwd takes 16 weights an instruction and a row of x, the float32 fmas 8 after 4 instructions to widen them;
+  // x is quantized to 16 bits (or to 8, stored in 16).
+  if constexpr (std::is_same_v<w_t, int8_t> && std::is_same_v<io_t, float>) p.int_dots = x_quant_bits != 0;
 #endif
   p.x_8_bits = p.int_dots && x_quant_bits == 8;
-  p.x_bytes = M * K * (p.x_8_bits ? 1 : p.bf16_dots || p.int_dots ? 2 : static_cast<int64_t>(sizeof(acc_t)));
+#if defined(CPU_CAPABILITY_AVX2)
+  const bool x_8_bit_bytes = false;  // 8-bit x is stored in 16 bits
+#else
+  const bool x_8_bit_bytes = p.x_8_bits;
+#endif
+  p.x_bytes = M * K * (x_8_bit_bytes ? 1 : p.bf16_dots || p.int_dots ? 2 : static_cast<int64_t>(sizeof(acc_t)));
 #if defined(CPU_CAPABILITY_AVX512)
   // Chunks of K keep a large x in L1 while the weights stream past, where that measured faster: 3 to 8 rows of x with
   // dot products of narrow types, 5 to 8 of float32 (one pass over a block reads up to 4 rows better); AVX-512 only.
@@ -419,6 +543,11 @@ GemvPlan plan_gemv(int64_t M, int64_t N, int64_t K, int64_t x_quant_bits) {
   // Two streams a thread read memory better than blocks of rows (a short stream per row), while x stays in L1; more
   // rows of x, which go over x in several passes, and AVX2's 8 lanes did better in blocks.
   p.streams = !p.chunked && p.x_bytes <= (M <= 4 ? kL1Bytes : kChunkXBytes);
+#else
+  // Below AVX-512 (an AVX2 EPYC) two streams read better up to 4 rows of x, and with integer dot products 8; float32
+  // fmas on 5 or more rows of widened weights did better in blocks of 4 weight rows (each widened once a pass over
+  // 2 rows of x, where a pair of streams takes 2).
+  p.streams = p.x_bytes <= (M <= 4 ? kL1Bytes : kChunkXBytes) && (M <= 4 || p.int_dots);
 #endif
   p.row_bytes = K * static_cast<int64_t>(sizeof(w_t));
   // Software prefetch lets the dot products of 3 or more rows of x overlap the reads; with fewer the loop waits on
@@ -430,20 +559,16 @@ GemvPlan plan_gemv(int64_t M, int64_t N, int64_t K, int64_t x_quant_bits) {
     p.stream_ahead = trial.prefetch ? kStreamAhead : 0;
     p.prefetch_trial = trial.timed;
   }
-  // The burst keeps the most reads in flight for 1 or 2 rows of x while this block, the next and x fit in L1 (int8,
-  // with four times the work per byte of float32, in half of it), in blocks of 2 for narrow rows of 3 KiB or more;
-  // from 3 rows of x it made the dot products wait for memory instead of overlapping it.
-  const int64_t burst_block = sizeof(w_t) <= 2 && p.row_bytes >= 3072 ? 2 : kGemvBlock;
-  const int64_t burst_bytes = 2 * burst_block * p.row_bytes + p.x_bytes;
-  p.burst = !p.streams && M <= 2 && burst_bytes <= (sizeof(w_t) == 1 ? kL1Bytes / 2 : kL1Bytes);
-  p.block = p.burst ? burst_block : kGemvBlock;
-  p.block_bytes = p.block * p.row_bytes;
+  p.block_bytes = kGemvBlock * p.row_bytes;
   // Integer dot products are compute-bound in chunks, and longer chunks load and store their sums fewer times a line;
   // up to 4 rows of x, shorter chunks read memory better.
   p.chunk_bytes = p.int_dots ? kChunkBytesInt : M <= 4 ? kChunkBytesFew : kChunkBytes;
   // Reducing a weight row's 8 sums together and writing out in the dot block took a third or more of the
   // instructions of the separate sums of lanes and store (the fused paths of dot_block, dot_block_bf16, dot_block_i8).
+  // (AVX-512 only: below it the dot blocks write sums)
+#if defined(CPU_CAPABILITY_AVX512)
   p.fused = M % 8 == 0 && (p.int_dots || ((kFloatIo || p.bf16_dots) && (p.chunked || p.streams)));
+#endif
   return p;
 }
 
@@ -480,7 +605,7 @@ class GemvRows {
 
  private:
   void run_threads() const {
-    const int64_t items = (N + plan.block - 1) / plan.block;
+    const int64_t items = (N + kGemvBlock - 1) / kGemvBlock;
     // ~32 KiB of weight per task at least: fewer tasks than that cost more in scheduling than they save.
     const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(1, plan.block_bytes));
     if (plan.streams) return read_streams(items, grain);
@@ -520,6 +645,14 @@ class GemvRows {
           r.int16.resize(M * K);
           quantize_rows(M, K, x, r.int16.data(), r.scale.data(), r.offset.data());
         }
+      }
+    }
+#elif defined(CPU_CAPABILITY_AVX2)
+    if constexpr (kIntTypes) {
+      if (plan.int_dots) {
+        r.scale.resize(M);
+        r.int16.resize(M * K);
+        quantize_rows_16(M, K, x, plan.x_8_bits ? 8 : 16, r.int16.data(), r.scale.data());
       }
     }
 #endif
@@ -585,6 +718,19 @@ class GemvRows {
                                                                   K, cn, sums + (m * sums_m + r) * kSum, 1, sums_m,
                                                                   ahead, fused_out<acc_t>(fused, to), blocks);
       });
+#elif defined(CPU_CAPABILITY_AVX2)
+    if constexpr (kIntTypes && !kLanes) {  // (no chunks of K below AVX-512)
+      // 4 rows of x at a time over 2 weight rows, fewer over 4
+      if (plan.int_dots)
+        return for_blocks<4>(M, [&](auto C, int64_t m) {
+          constexpr int kRows = decltype(C)::value == 4 ? 2 : 4;
+          for_blocks<kRows>(nb, [&](auto R, int64_t r) {
+            dot_block_i8<decltype(R)::value, decltype(C)::value>(rows + r * step * K, step * K,
+                                                                 xs.int16.data() + m * K + c0, K, cn,
+                                                                 sums + m * sums_m + r, sums_m, ahead, blocks);
+          });
+        });
+    }
 #endif
     dot_rows<kLanes>(rows, step * K, nb, xs.wide + c0, K, M, cn, sums, 1, sums_m, ahead, blocks);
   }
@@ -668,8 +814,8 @@ class GemvRows {
     std::vector<StreamRange> range(ranges);
     for (int64_t t = 0; t < ranges; ++t) {
       StreamRange& r = range[t];
-      r.r0 = std::min(N, t * per_range * plan.block);
-      r.r1 = std::min(N, (t + 1) * per_range * plan.block);
+      r.r0 = std::min(N, t * per_range * kGemvBlock);
+      r.r1 = std::min(N, (t + 1) * per_range * kGemvBlock);
       r.h = (r.r1 - r.r0) / 2;
       // Pairs a run: all h where 8 rows of x write their outputs directly (Out8::blocks; store returns at once), up
       // to kStreamPairs where the dot blocks take all M rows of x in one pass, else one.
@@ -704,7 +850,7 @@ class GemvRows {
   // whose sums stay vectors in part between chunks, so that a chunk of x is reused from L1 while the weights stream
   // past.
   void read_chunks(int64_t i0, int64_t i1, acc_t* part) const {
-    const int64_t block = plan.block, chunk = plan.chunk_bytes / static_cast<int64_t>(sizeof(w_t));  // elements of K
+    const int64_t block = kGemvBlock, chunk = plan.chunk_bytes / static_cast<int64_t>(sizeof(w_t));  // elements of K
     const int64_t group_sums = M * kGemvBlock * kVec;  // part's elements for one block
     for (int64_t g0 = i0; g0 < i1; g0 += kChunkBlocks) {
       const int64_t g1 = std::min(i1, g0 + kChunkBlocks);
@@ -725,20 +871,18 @@ class GemvRows {
   // the next group's row (when that is a whole group; the half-way requests of prefetch_line land half a group on
   // there, where they are wasted).
   int64_t chunk_ahead(int64_t i, int64_t blocks, int64_t c0) const {
-    const bool next_group = (i + blocks + 1) * plan.block <= N;
+    const bool next_group = (i + blocks + 1) * kGemvBlock <= N;
     const bool along = c0 * static_cast<int64_t>(sizeof(w_t)) + kChunkAhead + plan.chunk_bytes <= plan.row_bytes;
-    return along ? kChunkAhead : next_group ? kChunkAhead + (blocks * plan.block - 1) * plan.row_bytes : 0;
+    return along ? kChunkAhead : next_group ? kChunkAhead + (blocks * kGemvBlock - 1) * plan.row_bytes : 0;
   }
 
-  // Blocks [i0, i1) one after the other, the next one coming into L1 while this one is computed: whole at the start
-  // of this one (plan.burst), or spread, a line of the next block as each line of this one is read (dot_rows'
-  // prefetch), when the next is a whole block of at most kPrefetchBytes.
+  // Blocks [i0, i1) one after the other, the next one coming into L1 while this one is computed, a line of it as each
+  // line of this one is read (the dot blocks' prefetch), when the next is a whole block of at most kPrefetchBytes.
   void read_blocks(int64_t i0, int64_t i1, acc_t* part) const {
-    const int64_t block = plan.block;
+    const int64_t block = kGemvBlock;
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t n = i * block, nb = std::min(block, N - n);
-      if (plan.burst) prefetch_rows(w, K, N, n + block, block);
-      const bool spread = !plan.burst && plan.block_bytes <= kPrefetchBytes && n + 2 * block <= N;
+      const bool spread = plan.block_bytes <= kPrefetchBytes && n + 2 * block <= N;
       const int64_t ahead = spread ? plan.block_bytes : 0;
       dot<false>(n, nb, 1, 0, K, ahead, part);
       store<false>(n, nb, 1, part);
@@ -748,7 +892,7 @@ class GemvRows {
 
 // out [M, N] = (x [M, K] @ w [N, K]^T) * scale + bias, every array contiguous; scale and bias may be nullptr (1 and 0).
 // x, bias and out are io_t (float32, or bfloat16/float16 that is widened to acc_t and rounded back once at the end).
-// x_quant_bits (int8 weights, float32 x; only where has_avx512_vnni(), as int8_linear's glue decides): 16 or 8, x
+// x_quant_bits (int8 weights, float32 x; only where has_int_dot_products(), as int8_linear's glue decides): 16 or 8, x
 // quantized per row to that many bits for integer dot products; 0, x as it is.
 // The steps: plan_gemv decides the path, GemvRows prepares x (widened or quantized) and runs the blocks of weight
 // rows over all threads.

@@ -1,8 +1,6 @@
 // CPU glue of int8_linear: argument checks, the few-rows kernel or dequantized blocks and ATen's GEMM, the kernels of
 // the best ISA level (int8_linear_kernel.cpp), registration.
-#include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/mm.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -10,6 +8,7 @@
 
 #include "../int8_linear.h"
 #include "isa.h"
+#include "widened_mm.h"
 
 namespace pytransformer::cpu {
 KernelTable<Int8GemvCpuFn> int8_gemv_kernel;
@@ -17,16 +16,15 @@ KernelTable<Int8DequantizeCpuFn> int8_dequantize_kernel;
 
 namespace {
 // Up to this many rows of x, the row-by-row kernel (memory-bound: it reads the int8 weight once); more rows go
-// through dequantized weight blocks and GEMM, except with AVX-512 VNNI (below).
+// through dequantized weight blocks and GEMM (widened_mm.h), except with integer dot products (below).
 constexpr int64_t kMaxGemvRows = 16;
-// With AVX-512 VNNI and float32 accumulation, more than kMaxGemvRows rows (prefill) go through the row-by-row kernel
-// too, this many rows a call: its integer dot products do 32 or 64 products an instruction, where the GEMM path's
-// float32 FMAs do 16 after widening every weight to float32 through memory, so it is several times faster at every row
-// count (benchmarks/results/cpu_kernel_notes_2026-11-28.md, int8_linear.cpp). It also keeps a row's result the same
-// whatever the number of rows.
-constexpr int64_t kVnniRowBlock = 8;
-// Bytes of dequantized weight per block of the many-rows path (the transient memory it needs).
-constexpr int64_t kDequantizeBytes = int64_t(16) << 20;
+// With integer dot products (has_int_dot_products) and float32 accumulation, more than kMaxGemvRows rows (prefill) go
+// through the row-by-row kernel too, this many rows a call: AVX-512 VNNI does 32 or 64 products an instruction, where
+// the GEMM path's float32 FMAs do 16 after widening every weight to float32 through memory, so it is several times
+// faster at every row count (benchmarks/results/cpu_kernel_notes_2026-11-28.md, int8_linear.cpp); AVX2's vpmaddwd, 16
+// an instruction, was as fast as the GEMM path or faster from 17 to 256 rows on an AVX2 EPYC
+// (cpu_kernel_notes_2026-12-02_zen3.md). It also keeps a row's result the same whatever the number of rows.
+constexpr int64_t kIntDotRowBlock = 8;
 
 // x as the kernels take it: [M, K] in acc, and the bits to which the row-by-row kernel quantizes each row itself.
 struct KernelX {
@@ -34,12 +32,12 @@ struct KernelX {
   int64_t quant_bits;  // 16 or 8; 0: none
 };
 
-// The one place where x_bits takes effect on the CPU. With AVX-512 VNNI and float32 accumulation the row-by-row kernel
-// quantizes x to x_bits itself and sums in integers (16 bits too, see int8_linear_kernel.cpp); elsewhere x_bits 8
+// The one place where x_bits takes effect on the CPU. With integer dot products and float32 accumulation the row-by-row
+// kernel quantizes x to x_bits itself and sums in integers (16 bits too, see int8_linear_kernel.cpp); elsewhere x_bits 8
 // rounds x here to the values that quantization gives (round_x_to_8_bits) and x_bits 16 leaves x as it is.
 KernelX x_for_kernels(const at::Tensor& x, const Int8LinearParams& p, at::ScalarType acc, int64_t x_bits) {
   const at::Tensor xa = x.reshape({p.rows, p.in_features}).to(acc).contiguous();
-  if (acc == at::kFloat && has_avx512_vnni()) return {xa, x_bits};
+  if (acc == at::kFloat && has_int_dot_products()) return {xa, x_bits};
   return {x_bits == 8 ? round_x_to_8_bits(xa) : xa, 0};
 }
 
@@ -56,7 +54,7 @@ at::Tensor int8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
   at::Tensor out;  // [M, N] in acc
   if (p.rows <= kMaxGemvRows || kernel_quantizes) {
     out = at::empty({p.rows, p.out_features}, xa.options());
-    const int64_t block = p.rows <= kMaxGemvRows ? p.rows : kVnniRowBlock;
+    const int64_t block = p.rows <= kMaxGemvRows ? p.rows : kIntDotRowBlock;
     const auto* xp = static_cast<const char*>(xa.const_data_ptr());
     auto* op = static_cast<char*>(out.mutable_data_ptr());
     for_row_blocks(p.rows, block, [&](int64_t m0, int64_t mb) {  // rows [m0, m0 + mb) of x and out
@@ -64,23 +62,15 @@ at::Tensor int8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
                              w.const_data_ptr<int8_t>(), s.const_data_ptr(), b ? b->const_data_ptr() : nullptr,
                              op + m0 * p.out_features * out.element_size(), kx.quant_bits);
     });
-  } else {  // out^T [N, M] = deq @ x^T, block by block of weight rows (few blocks: each is two parallel regions)
-    const at::Tensor out_t = at::empty({p.out_features, p.rows}, xa.options());
-    const int64_t block = std::max<int64_t>(16, kDequantizeBytes / (std::max<int64_t>(1, p.in_features) *
-                                                                    static_cast<int64_t>(xa.element_size())));
-    at::Tensor deq = at::empty({std::min(block, p.out_features), p.in_features}, xa.options());
-    for (int64_t n0 = 0; n0 < p.out_features; n0 += block) {
-      const int64_t nb = std::min(block, p.out_features - n0);
-      at::Tensor d = deq.narrow(0, 0, nb), o = out_t.narrow(0, n0, nb);
+  } else {
+    out = widened_mm(xa, p.out_features, b, [&](int64_t n0, int64_t nb, at::Tensor& d) {
       int8_dequantize_kernel.get()(acc, nb, p.in_features, w.const_data_ptr<int8_t>() + n0 * p.in_features,
                                    s.narrow(0, n0, nb).const_data_ptr(), d.mutable_data_ptr());
-      at::mm_out(o, d, xa.t());
-    }
-    out = b ? at::add(out_t.t(), *b) : out_t.t();
+    });
   }
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = p.out_features;
-  return out.contiguous().to(x.scalar_type()).view(shape);
+  return out.to(x.scalar_type()).view(shape);
 }
 }  // namespace
 

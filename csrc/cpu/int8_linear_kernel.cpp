@@ -1,17 +1,19 @@
 // CPU kernels of int8_linear, compiled once per ISA level (see isa.h; the glue is int8_linear.cpp): out [M, N] = (x [M, K] @ weight^T) * scale + bias
 // with an int8 weight [N, K].
 //
-// Few rows (decoding, M <= kMaxGemvRows), and with AVX-512 VNNI any number of rows (8 a call, see the glue): the
-// weight-streaming kernel of the linear layers (gemv.h), so the product reads 1 byte per weight from memory instead of
-// the float layer's 4. With AVX-512 VNNI (and float32, float16 or bfloat16 x), each row of x is quantized to 16 bits
-// (to nearest, in steps of its largest magnitude / 32767; / 24385 at K 11008, fewer over K 8192, so that no int32 sum
-// overflows), or with x_bits 8 to 8 bits (steps of the largest magnitude / 127), and its products with the weights are
-// summed exactly in integers, then times the two scales: off from the exact product by at most half a step times sum_k
-// |w[n, k]| * scale[n] (with 16 bits typically 1e-5 to 1e-4 of the outputs), and the same whatever the number of rows;
-// a row with an inf or NaN gives NaN. Otherwise the int8 weight rows are widened to float32 as they are loaded, each
-// dot product times its scale (x_bits 8: x rounded by the glue). Many rows (prefill) without VNNI: the product is
-// compute-bound, so blocks of weight rows are dequantized (times scale) into a buffer of 16 MiB and multiplied with
-// ATen's GEMM. float16/bfloat16 x is computed in float32, float64 in float64.
+// Few rows (decoding, M <= kMaxGemvRows), and with integer dot products any number of rows (8 a call, see the glue):
+// the weight-streaming kernel of the linear layers (gemv.h), so the product reads 1 byte per weight from memory instead
+// of the float layer's 4. With integer dot products (AVX-512 VNNI, or AVX2 where it is the best level; float32,
+// float16 or bfloat16 x), each row of x is quantized to 16 bits (to nearest, in steps of its largest magnitude /
+// 32767; / 24385 at K 11008, fewer over K 8192, so that no int32 sum of the AVX-512 kernel overflows), or with x_bits 8
+// to 8 bits (steps of the largest magnitude / 127), and its products with the weights are summed exactly in integers,
+// then times the two scales: off from the exact product by at most half a step times sum_k |w[n, k]| * scale[n] (with
+// 16 bits typically 1e-5 to 1e-4 of the outputs), the same whatever the number of rows, and the same from both ISA
+// levels; a row with an inf or NaN gives NaN. Otherwise the int8 weight rows are widened to float32 as they are
+// loaded, each dot product times its scale (x_bits 8: x rounded by the glue). Many rows (prefill) without integer dot
+// products: the product is compute-bound, so blocks of weight rows are dequantized (times scale) into a buffer of
+// 16 MiB and multiplied with ATen's GEMM (widened_mm.h). float16/bfloat16 x is computed in float32, float64 in
+// float64.
 #include "isa.h"
 
 #include <ATen/Dispatch.h>

@@ -74,6 +74,10 @@ inline bool has_avx512_vnni() {
   return yes;
 }
 
+// Integer dot products for int8 linear layers on float32 x quantized per row (gemv.h): AVX-512 VNNI, or AVX2's
+// vpmaddwd where AVX2 is the best level; both multiply the same integers exactly, so they give the same results.
+inline bool has_int_dot_products() { return has_avx512_vnni() || best_isa() == kAvx2; }
+
 // One kernel's implementations, indexed by ISA level. A namespace-scope KernelTable is zero-initialised before any
 // dynamic initialiser runs, so registrations from other translation units are safe in any order.
 template <class Fn>

@@ -13,6 +13,7 @@
 #include "../linear.h"
 #include "isa.h"
 #include "stream_prefetch.h"
+#include "widened_mm.h"
 
 namespace pytransformer::cpu {
 KernelTable<LinearCpuFn> linear_kernel;
@@ -84,44 +85,56 @@ std::vector<StreamPrefetchState> stream_prefetch_states() {
 }
 
 namespace {
-// Below AVX-512, float32 x in rows of more than kLongK features goes to ATen's GEMM above kLongKRows rows (see
-// use_kernel).
-constexpr int64_t kLongK = 6144, kLongKRows = 128;
+// Float32 below AVX-512 and bfloat16 without AVX-512 BF16: rows of x up to this many take our kernel; more take a
+// GEMM: ATen's for float32, and ATen's float32 GEMM on widened weight blocks for bfloat16 (widened_mm).
+constexpr int64_t kFewRows = 64;
 
-// Whether `rows` rows of x of `in_features` take our kernel (linear_kernel.cpp), by dtype; more rows (prefill) go to
-// ATen's GEMM, from the row count where the GEMM measured as fast (an AVX-512 EPYC with AVX-512 BF16;
-// benchmarks/bench_linear.py has the crossover rows, benchmarks/results/cpu_kernel_notes_2026-11-28.md, use_gemv, the
-// measurements):
-// - float32: every row count (the weight-streaming kernel is faster than ATen's GEMM even with the weight cached
-//   across calls, and with AVX-512 from 48 rows the kernel's own GEMM is faster still, 3x ATen's at K 11008), except
-//   below AVX-512 for rows of more than kLongK features: there 32 rows of x no longer stay in L2 beside the weights,
-//   and above kLongKRows rows ATen's GEMM is as fast or faster;
+// How a call of `rows` rows of x is computed: our kernel (linear_kernel.cpp), ATen's linear, or ATen's float32 GEMM on
+// bfloat16 weights widened block by block (widened_mm.h), by dtype and the processor, from the row count where the
+// GEMM measured as fast (benchmarks/bench_linear.py has the crossover rows; the measurements: benchmarks/results/
+// cpu_kernel_notes_2026-11-28.md, use_gemv, and cpu_kernel_notes_2026-12-02_zen3.md):
+// - float32: with AVX-512 every row count (the weight-streaming kernel is faster than ATen's GEMM even with the weight
+//   cached across calls, and from 48 rows the kernel's own GEMM is faster still, 3x ATen's at K 11008); below it up
+//   to kFewRows rows (an AVX2 EPYC: 1.5x ATen's time at 256 rows, 0.4x at 8);
 // - float16: every row count (ATen's float16 GEMM is several times slower still);
 // - bfloat16 with AVX-512 BF16 dot products (has_avx512_bf16): up to 8 rows always (one pass over 2 weight rows at a
-//   time), then up to 28 while x is at most 64 KiB in rows of at most 4 KiB (K <= 2048); widening bfloat16 instead,
-//   up to 2 rows.
-bool use_kernel(at::ScalarType dtype, int64_t rows, int64_t in_features) {
-  if (dtype == at::kFloat) return best_isa() == kAvx512 || in_features <= kLongK || rows <= kLongKRows;
-  if (dtype != at::kBFloat16) return true;
-  if (!has_avx512_bf16()) return rows <= 2;
-  return rows <= 8 || (rows <= 28 && in_features <= 2048 && rows * in_features * 2 <= (int64_t(64) << 10));
+//   time), then up to 28 while x is at most 64 KiB in rows of at most 4 KiB (K <= 2048), then ATen's; without them up
+//   to kFewRows rows, then widened_mm (on an AVX2 EPYC ATen's bfloat16 GEMM took 3.7x widened_mm's time at 256 rows,
+//   and 4x our kernel's at 8).
+enum class Path { kKernel, kAten, kWidened };
+
+Path path_of(at::ScalarType dtype, int64_t rows, int64_t in_features) {
+  if (dtype == at::kDouble) return Path::kAten;  // (gradcheck)
+  const bool few = rows <= kFewRows;
+  if (dtype == at::kFloat) return best_isa() == kAvx512 || few ? Path::kKernel : Path::kAten;
+  if (dtype != at::kBFloat16) return Path::kKernel;
+  if (!has_avx512_bf16()) return few ? Path::kKernel : Path::kWidened;
+  return rows <= 8 || (rows <= 28 && in_features <= 2048 && rows * in_features * 2 <= (int64_t(64) << 10))
+             ? Path::kKernel
+             : Path::kAten;
 }
 
 at::Tensor linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   const LinearParams p = check_linear_args(x, weight, bias);
-  // float64 (gradcheck) and many rows: ATen, which also takes non-contiguous x and weight as they are.
-  if (x.scalar_type() == at::kDouble || !use_kernel(x.scalar_type(), p.rows, p.in_features))
-    return at::linear(x, weight, bias);
+  const Path path = path_of(x.scalar_type(), p.rows, p.in_features);
+  // ATen also takes non-contiguous x and weight as they are.
+  if (path == Path::kAten) return at::linear(x, weight, bias);
   // The kernel takes contiguous arrays in x's dtype (a non-contiguous weight is copied).
   const at::Tensor x2 = x.reshape({p.rows, p.in_features}).contiguous();  // [M, K]
   const at::Tensor w = weight.contiguous();                              // [N, K]
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = p.out_features;
+  if (path == Path::kWidened) {  // in float32, rounded once
+    const std::optional<at::Tensor> b = bias ? std::optional(bias->to(at::kFloat)) : std::nullopt;
+    const at::Tensor out = widened_mm(x2.to(at::kFloat), p.out_features, b,
+                                      [&](int64_t n0, int64_t nb, at::Tensor& d) { d.copy_(w.narrow(0, n0, nb)); });
+    return out.to(x.scalar_type()).view(shape);
+  }
   const at::Tensor b = bias ? bias->contiguous() : at::Tensor();         // [N] or undefined
   at::Tensor out = at::empty({p.rows, p.out_features}, x2.options());    // [M, N]
   if (out.numel() > 0)
     linear_kernel.get()(p, x.scalar_type(), x2.const_data_ptr(), w.const_data_ptr(),
                         b.defined() ? b.const_data_ptr() : nullptr, out.mutable_data_ptr());
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = p.out_features;
   return out.view(shape);
 }
 }  // namespace

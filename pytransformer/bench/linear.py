@@ -32,15 +32,16 @@ SHAPES = [("gpt2", "qkv", 2304, 768), ("gpt2", "attn out", 768, 768), ("gpt2", "
           ("llama124m", "down", 768, 2048), ("llama124m", "lm head", 32000, 768), ("llama7b", "down", 4096, 11008)]
 ROWS = (1, 8)
 DTYPES = ("float32", "bfloat16", "int8", "int8-x8")  # int8-x8: int8_linear with x_bits=8
-# The crossovers: rows of x at a layer shape around the CPU's switch from the kernel to ATen's GEMM
-# (csrc/cpu/linear.cpp), as (shape, dtypes, rows). GPT-2's MLP up: in bfloat16 with AVX-512 BF16 above 28 at this K,
-# else above 2; float32 takes the kernel at every row count at this K, above 32 in calls of 32, and with AVX-512 its
-# GEMM from 48. The 7B MLP down projection (K 11008): float32 below AVX-512 with rows of more than 6144 features above
-# 128, with AVX-512 the GEMM. The Llama-124M MLP at prefill lengths: float32's GEMM against ATen's.
-CROSSOVERS = [(("gpt2", "mlp up", 3072, 768), ("float32", "bfloat16"), (2, 3, 4, 5, 8, 16, 28, 29, 32, 33, 47, 48, 64)),
-              (("llama7b", "down", 4096, 11008), ("float32",), (64, 128, 129, 256)),
-              (("llama124m", "gate+up", 4096, 768), ("float32",), (128, 512, 1024)),
-              (("llama124m", "down", 768, 2048), ("float32",), (128, 512, 1024))]
+# The crossovers: rows of x at a layer shape around the CPU's switch from the kernel to a GEMM (csrc/cpu/linear.cpp),
+# as (shape, dtypes, rows). GPT-2's MLP up: bfloat16 with AVX-512 BF16 takes ATen's GEMM above 28 rows at this K;
+# float32 with AVX-512 takes the kernel at every row count, above 32 in calls of 32, and its GEMM from 48. Below
+# AVX-512, float32 and bfloat16 take the kernel up to 64 rows, then ATen's GEMM (bfloat16: on widened weight blocks).
+# The 7B MLP down projection (K 11008) and the Llama-124M MLP at prefill lengths: the GEMMs against ATen's.
+CROSSOVERS = [(("gpt2", "mlp up", 3072, 768), ("float32", "bfloat16"),
+               (2, 3, 4, 5, 8, 16, 28, 29, 32, 33, 47, 48, 64, 65)),
+              (("llama7b", "down", 4096, 11008), ("float32",), (64, 65, 128, 256)),
+              (("llama124m", "gate+up", 4096, 768), ("float32", "bfloat16"), (128, 512, 1024)),
+              (("llama124m", "down", 768, 2048), ("float32", "bfloat16"), (128, 512, 1024))]
 # Untimed calls (each on the next cold copy) before each timed one, in every turn: a call right after F.linear's GEMM
 # at 8 rows is slower (cpu_kernel_notes_2026-11-28.md, bench), a state that F.linear leaves behind for the next op and
 # that a model's back-to-back layers never see.

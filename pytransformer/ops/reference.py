@@ -5,7 +5,7 @@ import math
 import torch
 from torch import Tensor
 
-from .._C import cpu_vnni_dot_products
+from .._C import cpu_int_dot_products
 from .visibility import visible_keys
 
 
@@ -90,7 +90,7 @@ def round_x_to_8_bits(x) -> Tensor:
 
 
 def x_quant_max(k: int, bits: int = 16) -> int:
-    """The largest |x| that int8_linear's CPU kernel with AVX-512 VNNI quantizes x to, as x_quant_max in
+    """The largest |x| that int8_linear's CPU kernel with integer dot products quantizes x to, as x_quant_max in
     csrc/cpu/gemv.h: 32767 (16 bits) or 127 (8 bits), less over K 8192 (16 bits) or about a million (8 bits) so that
     no int32 sum can overflow."""
     if bits == 16:
@@ -99,7 +99,7 @@ def x_quant_max(k: int, bits: int = 16) -> int:
 
 
 def quantize_x_rows(x, bits: int = 16) -> tuple[Tensor, Tensor]:
-    """Each row of x [..., K] quantized as int8_linear's CPU kernel with AVX-512 VNNI does (quantize_rows in
+    """Each row of x [..., K] quantized as int8_linear's CPU kernel with integer dot products does (quantize_rows in
     csrc/cpu/gemv.h), in float32: (q, x_scale [..., 1]), q = round(x * pre * (q_max / big)) to nearest, ties to even,
     big = max|x row| * pre, pre = 2^100 for a row below 2^-100 (else 1), q_max = x_quant_max(K, bits), and
     x_scale = big / q_max / pre; a row with an inf or a NaN gets x_scale NaN."""
@@ -116,13 +116,13 @@ def int8_linear_x(x, x_bits: int = 16, kernel_device=None) -> Tensor:
     """x [..., K] as int8_linear's kernels for `kernel_device` (default x's device; "cuda" for the CUDA kernels that
     the host emulator runs on CPU tensors) multiply it on this processor, in float64 on the CPU: rounded to 8 bits with
     x_bits=8 on every path (round_x_to_8_bits); with x_bits=16 quantized per row to 16 bits where the CPU kernel does
-    it (x not float64, a processor with AVX-512 VNNI: pytransformer._C.cpu_vnni_dot_products(), which
-    ATEN_CPU_CAPABILITY turns off; csrc/cpu/int8_linear.cpp), else x itself. The references of int8_linear take this
+    it (x not float64, integer dot products: AVX-512 VNNI, or AVX2 as the best level,
+    pytransformer._C.cpu_int_dot_products(); csrc/cpu/int8_linear.cpp), else x itself. The references of int8_linear take this
     x, so that their bounds are those of float32 sums on every path."""
     if x_bits == 8:
         return round_x_to_8_bits(x.cpu()).double()
     cpu_kernel = torch.device(kernel_device or x.device).type == "cpu"
-    if cpu_kernel and x.dtype != torch.float64 and cpu_vnni_dot_products():
+    if cpu_kernel and x.dtype != torch.float64 and cpu_int_dot_products():
         q, x_scale = quantize_x_rows(x, 16)
         return q.double() * x_scale.double()
     return x.double().cpu()

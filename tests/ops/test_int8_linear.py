@@ -1,5 +1,9 @@
 """ops.int8_linear against a float64 reference (every path: CPU few and many rows, CUDA GEMV and tiled GEMM), dtypes,
 layouts, edge shapes, opcheck, torch.compile, no backward, bad input."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -11,7 +15,9 @@ from tests.helpers import CPU_ISA_LEVELS, TRACING_ERROR, compiled, run_under_isa
 from pytransformer import check as kc
 
 
-VNNI = pytransformer._C.cpu_vnni_dot_products()  # the few-rows CPU kernel quantizes x itself (ops.int8_linear)
+INT_DOTS = pytransformer._C.cpu_int_dot_products()  # the few-rows CPU kernel quantizes x itself (ops.int8_linear)
+needs_int_dots = pytest.mark.skipif(not INT_DOTS, reason="no integer dot products here (no AVX-512 VNNI and AVX2 not "
+                                    "the best level, or an ATEN_CPU_CAPABILITY cap above AVX2)")
 
 
 def make(n, k, device, dtype=torch.float32, bias=True):
@@ -23,7 +29,7 @@ def make(n, k, device, dtype=torch.float32, bias=True):
 
 def check(x, weight, scale, bias, x_bits=16):
     """ops.int8_linear against the float64 reference on x as the op's path on this processor sees it
-    (reference.int8_linear_x: rounded to 8 bits with x_bits=8, quantized to 16 bits by the CPU kernel with VNNI)."""
+    (reference.int8_linear_x: rounded to 8 bits with x_bits=8, quantized to 16 bits by the CPU kernel with integer dot products)."""
     got = ops.int8_linear(x, weight, scale, bias, x_bits=x_bits)
     x64 = reference.int8_linear_x(x, x_bits).to(x.device)
     want = reference.int8_linear(x64, weight, scale.double(), None if bias is None else bias.double())
@@ -35,7 +41,7 @@ def check(x, weight, scale, bias, x_bits=16):
     assert bool((err <= allowed).all()), f"{(err - allowed).amax().item()} over the tolerance"
 
 
-# CPU: <= 16 rows the row-by-row kernel, more dequantize + GEMM (with AVX-512 VNNI the kernel, 8 rows a call); CUDA:
+# CPU: <= 16 rows the row-by-row kernel, more dequantize + GEMM (with integer dot products the kernel, 8 rows a call); CUDA:
 # <= 64 rows the GEMV, more the tiled GEMM. K 3072 and 3100: x of 1 or 2 rows fits in L1 (with AVX-512, each thread's
 # weight rows read as two streams), of 5 or more does not (blocks of 4 weight rows; csrc/cpu/gemv.h)
 @pytest.mark.parametrize("rows", [1, 2, 5, 16, 17, 64, 65])
@@ -48,26 +54,27 @@ def test_matches_reference(device, rows, k, n, bias, x_bits):
 
 
 # avx512 capped explicitly runs the AVX-512 code that widens the int8 weights to float32 (no VNNI dot products: see
-# csrc/cpu/isa.h), which the uncapped tests use on a processor that has them.
+# csrc/cpu/isa.h), which the uncapped tests use on a processor that has them; avx2 sums in integers (vpmaddwd).
 @pytest.mark.parametrize("isa", CPU_ISA_LEVELS + (["avx512"] if pytransformer._C.cpu_isa() == "avx512" else []))
 def test_each_cpu_isa_level_agrees(isa):
     """The few-rows kernel is compiled per ISA level, with narrower blocks of x rows below AVX-512: 7 rows of x and
     13 weight rows (AVX-512: over 2 threads, 8 and 5, two streams of 4, and of 2 and the last row alone; below it
     blocks of 4, the next one prefetched a line at a time) reach every block shape, and 8 rows (AVX-512: 8 at once
     over 2 weight rows, each pair's 8 results written by its dot block, x in L1 at K 1000, in blocks at 1100) the
-    widest; K 1100 spans whole 64-byte lines, a vector and a tail. 20 rows: without VNNI (every level here) dequantized
-    weights and ATen's GEMM."""
+    widest; K 1100 spans whole 64-byte lines, a vector and a tail. 20 rows: the kernel 8 rows a call with integer dot
+    products (AVX2), else dequantized weights and ATen's GEMM. x as the path at that level sees it
+    (reference.int8_linear_x)."""
     run_under_isa(isa, (
         "for k, m in ((1100, 7), (1100, 8), (1000, 8), (1100, 20)):\n"
         "  w=torch.randint(-127,128,(13,k),dtype=torch.int8); s=torch.rand(13)*0.01; b=torch.randn(13)\n"
         "  x=torch.randn(m,k); torch.testing.assert_close(pt.ops.int8_linear(x,w,s,b).double(),"
-        " ref.int8_linear(x.double(),w,s.double(),b.double()), atol=2e-5, rtol=2e-5)\n"
+        " ref.int8_linear(ref.int8_linear_x(x),w,s.double(),b.double()), atol=2e-5, rtol=2e-5)\n"
         "  torch.testing.assert_close(pt.ops.int8_linear(x,w,s,b,x_bits=8).double(),"
         " ref.int8_linear(ref.round_x_to_8_bits(x).double(),w,s.double(),b.double()), atol=2e-5, rtol=2e-5)"))
 
 
 def quantized_x_reference(x, weight, scale, bias, bits=16):
-    """What the few-rows CPU kernel computes with AVX-512 VNNI, float32 x [M, K] quantized to `bits`: each row of x
+    """What the few-rows CPU kernel computes with integer dot products, float32 x [M, K] quantized to `bits`: each row of x
     quantized in float32 arithmetic as csrc/cpu/gemv.h's quantize_rows does, the integer products summed exactly
     (float64 holds integers up to 2^53), then float32 (sum * x scale) * scale + bias; rows with an inf or NaN all
     NaN."""
@@ -75,12 +82,12 @@ def quantized_x_reference(x, weight, scale, bias, bits=16):
     return (q.double() @ weight.double().T).float() * x_scale * scale + bias
 
 
-@pytest.mark.skipif(not VNNI, reason="the processor has no AVX-512 VNNI (or ATEN_CPU_CAPABILITY caps the level)")
+@needs_int_dots
 @pytest.mark.parametrize("rows", [1, 3, 8, 13, 16, 17, 30])
 @pytest.mark.parametrize("k", [1, 33, 100, 773, 3072, 11008])
 @pytest.mark.parametrize("bits", [16, 8])
 def test_x_quantized_exactly(rows, k, bits):
-    """With AVX-512 VNNI the row-by-row kernel is exact integer arithmetic on x quantized per row, so it equals its
+    """With integer dot products the row-by-row kernel is exact integer arithmetic on x quantized per row, so it equals its
     emulation bit for bit, whatever the row count (each row as if alone) and path: 8 rows of K 3072 (16 bits) and 3 or
     more of K 11008 go by in chunks of K, others as two streams or in blocks; more than 16 rows in calls of 8 (17: 8, 8
     and 1; 30: 8, 8, 8 and 6); K 11008 quantizes to at most 24385 with 16 bits; K 33, 100 and 773 end in a partial
@@ -94,7 +101,7 @@ def test_x_quantized_exactly(rows, k, bits):
     assert torch.equal(got[-1:], ops.int8_linear(x[-1:], weight, scale, b, x_bits=bits))
 
 
-@pytest.mark.skipif(not VNNI, reason="the processor has no AVX-512 VNNI (or ATEN_CPU_CAPABILITY caps the level)")
+@needs_int_dots
 @pytest.mark.parametrize("bits", [16, 8])
 def test_x_quantized_edge_rows(bits):
     """Rows of zeros (the bias), of tiny values (below 2^-100, subnormal too), with an inf or a NaN (all NaN); and the
@@ -122,11 +129,22 @@ def test_x_quantized_edge_rows(bits):
         torch.testing.assert_close(got, torch.full_like(got, k * w), rtol=1e-6, atol=0)
 
 
+@pytest.mark.skipif(pytransformer._C.cpu_isa() != "avx512", reason="the tests above run AVX2's kernel uncapped here")
+def test_x_quantized_exactly_by_avx2():
+    """The two tests above with the kernels capped at AVX2, whose integer dot products (vpmaddwd) multiply the same
+    integers as AVX-512 VNNI's and so give the same results, bit for bit."""
+    tests = [f"{__file__}::{name}" for name in ("test_x_quantized_exactly", "test_x_quantized_edge_rows")]
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], capture_output=True,
+                         text=True, env=dict(os.environ, ATEN_CPU_CAPABILITY="avx2"))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "skipped" not in out.stdout, out.stdout[-3000:]
+
+
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_many_weight_blocks(device, bias, dtype):
     """Many rows of x with a weight of several dequantization blocks on the CPU (16 MiB each: 2 of float32, 3 of
-    float64), the path of float64 x everywhere and of float32 x without AVX-512 VNNI (with it, 17 rows go through the
+    float64), the path of float64 x everywhere and of float32 x without integer dot products (with them, 17 rows go through the
     row-by-row kernel, 8 at a time)."""
     skip_unsupported(dtype, device)
     weight, scale, b = make(4500, 1024, device, dtype=dtype, bias=bias)

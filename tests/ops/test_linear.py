@@ -22,17 +22,17 @@ REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3, torch
 
 
 def gemv_rows(dtype, k):
-    """The most rows of x of k features that take the CPU kernel (csrc/cpu/linear.cpp: use_kernel); float64 none,
-    float16 every count (math.inf), float32 every count with AVX-512 (its GEMM), else up to K 6144 and 128 rows
-    above."""
+    """The most rows of x of k features that take the CPU kernel (csrc/cpu/linear.cpp: path_of); float64 none,
+    float16 every count (math.inf), float32 every count with AVX-512 (its GEMM), else 64; bfloat16 with AVX-512 BF16
+    dot products up to 8 or 28 by K, else 64."""
     if dtype == torch.float64:
         return 0
     if dtype == torch.float32:
-        return math.inf if k <= 6144 or pytransformer._C.cpu_isa() == "avx512" else 128
+        return math.inf if pytransformer._C.cpu_isa() == "avx512" else 64
     if dtype != torch.bfloat16:
         return math.inf
     if not pytransformer._C.cpu_bf16_dot_products():
-        return 2
+        return 64
     return 8 if k > 2048 else min(28, (64 << 10) // (2 * k))  # x of at most 64 KiB in rows of at most 4 KiB
 
 
@@ -81,14 +81,15 @@ def test_dtypes(device, dtype, rows, k, n):
                                      (torch.bfloat16, 2048), (torch.bfloat16, 1024), (torch.bfloat16, 16),
                                      (torch.float64, 16)])
 def test_cpu_path_by_rows(dtype, k):
-    """The kernel takes up to gemv_rows(dtype, k) rows and ATen's GEMM (aten::linear in the profile) the rest; float16
-    every row count, float32 too up to K 6144 (with AVX-512 at every K: its GEMM)."""
+    """The kernel takes up to gemv_rows(dtype, k) rows and ATen's GEMM the rest (aten::linear in the profile, or
+    aten::mm for bfloat16 without AVX-512 BF16, on widened weight blocks); float16 every row count, float32 too with
+    AVX-512 (its GEMM)."""
     weight = torch.randn(7, k).to(dtype)
     last = gemv_rows(dtype, k)
     for rows in ({1, 32, 33, 100} if last == math.inf else {1, last, last + 1} - {0}):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             ops.linear(torch.randn(rows, k).to(dtype), weight)
-        assert ("aten::linear" in {e.name for e in prof.events()}) == (rows > last), (rows, last)
+        assert bool({"aten::linear", "aten::mm"} & {e.name for e in prof.events()}) == (rows > last), (rows, last)
 
 
 @pytest.mark.parametrize("rows", [48, 128, 144, 151])
@@ -113,16 +114,15 @@ def test_gemm_tiles(rows, k, n, bias):
 def test_each_cpu_isa_level_agrees(isa):
     """The kernel is compiled per ISA level (8 or 16 lanes, 2 or 4 rows of x per block): 13 weight rows (AVX-512:
     over 2 threads, 8 and 5, two streams of 4, and of 2 and the last row alone; below it blocks of 4, the next one
-    prefetched a line at a time) and 7 rows of x (in bfloat16 13 with AVX-512 BF16 dot products, blocks of 8, 4 and 1
-    rows, else 2, the most its kernel takes) reach every block shape, K = 1100 full vectors and a tail, in each weight
+    prefetched a line at a time) and 7 rows of x (in bfloat16 13: with AVX-512 BF16 dot products blocks of 8, 4 and 1
+    rows) reach every block shape, K = 1100 full vectors and a tail, in each weight
     dtype; 8 float32 rows (x of 35 KiB) go by in chunks of K at AVX-512, and 130 in the GEMM's tiles there. 1 and 2
     rows below AVX-512 take blocks
     prefetched all at once (K 1100), or for long rows (float16 K 5000) a line at a time; their x and weights positive,
     so that a row left out is 100% off."""
     run_under_isa(isa, (
-        "bf16_rows = 13 if pt._C.cpu_bf16_dot_products() else 2\n"
         "for dt, m, tol in ((torch.float32, 7, 2e-5), (torch.float32, 8, 2e-5), (torch.float32, 130, 2e-5),"
-        " (torch.bfloat16, bf16_rows, 2e-2), (torch.float16, 7, 2e-3)):\n"
+        " (torch.bfloat16, 13, 2e-2), (torch.float16, 7, 2e-3)):\n"
         "  w=torch.randn(13,1100).to(dt); b=torch.randn(13).to(dt); x=torch.randn(m,1100).to(dt)\n"
         "  torch.testing.assert_close(pt.ops.linear(x,w,b).double(), ref.linear(x.double(),w.double(),b.double()),"
         " atol=tol*40, rtol=tol)\n"
