@@ -85,30 +85,31 @@ std::vector<StreamPrefetchState> stream_prefetch_states() {
 }
 
 namespace {
-// Float32 below AVX-512 and bfloat16 without AVX-512 BF16: rows of x up to this many take our kernel; more take a
-// GEMM: ATen's for float32, and ATen's float32 GEMM on widened weight blocks for bfloat16 (widened_mm).
+// Without a GEMM of our own (the baseline ISA level; bfloat16 with AVX-512 but not its BF16 dot products) rows of x up
+// to this many take our kernel; more take ATen's GEMM: for float32 ATen's, for bfloat16 ATen's float32 GEMM on widened
+// weight blocks (widened_mm).
 constexpr int64_t kFewRows = 64;
 
-// How a call of `rows` rows of x is computed: our kernel (linear_kernel.cpp), ATen's linear, or ATen's float32 GEMM on
-// bfloat16 weights widened block by block (widened_mm.h), by dtype and the processor, from the row count where the
-// GEMM measured as fast (benchmarks/bench_linear.py has the crossover rows; the measurements: benchmarks/results/
-// cpu_kernel_notes_2026-11-28.md, use_gemv, and cpu_kernel_notes_2026-12-02_zen3.md):
-// - float32: with AVX-512 every row count (the weight-streaming kernel is faster than ATen's GEMM even with the weight
-//   cached across calls, and from 48 rows the kernel's own GEMM is faster still, 3x ATen's at K 11008); below it up
-//   to kFewRows rows (an AVX2 EPYC: 1.5x ATen's time at 256 rows, 0.4x at 8);
-// - float16: every row count (ATen's float16 GEMM is several times slower still);
+// How a call of `rows` rows of x is computed: our kernel (linear_kernel.cpp: weight streaming for few rows, and with
+// AVX2 or AVX-512 a GEMM of its own for many), ATen's linear, or ATen's float32 GEMM on bfloat16 weights widened block
+// by block (widened_mm.h), by dtype and the processor (benchmarks/bench_linear.py has the crossover rows; the
+// measurements: benchmarks/results/cpu_kernel_notes_2026-11-28.md, use_gemv, cpu_kernel_notes_2026-12-02_zen3.md and
+// cpu_kernel_notes_2026-12-02_zen3_gemm.md):
+// - float32 and float16: every row count with AVX2 or AVX-512 (on an AVX2 EPYC the GEMM took 0.6-0.9x the time of
+//   ATen's MKL at 128 to 1024 rows of a 124M Llama's layers; with AVX-512 3x faster at K 11008); at the baseline level
+//   float32 up to kFewRows rows, then ATen's (float16 every count: ATen's float16 GEMM is several times slower still);
 // - bfloat16 with AVX-512 BF16 dot products (has_avx512_bf16): up to 8 rows always (one pass over 2 weight rows at a
-//   time), then up to 28 while x is at most 64 KiB in rows of at most 4 KiB (K <= 2048), then ATen's; without them up
-//   to kFewRows rows, then widened_mm (on an AVX2 EPYC ATen's bfloat16 GEMM took 3.7x widened_mm's time at 256 rows,
-//   and 4x our kernel's at 8).
+//   time), then up to 28 while x is at most 64 KiB in rows of at most 4 KiB (K <= 2048), then ATen's; with AVX2 every
+//   row count (AVX2's GEMM widens the weights as it packs them); otherwise up to kFewRows rows, then widened_mm (on an
+//   AVX2 EPYC ATen's bfloat16 GEMM took 3.7x widened_mm's time at 256 rows, and 4x our kernel's at 8).
 enum class Path { kKernel, kAten, kWidened };
 
 Path path_of(at::ScalarType dtype, int64_t rows, int64_t in_features) {
   if (dtype == at::kDouble) return Path::kAten;  // (gradcheck)
-  const bool few = rows <= kFewRows;
-  if (dtype == at::kFloat) return best_isa() == kAvx512 || few ? Path::kKernel : Path::kAten;
+  const bool few = rows <= kFewRows, gemm = best_isa() != kDefault;
+  if (dtype == at::kFloat) return gemm || few ? Path::kKernel : Path::kAten;
   if (dtype != at::kBFloat16) return Path::kKernel;
-  if (!has_avx512_bf16()) return few ? Path::kKernel : Path::kWidened;
+  if (!has_avx512_bf16()) return best_isa() == kAvx2 || few ? Path::kKernel : Path::kWidened;
   return rows <= 8 || (rows <= 28 && in_features <= 2048 && rows * in_features * 2 <= (int64_t(64) << 10))
              ? Path::kKernel
              : Path::kAten;

@@ -2,14 +2,16 @@
 // weight [N, K]^T + bias. x, weight, bias and out are float32, bfloat16 or float16; narrow weights are widened to
 // float32 as they are loaded (a bfloat16 weight is half the bytes to read, so half the time) and accumulated in
 // float32, and out is rounded to the dtype once. Few rows (decoding) stream the weight over all threads (gemv.h), in
-// calls of up to kRowBlock rows; with AVX-512, float32 from kGemmRows rows (prefill) is a GEMM of outer products
-// (gemm_f32).
+// calls of up to kRowBlock rows; from kGemmRows rows (prefill) AVX2 and AVX-512 take a GEMM of outer products (gemm:
+// every dtype with AVX2, float32 with AVX-512).
 #include "isa.h"
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <new>
+#include <type_traits>
 
 #include "../linear.h"
 #include "gemv.h"
@@ -24,70 +26,96 @@ namespace {
 // The most rows of x a call of the weight-streaming kernel takes: more go by in calls of this many rows.
 constexpr int64_t kRowBlock = 32;
 
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+// gemm: out [M, N] = x [M, K] @ w [N, K]^T + bias for many rows of x (prefill), every array of one type T: float32, or
+// bfloat16 or float16 widened to float32 as it is packed. Tiles of kGemmMR rows of x by kGemmNR (two vectors) weight
+// rows, each the sum over K of outer products: the two weight vectors at one k times each of kGemmMR broadcast x
+// values, into 2 * kGemmMR accumulators (AVX-512: 12 x 32, 24 of its 32 registers; AVX2: 6 x 16, 12 of its 16), two
+// fmas a load of a weight vector where a dot product block takes one. x is packed first, [M / kGemmMR][K][kGemmMR]
+// (zero rows past M), so that a tile reads its x values from one sequential stream; the weight rows are split over the
+// threads in panels of kGemmNR, each packed [kc][kGemmNR] (zeros past N) for a block of up to kGemmKC of K at a time,
+// which stays in L2 with the tile's x while every tile of rows goes by (smaller blocks measured slower). A panel's sums
+// go to a float32 buffer [tiles * kGemmMR][kGemmNR], the blocks of K adding to it, and from there to out with the bias,
+// rounded to T once. Each sum runs over k in order, as a naive dot product.
+using Vec = at::vec::Vectorized<float>;
+constexpr int kLanes = Vec::size(), kGemmNR = 2 * kLanes;
 #if defined(CPU_CAPABILITY_AVX512)
-// gemm_f32: out [M, N] = x [M, K] @ w [N, K]^T + bias in tiles of kGemmMR rows of x by kGemmNR weight rows, each the
-// sum over K of outer products: a vector pair of kGemmNR weights at one k times each of kGemmMR broadcast x values,
-// into 2 * kGemmMR = 24 accumulators (of AVX-512's 32 registers), two fmas a load of a weight vector where a dot
-// product block takes one. x is packed first, [M / kGemmMR][K][kGemmMR] (zero rows past M), so a tile reads its x
-// values from one sequential stream; the weight rows are split over the threads in panels of kGemmNR, each packed
-// [kc][kGemmNR] (zeros past N) for a block of up to kGemmKC of K at a time, which stays in L2 with the tile's x while
-// every tile of rows goes by (smaller blocks measured slower: each adds to the tiles of out, rows N apart). Each sum
-// runs over k in order (as a naive dot product), the blocks of K adding to out.
-constexpr int kGemmMR = 12, kGemmNR = 32;
+using VecF = __m512;
+constexpr int kGemmMR = 12;
+#else
+using VecF = __m256;
+constexpr int kGemmMR = 6;
+#endif
 constexpr int64_t kGemmKC = 2048;
-constexpr int64_t kGemmRows = 48;  // the fewest rows that take gemm_f32: with fewer, gemv_rows measured as fast
+// The fewest rows that take the GEMM, by type: with fewer, gemv_rows measured as fast. With AVX-512 float32 from 48
+// rows, the 16-bit types never (not measured there; the glue gives bfloat16 with AVX-512 BF16 dot products to ATen from
+// 29 rows); with AVX2 (an EPYC Zen 3) float32 from 8 and the 16-bit types, whose weights gemv_rows reads at half the
+// bytes, from 24 (cpu_kernel_notes_2026-12-02_zen3_gemm.md).
+template <typename T>
+constexpr int64_t kGemmRows = std::is_same_v<T, float> ? (kLanes == 16 ? 48 : 8)
+                                                       : (kLanes == 16 ? std::numeric_limits<int64_t>::max() : 24);
 
 struct AlignedFloats {
   std::unique_ptr<float[], void (*)(float*)> p;
   explicit AlignedFloats(int64_t n)
-      : p(static_cast<float*>(::operator new[](n * sizeof(float), std::align_val_t(64))),
+      : p(static_cast<float*>(::operator new[](std::max<int64_t>(1, n) * sizeof(float), std::align_val_t(64))),
           [](float* q) { ::operator delete[](q, std::align_val_t(64)); }) {}
 };
 
-// c [kGemmMR, cols <= kGemmNR] (row stride ldc) = (first ? bias, else c) + the sum over kc of ap's outer products with
-// bp's: ap [kc][kGemmMR] and bp [kc][kGemmNR] packed.
-__attribute__((noinline)) void gemm_tile(int64_t kc, const float* ap, const float* bp, float* c, int64_t ldc,
-                                         int cols, bool first, const float* bias) {
-  const __mmask16 m0 = first_lanes(cols), m1 = first_lanes(cols - 16);
-  __m512 acc[kGemmMR][2];
-  const __m512 b0 = first && bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
-  const __m512 b1 = first && bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+// c [kGemmMR][kGemmNR] = (first ? 0 : c) + the sum over kc of ap's outer products with bp's: ap [kc][kGemmMR] and bp
+// [kc][kGemmNR] packed.
+__attribute__((noinline)) void gemm_tile(int64_t kc, const float* ap, const float* bp, float* c, bool first) {
+  Vec acc[kGemmMR][2];
 #pragma GCC unroll 12
   for (int i = 0; i < kGemmMR; ++i) {
-    acc[i][0] = first ? b0 : _mm512_maskz_loadu_ps(m0, c + i * ldc);
-    acc[i][1] = first ? b1 : _mm512_maskz_loadu_ps(m1, c + i * ldc + 16);
+    acc[i][0] = first ? Vec(0.f) : Vec::loadu(c + i * kGemmNR);
+    acc[i][1] = first ? Vec(0.f) : Vec::loadu(c + i * kGemmNR + kLanes);
   }
   for (int64_t k = 0; k < kc; ++k) {
-    const __m512 w0 = _mm512_load_ps(bp + k * kGemmNR), w1 = _mm512_load_ps(bp + k * kGemmNR + 16);
+    const Vec w0 = Vec::loadu(bp + k * kGemmNR), w1 = Vec::loadu(bp + k * kGemmNR + kLanes);
 #pragma GCC unroll 12
     for (int i = 0; i < kGemmMR; ++i) {
-      const __m512 a = _mm512_set1_ps(ap[k * kGemmMR + i]);
-      acc[i][0] = _mm512_fmadd_ps(a, w0, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(a, w1, acc[i][1]);
+      const Vec a(ap[k * kGemmMR + i]);
+      acc[i][0] = at::vec::fmadd(a, w0, acc[i][0]);
+      acc[i][1] = at::vec::fmadd(a, w1, acc[i][1]);
     }
   }
 #pragma GCC unroll 12
   for (int i = 0; i < kGemmMR; ++i) {
-    _mm512_mask_storeu_ps(c + i * ldc, m0, acc[i][0]);
-    _mm512_mask_storeu_ps(c + i * ldc + 16, m1, acc[i][1]);
+    acc[i][0].store(c + i * kGemmNR);
+    acc[i][1].store(c + i * kGemmNR + kLanes);
   }
 }
 
-// v[c] = column c of the 16 x 16 floats whose row r is v[r] (unpacks, then 128-bit lane shuffles).
-__attribute__((always_inline)) inline void transpose_16x16(__m512* v) {
-  __m512 t[16], u[16];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; ++i) {  // t[2i], t[2i + 1]: rows 2i and 2i + 1 interleaved, elements 0-1 and 2-3 of a lane
-    t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
-  }
+// The in-lane shuffles of a transpose, at each level's width.
+#if defined(CPU_CAPABILITY_AVX512)
+inline __m512 unpack_lo(__m512 a, __m512 b) { return _mm512_unpacklo_ps(a, b); }
+inline __m512 unpack_hi(__m512 a, __m512 b) { return _mm512_unpackhi_ps(a, b); }
+inline __m512 pairs_lo(__m512 a, __m512 b) { return _mm512_shuffle_ps(a, b, 0x44); }
+inline __m512 pairs_hi(__m512 a, __m512 b) { return _mm512_shuffle_ps(a, b, 0xEE); }
+#else
+inline __m256 unpack_lo(__m256 a, __m256 b) { return _mm256_unpacklo_ps(a, b); }
+inline __m256 unpack_hi(__m256 a, __m256 b) { return _mm256_unpackhi_ps(a, b); }
+inline __m256 pairs_lo(__m256 a, __m256 b) { return _mm256_shuffle_ps(a, b, 0x44); }
+inline __m256 pairs_hi(__m256 a, __m256 b) { return _mm256_shuffle_ps(a, b, 0xEE); }
+#endif
+
+// u[4i + j] = element j of each 128-bit lane of the rows 4i to 4i + 3 of v (a 4 x 4 transpose within each lane).
+__attribute__((always_inline)) inline void transpose_lanes(const VecF* v, VecF* u) {
 #pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {  // u[4i + j]: element j of each lane from rows 4i to 4i + 3
-    u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-    u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-    u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-    u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  for (int i = 0; i < kLanes / 4; ++i) {  // t0, t1: rows 4i and 4i + 1 interleaved, elements 0-1 and 2-3; t2, t3 on
+    const VecF t0 = unpack_lo(v[4 * i], v[4 * i + 1]), t1 = unpack_hi(v[4 * i], v[4 * i + 1]);
+    const VecF t2 = unpack_lo(v[4 * i + 2], v[4 * i + 3]), t3 = unpack_hi(v[4 * i + 2], v[4 * i + 3]);
+    u[4 * i] = pairs_lo(t0, t2), u[4 * i + 1] = pairs_hi(t0, t2);
+    u[4 * i + 2] = pairs_lo(t1, t3), u[4 * i + 3] = pairs_hi(t1, t3);
   }
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// v[c] = column c of the 16 x 16 floats whose row r is v[r] (4 x 4 within lanes, then 128-bit lane shuffles).
+__attribute__((always_inline)) inline void transpose_square(VecF* v) {
+  __m512 t[16], u[16];
+  transpose_lanes(v, u);
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) {  // t: lanes 0 and 2 of rows 0-3 and 4-7 (t[j]), 1 and 3 (t[j + 4]); rows 8-15 likewise
     t[j] = _mm512_shuffle_f32x4(u[j], u[j + 4], 0x88);
@@ -101,53 +129,60 @@ __attribute__((always_inline)) inline void transpose_16x16(__m512* v) {
     v[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xDD);
   }
 }
+#else
+// v[c] = column c of the 8 x 8 floats whose row r is v[r] (4 x 4 within halves, then the halves exchanged).
+__attribute__((always_inline)) inline void transpose_square(VecF* v) {
+  __m256 u[8];
+  transpose_lanes(v, u);
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {  // columns j and j + 4: the low and the high halves of rows 0-3 and 4-7
+    v[j] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x20);
+    v[j + 4] = _mm256_permute2f128_ps(u[j], u[j + 4], 0x31);
+  }
+}
+#endif
 
-// dst[k * ld + r] = src[r * src_ld + k] for the rows r < width (<= 16) and k < kc, zeros for the rows from `rows` on:
-// rows of src packed as columns, 16 x 16 at a time.
-void pack_columns(const float* src, int64_t src_ld, int64_t rows, int64_t kc, float* dst, int64_t ld, int width) {
-  const __mmask16 store = first_lanes(width);
-  for (int64_t k = 0; k < kc; k += 16) {
-    const int n = static_cast<int>(std::min<int64_t>(16, kc - k));
-    const __mmask16 load = first_lanes(n);
-    __m512 v[16];
+// dst[k * ld + r] = src[r * src_ld + k] widened to float32, for the rows r < width (<= kLanes) and k < kc, zeros for
+// the rows from `rows` on: rows of src packed as columns, kLanes x kLanes at a time.
+template <typename T>
+void pack_columns(const T* src, int64_t src_ld, int64_t rows, int64_t kc, float* dst, int64_t ld, int width) {
+  const int64_t real = std::min<int64_t>(rows, width);
+  for (int64_t k = 0; k < kc; k += kLanes) {
+    const int n = static_cast<int>(std::min<int64_t>(kLanes, kc - k));
+    VecF v[kLanes] = {};  // (set below; GCC cannot see that every element is)
 #pragma GCC unroll 16
-    for (int r = 0; r < 16; ++r)
-      v[r] = r < rows ? _mm512_maskz_loadu_ps(load, src + r * src_ld + k) : _mm512_setzero_ps();
-    transpose_16x16(v);
-    for (int c = 0; c < n; ++c) _mm512_mask_storeu_ps(dst + (k + c) * ld, store, v[c]);
+    for (int r = 0; r < kLanes; ++r) v[r] = r < real ? load_widened<float>(src + r * src_ld + k, n) : Vec(0.f);
+    transpose_square(v);
+    for (int c = 0; c < n; ++c) Vec(v[c]).store(dst + (k + c) * ld, width);
   }
 }
 
-void gemm_f32(int64_t M, int64_t N, int64_t K, const float* x, const float* w, const float* bias, float* out) {
+template <typename T>
+void gemm(int64_t M, int64_t N, int64_t K, const T* x, const T* w, const T* bias, T* out) {
   const int64_t tiles_m = (M + kGemmMR - 1) / kGemmMR, panels = (N + kGemmNR - 1) / kGemmNR;
-  AlignedFloats ap(std::max<int64_t>(1, tiles_m * K * kGemmMR));
+  AlignedFloats ap(tiles_m * K * kGemmMR);
   at::parallel_for(0, tiles_m, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t)
       pack_columns(x + t * kGemmMR * K, K, M - t * kGemmMR, K, ap.p.get() + t * K * kGemmMR, kGemmMR, kGemmMR);
   });
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    AlignedFloats bp(std::min(K, kGemmKC) * kGemmNR);
-    float tail[kGemmMR * kGemmNR];  // the tile of the last rows, where fewer than kGemmMR remain
+    AlignedFloats bp(std::min(K, kGemmKC) * kGemmNR), cp(tiles_m * kGemmMR * kGemmNR);
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t n0 = p * kGemmNR;
       const int cols = static_cast<int>(std::min<int64_t>(kGemmNR, N - n0));
       for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kGemmKC) {
         const int64_t kc = std::min(kGemmKC, K - k0);
-        for (int h = 0; h < kGemmNR; h += 16)
-          pack_columns(w + (n0 + h) * K + k0, K, cols - h, kc, bp.p.get() + h, kGemmNR, 16);
-        const float* b = bias ? bias + n0 : nullptr;
-        for (int64_t t = 0; t < tiles_m; ++t) {
-          const int64_t m0 = t * kGemmMR, rows = std::min<int64_t>(kGemmMR, M - m0);
-          const float* a = ap.p.get() + (t * K + k0) * kGemmMR;
-          if (rows == kGemmMR) {
-            gemm_tile(kc, a, bp.p.get(), out + m0 * N + n0, N, cols, k0 == 0, b);
-            continue;
-          }
-          if (k0 > 0)
-            for (int64_t i = 0; i < rows; ++i) std::memcpy(tail + i * kGemmNR, out + (m0 + i) * N + n0, cols * 4);
-          gemm_tile(kc, a, bp.p.get(), tail, kGemmNR, cols, k0 == 0, b);
-          for (int64_t i = 0; i < rows; ++i) std::memcpy(out + (m0 + i) * N + n0, tail + i * kGemmNR, cols * 4);
-        }
+        for (int h = 0; h < kGemmNR; h += kLanes)
+          pack_columns(w + (n0 + h) * K + k0, K, cols - h, kc, bp.p.get() + h, kGemmNR, kLanes);
+        for (int64_t t = 0; t < tiles_m; ++t)
+          gemm_tile(kc, ap.p.get() + (t * K + k0) * kGemmMR, bp.p.get(), cp.p.get() + t * kGemmMR * kGemmNR, k0 == 0);
+      }
+      alignas(64) float b[kGemmNR] = {};
+      if (bias) at::vec::convert(bias + n0, b, cols);
+      for (int64_t m = 0; m < M; ++m) {
+        float* row = cp.p.get() + m * kGemmNR;
+        for (int h = 0; h < kGemmNR; h += kLanes) (Vec::loadu(row + h) + Vec::loadu(b + h)).store(row + h);
+        at::vec::convert(row, out + m * N + n0, cols);
       }
     }
   });
@@ -161,11 +196,10 @@ void linear(const LinearParams& p, at::ScalarType dtype, const void* x, const vo
     using T = decltype(io);
     const auto* xp = static_cast<const T*>(x);
     auto* op = static_cast<T*>(out);
-#if defined(CPU_CAPABILITY_AVX512)
-    if constexpr (std::is_same_v<T, float>)
-      if (p.rows >= kGemmRows)
-        return gemm_f32(p.rows, p.out_features, p.in_features, xp, static_cast<const float*>(weight),
-                        static_cast<const float*>(bias), op);
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+    if (p.rows >= kGemmRows<T>)
+      return gemm(p.rows, p.out_features, p.in_features, xp, static_cast<const T*>(weight),
+                  static_cast<const T*>(bias), op);
 #endif
     for_row_blocks(p.rows, kRowBlock, [&](int64_t m0, int64_t mb) {  // rows [m0, m0 + mb) of x and out
       gemv_rows<float>(mb, p.out_features, p.in_features, xp + m0 * p.in_features, static_cast<const T*>(weight),

@@ -1,7 +1,7 @@
 """ops.linear (and ops.int8_linear) against F.linear at the decoding shapes of GPT-2 small, a Llama-style ~124M model
 and the widest layer input of a 7B Llama (its MLP down projection, K = 11008), one and 8 rows, in float32, bfloat16 and
 int8 (weight-only, and int8-x8 with x quantized to 8 bits too, both against F.linear on the float32 weight), and the
-rows around the CPU's switch from the weight-streaming kernel to ATen's GEMM.
+rows around the CPU's switch from the weight-streaming kernel to a GEMM (ours or ATen's).
 
 Decoding reads every weight of the model once per token, far more than the last-level cache holds, so each case cycles
 through copies of its weight that together exceed the cache many times (COLD_BYTES): both ops read their weight from
@@ -34,11 +34,12 @@ ROWS = (1, 8)
 DTYPES = ("float32", "bfloat16", "int8", "int8-x8")  # int8-x8: int8_linear with x_bits=8
 # The crossovers: rows of x at a layer shape around the CPU's switch from the kernel to a GEMM (csrc/cpu/linear.cpp),
 # as (shape, dtypes, rows). GPT-2's MLP up: bfloat16 with AVX-512 BF16 takes ATen's GEMM above 28 rows at this K;
-# float32 with AVX-512 takes the kernel at every row count, above 32 in calls of 32, and its GEMM from 48. Below
-# AVX-512, float32 and bfloat16 take the kernel up to 64 rows, then ATen's GEMM (bfloat16: on widened weight blocks).
+# float32 with AVX-512 takes the kernel at every row count, above 32 in calls of 32, and its GEMM from 48. With AVX2
+# both take the kernel at every row count, its GEMM from 8 rows (float32) and 24 (bfloat16). At the baseline level
+# they take the kernel up to 64 rows, then ATen's GEMM (bfloat16: on widened weight blocks).
 # The 7B MLP down projection (K 11008) and the Llama-124M MLP at prefill lengths: the GEMMs against ATen's.
 CROSSOVERS = [(("gpt2", "mlp up", 3072, 768), ("float32", "bfloat16"),
-               (2, 3, 4, 5, 8, 16, 28, 29, 32, 33, 47, 48, 64, 65)),
+               (2, 3, 4, 5, 7, 8, 16, 23, 24, 28, 29, 32, 33, 47, 48, 64, 65)),
               (("llama7b", "down", 4096, 11008), ("float32",), (64, 65, 128, 256)),
               (("llama124m", "gate+up", 4096, 768), ("float32", "bfloat16"), (128, 512, 1024)),
               (("llama124m", "down", 768, 2048), ("float32", "bfloat16"), (128, 512, 1024))]

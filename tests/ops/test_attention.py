@@ -155,8 +155,11 @@ def check_hidden_poison(ops, shape, kind, dtype, device, name, value):
     gradient does too (the poisoned key's are zero); the rows that see it are not finite."""
     b, hq, hkv, lq, lk, _, dv = shape
     q, k, v = _inputs(shape, dtype, device, requires_grad=False)
-    kwargs = _mask_kwargs(kind, b, hq, lq, lk, device)
-    hidden = ~_visible(kwargs, b, hq, lq, lk, device).reshape(b, hkv, hq // hkv * lq, lk)  # rows of a K/V head
+    for _ in range(20):  # random key lengths may all be full (1 in lk a batch row): draw again until a key is hidden
+        kwargs = _mask_kwargs(kind, b, hq, lq, lk, device)
+        hidden = ~_visible(kwargs, b, hq, lq, lk, device).reshape(b, hkv, hq // hkv * lq, lk)  # rows of a K/V head
+        if hidden.any():
+            break
     key = hidden.sum(2).argmax(-1)  # [B, Hkv]
     poisoned = hidden.sum(2).gather(-1, key[..., None])[..., 0] > 0  # [B, Hkv]: a row that does not see it exists
     bad = {"k": k.clone(), "v": v.clone()}

@@ -1,8 +1,7 @@
 """ops.linear against a float64 reference, each output element within the dot-product error bound of its dtype (both
-CPU paths: our kernel up to gemv_rows rows, ATen's GEMM above; float16, and float32 up to K 6144 (with AVX-512 every
-K), the kernel at every row count, weight streaming in calls of 32 rows, with AVX-512 a GEMM of its own for float32
-from 48 rows), dtypes, layouts, edge shapes, every CPU ISA level, opcheck, gradcheck, torch.compile, bad input, and the
-CUDA glue's cases."""
+CPU paths: our kernel up to gemv_rows rows, ATen's GEMM above; the kernel streams the weight for few rows, in calls of
+32, and with AVX2 or AVX-512 has a GEMM of its own for many), dtypes, layouts, edge shapes, every CPU ISA level,
+opcheck, gradcheck, torch.compile, bad input, and the CUDA glue's cases."""
 import math
 
 import pytest
@@ -23,16 +22,17 @@ REL_TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3, torch
 
 def gemv_rows(dtype, k):
     """The most rows of x of k features that take the CPU kernel (csrc/cpu/linear.cpp: path_of); float64 none,
-    float16 every count (math.inf), float32 every count with AVX-512 (its GEMM), else 64; bfloat16 with AVX-512 BF16
-    dot products up to 8 or 28 by K, else 64."""
+    float16 every count (math.inf), float32 every count with AVX2 or AVX-512 (the kernel's GEMM), else 64; bfloat16
+    with AVX-512 BF16 dot products up to 8 or 28 by K, else every count with AVX2 (its GEMM), else 64."""
     if dtype == torch.float64:
         return 0
+    isa = pytransformer._C.cpu_isa()
     if dtype == torch.float32:
-        return math.inf if pytransformer._C.cpu_isa() == "avx512" else 64
+        return math.inf if isa in ("avx2", "avx512") else 64
     if dtype != torch.bfloat16:
         return math.inf
     if not pytransformer._C.cpu_bf16_dot_products():
-        return 64
+        return math.inf if isa == "avx2" else 64
     return 8 if k > 2048 else min(28, (64 << 10) // (2 * k))  # x of at most 64 KiB in rows of at most 4 KiB
 
 
@@ -92,20 +92,24 @@ def test_cpu_path_by_rows(dtype, k):
         assert bool({"aten::linear", "aten::mm"} & {e.name for e in prof.events()}) == (rows > last), (rows, last)
 
 
-@pytest.mark.parametrize("rows", [48, 128, 144, 151])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [8, 24, 48, 128, 144, 151])
 @pytest.mark.parametrize("k,n", [(1, 33), (300, 32), (2049, 70), (96, 1)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_gemm_tiles(rows, k, n, bias):
-    """float32 from 48 rows with AVX-512 is the kernel's GEMM (csrc/cpu/linear_kernel.cpp, gemm_f32): tiles of 12 rows
-    of x by 32 weight rows, x and the weight rows packed 16 x 16 at a time, the weight rows in panels of 32 over the
-    threads and K in blocks of 2048. 128 and 151 rows end in a tile of 8 and of 7 rows, 48 and 144 in whole tiles; 1,
-    33 and 70 weight rows end in a panel of 1, 1 and 6, 32 is one whole panel; K 2049 is two blocks, the second of 1;
-    K 1 a tile of one outer product; K 300 ends in 12 columns of a 16 x 16 packing. x and weights positive, so that a
-    product left out or counted twice is far outside the bound of every element (check)."""
-    weight = torch.rand(n, k, dtype=torch.float64).float()
-    b = torch.rand(n, dtype=torch.float64).float() if bias else None
-    check(torch.rand(rows, k), weight, b)
-    check(-torch.rand(rows, k), weight, b)
+def test_gemm_tiles(dtype, rows, k, n, bias):
+    """Many rows of x are the kernel's GEMM (csrc/cpu/linear_kernel.cpp, gemm): with AVX-512 float32 from 48 rows, in
+    tiles of 12 rows of x by 32 weight rows, packed 16 x 16 at a time; with AVX2 float32 from 8 rows and the 16-bit types
+    from 24 (widened as they are packed), in tiles of 6 by 16, packed 8 x 8. The weight rows go in panels over the
+    threads and K in blocks of 2048. Rows: 128 and 151 end in a tile of 8 and of 7 rows (AVX2: 2 and 1), 48 and 144 in
+    whole tiles, 8 in a tile of 2 (AVX2); 1, 33 and 70 weight rows end in a panel of 1, 1 and 6, 32 is one whole panel
+    (AVX2: two); K 2049 is two blocks, the second of 1; K 1 a tile of one outer product; K 300 ends in 12 (AVX2: 4)
+    columns of a packing. x and weights in [0.5, 1.5), so that a product left out or counted twice is far outside the
+    bound of every element (check), and no product so small that float16 rounds it to a subnormal."""
+    weight = (0.5 + torch.rand(n, k, dtype=torch.float64)).to(dtype)
+    b = (0.5 + torch.rand(n, dtype=torch.float64)).to(dtype) if bias else None
+    x = (0.5 + torch.rand(rows, k, dtype=torch.float64)).to(dtype)
+    check(x, weight, b)
+    check(-x, weight, b)
 
 
 # avx512 capped explicitly runs the AVX-512 code without AVX-512 BF16 dot products (csrc/cpu/isa.h: has_avx512_bf16),
