@@ -47,13 +47,12 @@ using VecF = __m256;
 constexpr int kGemmMR = 6;
 #endif
 constexpr int64_t kGemmKC = 2048;
-// The fewest rows that take the GEMM, by type: with fewer, gemv_rows measured as fast. With AVX-512 float32 from 48
-// rows, the 16-bit types never (not measured there; the glue gives bfloat16 with AVX-512 BF16 dot products to ATen from
-// 29 rows); with AVX2 (an EPYC Zen 3) float32 from 8 and the 16-bit types, whose weights gemv_rows reads at half the
-// bytes, from 24 (cpu_kernel_notes_2026-12-02_zen3_gemm.md).
+// The fewest rows that take the GEMM, by type: with fewer, gemv_rows measured as fast with the weights read from
+// memory, as in decoding. With AVX-512 float32 from 48 rows, the 16-bit types never (not measured there; the glue gives
+// bfloat16 with AVX-512 BF16 dot products to ATen from 29 rows); with AVX2 (an EPYC Zen 3) every type from 24
+// (cpu_kernel_notes_2026-12-02_zen3_gemm.md).
 template <typename T>
-constexpr int64_t kGemmRows = std::is_same_v<T, float> ? (kLanes == 16 ? 48 : 8)
-                                                       : (kLanes == 16 ? std::numeric_limits<int64_t>::max() : 24);
+constexpr int64_t kGemmRows = kLanes == 8 ? 24 : std::is_same_v<T, float> ? 48 : std::numeric_limits<int64_t>::max();
 
 struct AlignedFloats {
   std::unique_ptr<float[], void (*)(float*)> p;

@@ -35,11 +35,11 @@ DTYPES = ("float32", "bfloat16", "int8", "int8-x8")  # int8-x8: int8_linear with
 # The crossovers: rows of x at a layer shape around the CPU's switch from the kernel to a GEMM (csrc/cpu/linear.cpp),
 # as (shape, dtypes, rows). GPT-2's MLP up: bfloat16 with AVX-512 BF16 takes ATen's GEMM above 28 rows at this K;
 # float32 with AVX-512 takes the kernel at every row count, above 32 in calls of 32, and its GEMM from 48. With AVX2
-# both take the kernel at every row count, its GEMM from 8 rows (float32) and 24 (bfloat16). At the baseline level
+# both take the kernel at every row count, its GEMM from 24 rows. At the baseline level
 # they take the kernel up to 64 rows, then ATen's GEMM (bfloat16: on widened weight blocks).
 # The 7B MLP down projection (K 11008) and the Llama-124M MLP at prefill lengths: the GEMMs against ATen's.
 CROSSOVERS = [(("gpt2", "mlp up", 3072, 768), ("float32", "bfloat16"),
-               (2, 3, 4, 5, 7, 8, 16, 23, 24, 28, 29, 32, 33, 47, 48, 64, 65)),
+               (2, 3, 4, 5, 8, 16, 23, 24, 28, 29, 32, 33, 47, 48, 64, 65)),
               (("llama7b", "down", 4096, 11008), ("float32",), (64, 65, 128, 256)),
               (("llama124m", "gate+up", 4096, 768), ("float32", "bfloat16"), (128, 512, 1024)),
               (("llama124m", "down", 768, 2048), ("float32", "bfloat16"), (128, 512, 1024))]
