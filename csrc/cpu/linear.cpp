@@ -95,7 +95,7 @@ constexpr int64_t kFewRows = 64;
 // by block (widened_mm.h), by dtype and the processor (benchmarks/bench_linear.py has the crossover rows; the
 // measurements: benchmarks/results/cpu_kernel_notes_2026-11-28.md, use_gemv, cpu_kernel_notes_2026-12-02_zen3.md and
 // cpu_kernel_notes_2026-12-02_zen3_gemm.md):
-// - float32 and float16: every row count with AVX2 or AVX-512 (on an AVX2 EPYC the GEMM took 0.6-0.9x the time of
+// - float32 and float16: every row count with AVX2 or AVX-512 (on an AVX2 EPYC the GEMM took 0.59-1.01x the time of
 //   ATen's MKL at 128 to 1024 rows of a 124M Llama's layers; with AVX-512 3x faster at K 11008); at the baseline level
 //   float32 up to kFewRows rows, then ATen's (float16 every count: ATen's float16 GEMM is several times slower still);
 // - bfloat16 with AVX-512 BF16 dot products (has_avx512_bf16): up to 8 rows always (one pass over 2 weight rows at a

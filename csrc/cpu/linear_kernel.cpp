@@ -7,15 +7,12 @@
 #include "isa.h"
 
 #include <algorithm>
-#include <cstring>
-#include <limits>
 #include <memory>
 #include <new>
 #include <type_traits>
 
 #include "../linear.h"
 #include "gemv.h"
-#include "vec_util.h"
 
 namespace pytransformer::cpu {
 
@@ -47,12 +44,14 @@ using VecF = __m256;
 constexpr int kGemmMR = 6;
 #endif
 constexpr int64_t kGemmKC = 2048;
-// The fewest rows that take the GEMM, by type: with fewer, gemv_rows measured as fast with the weights read from
-// memory, as in decoding. With AVX-512 float32 from 48 rows, the 16-bit types never (not measured there; the glue gives
-// bfloat16 with AVX-512 BF16 dot products to ATen from 29 rows); with AVX2 (an EPYC Zen 3) every type from 24
+// The fewest rows that take the GEMM: with fewer, gemv_rows measured as fast with the weights read from memory, as in
+// decoding. With AVX2 (an EPYC Zen 3) every type from 24 rows; with AVX-512 float32 from 48 rows
 // (cpu_kernel_notes_2026-12-02_zen3_gemm.md).
+constexpr int64_t kGemmRows = kLanes == 8 ? 24 : 48;
+// Which types take the GEMM: float32 at both levels, the 16-bit types with AVX2 only (not measured with AVX-512, where
+// the glue gives bfloat16 with AVX-512 BF16 dot products to ATen from 29 rows).
 template <typename T>
-constexpr int64_t kGemmRows = kLanes == 8 ? 24 : std::is_same_v<T, float> ? 48 : std::numeric_limits<int64_t>::max();
+constexpr bool kGemmTakes = std::is_same_v<T, float> || kLanes == 8;
 
 struct AlignedFloats {
   std::unique_ptr<float[], void (*)(float*)> p;
@@ -196,9 +195,10 @@ void linear(const LinearParams& p, at::ScalarType dtype, const void* x, const vo
     const auto* xp = static_cast<const T*>(x);
     auto* op = static_cast<T*>(out);
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-    if (p.rows >= kGemmRows<T>)
-      return gemm(p.rows, p.out_features, p.in_features, xp, static_cast<const T*>(weight),
-                  static_cast<const T*>(bias), op);
+    if constexpr (kGemmTakes<T>)
+      if (p.rows >= kGemmRows)
+        return gemm(p.rows, p.out_features, p.in_features, xp, static_cast<const T*>(weight),
+                    static_cast<const T*>(bias), op);
 #endif
     for_row_blocks(p.rows, kRowBlock, [&](int64_t m0, int64_t mb) {  // rows [m0, m0 + mb) of x and out
       gemv_rows<float>(mb, p.out_features, p.in_features, xp + m0 * p.in_features, static_cast<const T*>(weight),
