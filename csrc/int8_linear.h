@@ -25,6 +25,10 @@ using Int8GemvCpuFn = void (*)(const Int8LinearParams& p, at::ScalarType acc, co
                                const void* scale, const void* bias, void* out, int64_t x_quant_bits);
 using Int8DequantizeCpuFn = void (*)(at::ScalarType acc, int64_t n, int64_t in_features, const int8_t* weight,
                                      const void* scale, void* deq);
+// Many rows, with AVX2 or AVX-512 only (float32): out [M, N] = (x [M, K] @ weight^T) * scale + bias by the GEMM of
+// outer products (cpu/gemm.h), the weight widened to float32 as it is packed.
+using Int8GemmCpuFn = void (*)(const Int8LinearParams& p, const float* x, const int8_t* weight, const float* scale,
+                               const float* bias, float* out);
 
 // x_bits: 16 (weight-only quantization) or 8 (x quantized per row to 8 bits too); pytransformer/ops/_checks.py mirrors
 // it (known_x_bits), and pytransformer/ops/int8_linear.py holds the default.
@@ -70,4 +74,11 @@ inline at::Tensor round_x_to_8_bits(const at::Tensor& x) {
 }
 
 }  // namespace PT_HOST_NAMESPACE
+
+namespace cpu {
+// Whether int8_linear on the CPU quantizes float32 (or narrower) x per row and sums its products in integers at this
+// many rows of x (cpu/int8_linear.cpp): with integer dot products (has_int_dot_products), on the row-by-row kernel's
+// path.
+bool int8_sums_in_integers(int64_t rows);
+}  // namespace cpu
 }  // namespace pytransformer

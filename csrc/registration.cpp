@@ -8,6 +8,7 @@
 
 #include "cpu/isa.h"
 #include "cpu/stream_prefetch.h"
+#include "int8_linear.h"
 
 #include <algorithm>
 #include <map>
@@ -255,9 +256,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, "The CPU instruction set level the CPU kernels run with.");
   m.def("cpu_bf16_dot_products", [] { return pytransformer::cpu::has_avx512_bf16(); },
         "Whether the AVX-512 kernels use AVX-512 BF16 dot products (bfloat16 linear layers).");
-  m.def("cpu_int_dot_products", [] { return pytransformer::cpu::has_int_dot_products(); },
-        "Whether int8_linear's few-rows kernel sums in integers (AVX-512 VNNI, or AVX2 as the best level) on x "
-        "quantized per row to 16 bits.");
+  m.def("cpu_int_dot_products", [](int64_t rows) { return pytransformer::cpu::int8_sums_in_integers(rows); },
+        pybind11::arg("rows") = 1,
+        "Whether int8_linear on the CPU sums in integers on float x quantized per row (to 16 bits, or to x_bits 8) at "
+        "this many rows of x: with AVX-512 VNNI at every row count, with AVX2 as the best level up to 16 rows (more "
+        "take a float32 GEMM on x as it is).");
   m.def("cpu_stream_prefetch", [](std::optional<std::string> mode) {
     namespace cpu = pytransformer::cpu;
     if (mode) cpu::set_stream_prefetch(*mode);

@@ -12,7 +12,7 @@ from pytransformer.ops import reference
 from tests.helpers import run_under_isa
 
 # (M, K, N): the few-rows kernel at 3 and 16 rows (K 4096: 16-byte weight loads, several K slices), more rows (with
-# integer dot products the same kernel 8 rows a call, without them dequantized weights and ATen's GEMM).
+# AVX-512 VNNI the same kernel 8 rows a call, with AVX2 the GEMM, else dequantized weights and ATen's GEMM).
 SHAPES = [(3, 15, 7), (16, 4096, 7), (40, 100, 24)]
 OPS = torch.ops.pytransformer
 

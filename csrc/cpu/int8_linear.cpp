@@ -13,31 +13,52 @@
 namespace pytransformer::cpu {
 KernelTable<Int8GemvCpuFn> int8_gemv_kernel;
 KernelTable<Int8DequantizeCpuFn> int8_dequantize_kernel;
+KernelTable<Int8GemmCpuFn> int8_gemm_kernel;
 
 namespace {
-// Up to this many rows of x, the row-by-row kernel (memory-bound: it reads the int8 weight once); more rows go
-// through dequantized weight blocks and GEMM (widened_mm.h), except with integer dot products (below).
+// Up to this many rows of x, the row-by-row kernel (memory-bound: it reads the int8 weight once); more rows (prefill)
+// are compute-bound and go by path_of.
 constexpr int64_t kMaxGemvRows = 16;
-// With integer dot products (has_int_dot_products) and float32 accumulation, more than kMaxGemvRows rows (prefill) go
-// through the row-by-row kernel too, this many rows a call: AVX-512 VNNI does 32 or 64 products an instruction, where
-// the GEMM path's float32 FMAs do 16 after widening every weight to float32 through memory, so it is several times
-// faster at every row count (benchmarks/results/cpu_kernel_notes_2026-11-28.md, int8_linear.cpp); AVX2's vpmaddwd, 16
-// an instruction, was as fast as the GEMM path or faster from 17 to 256 rows on an AVX2 EPYC
-// (cpu_kernel_notes_2026-12-02_zen3.md). It also keeps a row's result the same whatever the number of rows.
+// With AVX-512 VNNI, more than kMaxGemvRows rows go through the row-by-row kernel too, this many rows a call: VNNI does
+// 32 or 64 products an instruction, where a float32 GEMM does 16 after widening every weight to float32, so it is
+// several times faster at every row count (benchmarks/results/cpu_kernel_notes_2026-11-28.md, int8_linear.cpp). It also
+// keeps a row's result the same whatever the number of rows.
 constexpr int64_t kIntDotRowBlock = 8;
 
+// How a call is computed:
+// - kRows: the row-by-row kernel (gemv.h), in calls of kIntDotRowBlock rows where it quantizes x itself;
+// - kGemm: with AVX2 as the best level, more than kMaxGemvRows rows: the GEMM of outer products (gemm.h) on the weight
+//   widened to float32 as it is packed, x as it is (x_bits 8: rounded by the glue). On an AVX2 EPYC (Zen 3) it took
+//   0.62-0.95x the time of AVX2's integer dot products (vpmaddwd, 8 rows a call) from 24 to 1024 rows of a 124M Llama's
+//   layers, with the weights read from memory (at 16 rows, one call of the row-by-row kernel, 0.82-1.09x:
+//   benchmarks/results/cpu_kernel_notes_2026-12-02_zen3_int8_gemm.md);
+// - kWidened: otherwise, more than kMaxGemvRows rows: dequantized weight blocks and ATen's GEMM (widened_mm.h).
+enum class Path { kRows, kGemm, kWidened };
+
+Path path_of(at::ScalarType acc, int64_t rows) {
+  if (rows <= kMaxGemvRows) return Path::kRows;
+  if (acc != at::kFloat) return Path::kWidened;
+  return best_isa() == kAvx2 ? Path::kGemm : has_int_dot_products() ? Path::kRows : Path::kWidened;
+}
+}  // namespace
+
+bool int8_sums_in_integers(int64_t rows) {
+  return has_int_dot_products() && path_of(at::kFloat, rows) == Path::kRows;
+}
+
+namespace {
 // x as the kernels take it: [M, K] in acc, and the bits to which the row-by-row kernel quantizes each row itself.
 struct KernelX {
   at::Tensor x;
   int64_t quant_bits;  // 16 or 8; 0: none
 };
 
-// The one place where x_bits takes effect on the CPU. With integer dot products and float32 accumulation the row-by-row
-// kernel quantizes x to x_bits itself and sums in integers (16 bits too, see int8_linear_kernel.cpp); elsewhere x_bits 8
+// The one place where x_bits takes effect on the CPU. Where the row-by-row kernel sums in integers
+// (int8_sums_in_integers) it quantizes x to x_bits itself (16 bits too, see int8_linear_kernel.cpp); elsewhere x_bits 8
 // rounds x here to the values that quantization gives (round_x_to_8_bits) and x_bits 16 leaves x as it is.
 KernelX x_for_kernels(const at::Tensor& x, const Int8LinearParams& p, at::ScalarType acc, int64_t x_bits) {
   const at::Tensor xa = x.reshape({p.rows, p.in_features}).to(acc).contiguous();
-  if (acc == at::kFloat && has_int_dot_products()) return {xa, x_bits};
+  if (acc == at::kFloat && int8_sums_in_integers(p.rows)) return {xa, x_bits};
   return {x_bits == 8 ? round_x_to_8_bits(xa) : xa, 0};
 }
 
@@ -45,28 +66,34 @@ at::Tensor int8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
                            const std::optional<at::Tensor>& bias, int64_t x_bits) {
   const Int8LinearParams p = check_int8_linear_args(x, weight, scale, bias, x_bits);
   const auto acc = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const Path path = path_of(acc, p.rows);
   const KernelX kx = x_for_kernels(x, p, acc, x_bits);
-  const at::Tensor& xa = kx.x;                       // [M, K]
-  const bool kernel_quantizes = kx.quant_bits != 0;  // then the row-by-row kernel takes every row count
+  const at::Tensor& xa = kx.x;                                                     // [M, K]
   const at::Tensor w = weight.contiguous();                                       // [N, K]
   const at::Tensor s = scale.to(acc).contiguous();                                 // [N]
   const std::optional<at::Tensor> b = bias ? std::optional(bias->to(acc).contiguous()) : std::nullopt;
   at::Tensor out;  // [M, N] in acc
-  if (p.rows <= kMaxGemvRows || kernel_quantizes) {
-    out = at::empty({p.rows, p.out_features}, xa.options());
-    const int64_t block = p.rows <= kMaxGemvRows ? p.rows : kIntDotRowBlock;
-    const auto* xp = static_cast<const char*>(xa.const_data_ptr());
-    auto* op = static_cast<char*>(out.mutable_data_ptr());
-    for_row_blocks(p.rows, block, [&](int64_t m0, int64_t mb) {  // rows [m0, m0 + mb) of x and out
-      int8_gemv_kernel.get()({mb, p.out_features, p.in_features}, acc, xp + m0 * p.in_features * xa.element_size(),
-                             w.const_data_ptr<int8_t>(), s.const_data_ptr(), b ? b->const_data_ptr() : nullptr,
-                             op + m0 * p.out_features * out.element_size(), kx.quant_bits);
-    });
-  } else {
+  if (path == Path::kWidened) {
     out = widened_mm(xa, p.out_features, b, [&](int64_t n0, int64_t nb, at::Tensor& d) {
       int8_dequantize_kernel.get()(acc, nb, p.in_features, w.const_data_ptr<int8_t>() + n0 * p.in_features,
                                    s.narrow(0, n0, nb).const_data_ptr(), d.mutable_data_ptr());
     });
+  } else {
+    out = at::empty({p.rows, p.out_features}, xa.options());
+    if (path == Path::kGemm) {
+      if (out.numel() > 0)
+        int8_gemm_kernel.get()(p, xa.const_data_ptr<float>(), w.const_data_ptr<int8_t>(), s.const_data_ptr<float>(),
+                               b ? b->const_data_ptr<float>() : nullptr, out.mutable_data_ptr<float>());
+    } else {
+      const int64_t block = p.rows <= kMaxGemvRows ? p.rows : kIntDotRowBlock;
+      const auto* xp = static_cast<const char*>(xa.const_data_ptr());
+      auto* op = static_cast<char*>(out.mutable_data_ptr());
+      for_row_blocks(p.rows, block, [&](int64_t m0, int64_t mb) {  // rows [m0, m0 + mb) of x and out
+        int8_gemv_kernel.get()({mb, p.out_features, p.in_features}, acc, xp + m0 * p.in_features * xa.element_size(),
+                               w.const_data_ptr<int8_t>(), s.const_data_ptr(), b ? b->const_data_ptr() : nullptr,
+                               op + m0 * p.out_features * out.element_size(), kx.quant_bits);
+      });
+    }
   }
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = p.out_features;

@@ -22,12 +22,14 @@
 #include <cstdint>
 
 #include "../int8_linear.h"
+#include "gemm.h"
 #include "gemv.h"
 
 namespace pytransformer::cpu {
 
 extern KernelTable<Int8GemvCpuFn> int8_gemv_kernel;
 extern KernelTable<Int8DequantizeCpuFn> int8_dequantize_kernel;
+extern KernelTable<Int8GemmCpuFn> int8_gemm_kernel;
 
 inline namespace CPU_CAPABILITY {
 
@@ -60,9 +62,19 @@ void int8_dequantize(at::ScalarType acc, int64_t n, int64_t in_features, const i
   AT_DISPATCH_FLOATING_TYPES(acc, "int8_linear",
                              [&] { int8_dequantize_typed<scalar_t>(n, in_features, weight, scale, deq); });
 }
+
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+void int8_gemm(const Int8LinearParams& p, const float* x, const int8_t* weight, const float* scale, const float* bias,
+               float* out) {
+  gemm(p.rows, p.out_features, p.in_features, x, weight, scale, bias, out);
+}
+#endif
 }  // namespace CPU_CAPABILITY
 
 PT_REGISTER_CPU_KERNEL(int8_gemv_kernel, &CPU_CAPABILITY::int8_gemv);
 PT_REGISTER_CPU_KERNEL(int8_dequantize_kernel, &CPU_CAPABILITY::int8_dequantize);
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+PT_REGISTER_CPU_KERNEL(int8_gemm_kernel, &CPU_CAPABILITY::int8_gemm);
+#endif
 
 }  // namespace pytransformer::cpu

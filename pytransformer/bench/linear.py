@@ -37,12 +37,13 @@ DTYPES = ("float32", "bfloat16", "int8", "int8-x8")  # int8-x8: int8_linear with
 # float32 with AVX-512 takes the kernel at every row count, above 32 in calls of 32, and its GEMM from 48. With AVX2
 # both take the kernel at every row count, its GEMM from 24 rows. At the baseline level
 # they take the kernel up to 64 rows, then ATen's GEMM (bfloat16: on widened weight blocks).
-# The 7B MLP down projection (K 11008) and the Llama-124M MLP at prefill lengths: the GEMMs against ATen's.
+# The 7B MLP down projection (K 11008) and the Llama-124M MLP at prefill lengths: the GEMMs against ATen's (int8: with
+# AVX2 the GEMM on the widened weight, with AVX-512 VNNI integer dot products 8 rows a call; csrc/cpu/int8_linear.cpp).
 CROSSOVERS = [(("gpt2", "mlp up", 3072, 768), ("float32", "bfloat16"),
                (2, 3, 4, 5, 8, 16, 23, 24, 28, 29, 32, 33, 47, 48, 64, 65)),
               (("llama7b", "down", 4096, 11008), ("float32",), (64, 65, 128, 256)),
-              (("llama124m", "gate+up", 4096, 768), ("float32", "bfloat16"), (128, 512, 1024)),
-              (("llama124m", "down", 768, 2048), ("float32", "bfloat16"), (128, 512, 1024))]
+              (("llama124m", "gate+up", 4096, 768), ("float32", "bfloat16", "int8"), (128, 512, 1024)),
+              (("llama124m", "down", 768, 2048), ("float32", "bfloat16", "int8"), (128, 512, 1024))]
 # Untimed calls (each on the next cold copy) before each timed one, in every turn: a call right after F.linear's GEMM
 # at 8 rows is slower (cpu_kernel_notes_2026-11-28.md, bench), a state that F.linear leaves behind for the next op and
 # that a model's back-to-back layers never see.

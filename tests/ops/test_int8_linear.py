@@ -41,8 +41,9 @@ def check(x, weight, scale, bias, x_bits=16):
     assert bool((err <= allowed).all()), f"{(err - allowed).amax().item()} over the tolerance"
 
 
-# CPU: <= 16 rows the row-by-row kernel, more dequantize + GEMM (with integer dot products the kernel, 8 rows a call); CUDA:
-# <= 64 rows the GEMV, more the tiled GEMM. K 3072 and 3100: x of 1 or 2 rows fits in L1 (with AVX-512, each thread's
+# CPU: <= 16 rows the row-by-row kernel, more with AVX2 the GEMM (6 x 16 tiles: 17, 64 and 65 rows end in partial
+# tiles, N 5, 7, 48 and 129 in partial panels, K 3072 and 3100 in two blocks of K), with AVX-512 VNNI the kernel 8 rows a
+# call, else dequantize + ATen's GEMM; CUDA: <= 64 rows the GEMV, more the tiled GEMM. K 3072 and 3100: x of 1 or 2 rows fits in L1 (with AVX-512, each thread's
 # weight rows read as two streams), of 5 or more does not (blocks of 4 weight rows; csrc/cpu/gemv.h)
 @pytest.mark.parametrize("rows", [1, 2, 5, 16, 17, 64, 65])
 @pytest.mark.parametrize("k,n", [(64, 48), (37, 5), (1, 3), (300, 129), (3072, 7), (3100, 7)])
@@ -61,9 +62,8 @@ def test_each_cpu_isa_level_agrees(isa):
     13 weight rows (AVX-512: over 2 threads, 8 and 5, two streams of 4, and of 2 and the last row alone; below it
     blocks of 4, the next one prefetched a line at a time) reach every block shape, and 8 rows (AVX-512: 8 at once
     over 2 weight rows, each pair's 8 results written by its dot block, x in L1 at K 1000, in blocks at 1100) the
-    widest; K 1100 spans whole 64-byte lines, a vector and a tail. 20 rows: the kernel 8 rows a call with integer dot
-    products (AVX2), else dequantized weights and ATen's GEMM. x as the path at that level sees it
-    (reference.int8_linear_x)."""
+    widest; K 1100 spans whole 64-byte lines, a vector and a tail. 20 rows: the GEMM with AVX2, else dequantized
+    weights and ATen's GEMM. x as the path at that level sees it (reference.int8_linear_x)."""
     run_under_isa(isa, (
         "for k, m in ((1100, 7), (1100, 8), (1000, 8), (1100, 20)):\n"
         "  w=torch.randint(-127,128,(13,k),dtype=torch.int8); s=torch.rand(13)*0.01; b=torch.randn(13)\n"
@@ -82,16 +82,7 @@ def quantized_x_reference(x, weight, scale, bias, bits=16):
     return (q.double() @ weight.double().T).float() * x_scale * scale + bias
 
 
-@needs_int_dots
-@pytest.mark.parametrize("rows", [1, 3, 8, 13, 16, 17, 30])
-@pytest.mark.parametrize("k", [1, 33, 100, 773, 3072, 11008])
-@pytest.mark.parametrize("bits", [16, 8])
-def test_x_quantized_exactly(rows, k, bits):
-    """With integer dot products the row-by-row kernel is exact integer arithmetic on x quantized per row, so it equals its
-    emulation bit for bit, whatever the row count (each row as if alone) and path: 8 rows of K 3072 (16 bits) and 3 or
-    more of K 11008 go by in chunks of K, others as two streams or in blocks; more than 16 rows in calls of 8 (17: 8, 8
-    and 1; 30: 8, 8, 8 and 6); K 11008 quantizes to at most 24385 with 16 bits; K 33, 100 and 773 end in a partial
-    vector of both widths (32 and 64 elements)."""
+def check_x_quantized_exactly(rows, k, bits):
     weight, scale, b = make(37, k, "cpu")
     weight[0] = -128  # the weight 8 bits shift to 0
     weight[1] = 127   # and to 255
@@ -99,6 +90,29 @@ def test_x_quantized_exactly(rows, k, bits):
     got = ops.int8_linear(x, weight, scale, b, x_bits=bits)
     assert torch.equal(got, quantized_x_reference(x, weight, scale, b, bits))
     assert torch.equal(got[-1:], ops.int8_linear(x[-1:], weight, scale, b, x_bits=bits))
+
+
+@needs_int_dots
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 16])
+@pytest.mark.parametrize("k", [1, 33, 100, 773, 3072, 11008])
+@pytest.mark.parametrize("bits", [16, 8])
+def test_x_quantized_exactly(rows, k, bits):
+    """With integer dot products the row-by-row kernel is exact integer arithmetic on x quantized per row, so it equals its
+    emulation bit for bit, whatever the row count (each row as if alone) and path: 8 rows of K 3072 (16 bits) and 3 or
+    more of K 11008 go by in chunks of K, others as two streams or in blocks; K 11008 quantizes to at most 24385 with
+    16 bits; K 33, 100 and 773 end in a partial vector of both widths (32 and 64 elements)."""
+    check_x_quantized_exactly(rows, k, bits)
+
+
+@pytest.mark.skipif(not pytransformer._C.cpu_int_dot_products(17), reason="more than 16 rows take a GEMM on x as it is "
+                    "here (AVX2), or there are no integer dot products")
+@pytest.mark.parametrize("rows", [17, 30])
+@pytest.mark.parametrize("k", [33, 3072, 11008])
+@pytest.mark.parametrize("bits", [16, 8])
+def test_x_quantized_exactly_many_rows(rows, k, bits):
+    """With AVX-512 VNNI more than 16 rows go through the row-by-row kernel too, in calls of 8 (17: 8, 8 and 1; 30: 8, 8,
+    8 and 6), each row the same as alone."""
+    check_x_quantized_exactly(rows, k, bits)
 
 
 @needs_int_dots
