@@ -4,17 +4,16 @@
 // bias and out, an int8 w with float32 scales). Compiled into each including kernel file's ISA level (namespace
 // CPU_CAPABILITY, see isa.h), with AVX2 or AVX-512 only.
 //
-// Tiles of kGemmMR rows of x by kGemmNR (two vectors) weight rows, each the sum over K of outer products: the two weight
-// vectors at one k times each of kGemmMR broadcast x values, into 2 * kGemmMR accumulators (AVX-512: 12 x 32, 24 of its
-// 32 registers; AVX2: 6 x 16, 12 of its 16), two fmas a load of a weight vector where a dot product block takes one. x
-// is packed first, [M / kGemmMR][K][kGemmMR] (zero rows past M), so that a tile reads its x values from one sequential
-// stream; the weight rows are split over the threads in panels of kGemmNR, each packed [kc][kGemmNR] (zeros past N) for
-// a block of up to kGemmKC of K at a time, which stays in L2 with the tile's x while every tile of rows goes by (smaller
-// blocks measured slower). Narrow types (bfloat16, float16, int8) are widened to float32 as they are packed. A panel's
-// sums go to a float32 buffer [tiles * kGemmMR][kGemmNR], the blocks of K adding to it, and from there to out as sum *
-// scale + bias (one fused multiply-add; scale 1 without one), rounded to T once. Each sum runs over k in order, as a
-// naive dot product.
-#include <ATen/Parallel.h>
+// Tiles of kGemmMR rows of x by kGemmNR (two vectors) weight rows, each the sum over K of outer products: the two
+// weight vectors at one k times each of kGemmMR broadcast x values, into 2 * kGemmMR accumulators (AVX-512: 12 x 32, 24
+// of its 32 registers; AVX2: 6 x 16, 12 of its 16), two fmas a load of a weight vector where a dot product block takes
+// one. x is packed first, [M / kGemmMR][K][kGemmMR] (zero rows past M), so that a tile reads its x values from one
+// sequential stream; the weight rows are split over the threads in panels of kGemmNR, each packed [kc][kGemmNR] (zeros
+// past N) for a block of up to kGemmKC of K at a time, which stays in L2 with the tile's x while every tile of rows
+// goes by (smaller blocks measured slower). Narrow types (bfloat16, float16, int8) are widened to float32 as they are
+// packed. A panel's sums go to a float32 buffer [tiles * kGemmMR][kGemmNR], the blocks of K adding to it, and from
+// there to out as sum * scale + bias (one fused multiply-add; scale 1 without one), rounded to T once. Each sum runs
+// over k in order, as a naive dot product. #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
@@ -124,8 +123,8 @@ __attribute__((always_inline)) inline void transpose_square(VecF* v) {
 }
 #endif
 
-// dst[k * ld + r] = src[r * src_ld + k] widened to float32, for the rows r < width (<= kGemmLanes) and k < kc, zeros for
-// the rows from `rows` on: rows of src packed as columns, kGemmLanes x kGemmLanes at a time.
+// dst[k * ld + r] = src[r * src_ld + k] widened to float32, for the rows r < width (<= kGemmLanes) and k < kc, zeros
+// for the rows from `rows` on: rows of src packed as columns, kGemmLanes x kGemmLanes at a time.
 template <typename T>
 void pack_columns(const T* src, int64_t src_ld, int64_t rows, int64_t kc, float* dst, int64_t ld, int width) {
   const int64_t real = std::min<int64_t>(rows, width);

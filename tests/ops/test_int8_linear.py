@@ -41,10 +41,11 @@ def check(x, weight, scale, bias, x_bits=16):
     assert bool((err <= allowed).all()), f"{(err - allowed).amax().item()} over the tolerance"
 
 
-# CPU: <= 16 rows the row-by-row kernel, more with AVX2 the GEMM (6 x 16 tiles: 17, 64 and 65 rows end in partial
-# tiles, N 5, 7, 48 and 129 in partial panels, K 3072 and 3100 in two blocks of K), with AVX-512 VNNI the kernel 8 rows a
-# call, else dequantize + ATen's GEMM; CUDA: <= 64 rows the GEMV, more the tiled GEMM. K 3072 and 3100: x of 1 or 2 rows fits in L1 (with AVX-512, each thread's
-# weight rows read as two streams), of 5 or more does not (blocks of 4 weight rows; csrc/cpu/gemv.h)
+# CPU: <= 16 rows the row-by-row kernel, more with AVX2 the GEMM (6 x 16 tiles: 17, 64 and 65 rows end in partial tiles,
+# N 5, 7, 48 and 129 in partial panels, K 3072 and 3100 in two blocks of K), with AVX-512 VNNI the kernel 8 rows a call,
+# else dequantize + ATen's GEMM; CUDA: <= 64 rows the GEMV, more the tiled GEMM. K 3072 and 3100: x of 1 or 2 rows fits
+# in L1 (with AVX-512, each thread's weight rows read as two streams), of 5 or more does not (blocks of 4 weight rows;
+# csrc/cpu/gemv.h)
 @pytest.mark.parametrize("rows", [1, 2, 5, 16, 17, 64, 65])
 @pytest.mark.parametrize("k,n", [(64, 48), (37, 5), (1, 3), (300, 129), (3072, 7), (3100, 7)])
 @pytest.mark.parametrize("bias", [True, False])
@@ -97,9 +98,9 @@ def check_x_quantized_exactly(rows, k, bits):
 @pytest.mark.parametrize("k", [1, 33, 100, 773, 3072, 11008])
 @pytest.mark.parametrize("bits", [16, 8])
 def test_x_quantized_exactly(rows, k, bits):
-    """With integer dot products the row-by-row kernel is exact integer arithmetic on x quantized per row, so it equals its
-    emulation bit for bit, whatever the row count (each row as if alone) and path: 8 rows of K 3072 (16 bits) and 3 or
-    more of K 11008 go by in chunks of K, others as two streams or in blocks; K 11008 quantizes to at most 24385 with
+    """With integer dot products the row-by-row kernel is exact integer arithmetic on x quantized per row, so it equals
+    its emulation bit for bit, whatever the row count (each row as if alone) and path: 8 rows of K 3072 (16 bits) and 3
+    or more of K 11008 go by in chunks of K, others as two streams or in blocks; K 11008 quantizes to at most 24385 with
     16 bits; K 33, 100 and 773 end in a partial vector of both widths (32 and 64 elements)."""
     check_x_quantized_exactly(rows, k, bits)
 
@@ -110,8 +111,8 @@ def test_x_quantized_exactly(rows, k, bits):
 @pytest.mark.parametrize("k", [33, 3072, 11008])
 @pytest.mark.parametrize("bits", [16, 8])
 def test_x_quantized_exactly_many_rows(rows, k, bits):
-    """With AVX-512 VNNI more than 16 rows go through the row-by-row kernel too, in calls of 8 (17: 8, 8 and 1; 30: 8, 8,
-    8 and 6), each row the same as alone."""
+    """With AVX-512 VNNI more than 16 rows go through the row-by-row kernel too, in calls of 8 (17: 8, 8 and 1; 30: 8,
+    8, 8 and 6), each row the same as alone."""
     check_x_quantized_exactly(rows, k, bits)
 
 
