@@ -13,7 +13,8 @@
 // goes by (smaller blocks measured slower). Narrow types (bfloat16, float16, int8) are widened to float32 as they are
 // packed. A panel's sums go to a float32 buffer [tiles * kGemmMR][kGemmNR], the blocks of K adding to it, and from
 // there to out as sum * scale + bias (one fused multiply-add; scale 1 without one), rounded to T once. Each sum runs
-// over k in order, as a naive dot product. #include <ATen/Parallel.h>
+// over k in order, as a naive dot product.
+#include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
