@@ -13,7 +13,6 @@
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <xmmintrin.h>
-#include <ucontext.h>
 
 #include <bit>
 #include <cmath>
@@ -58,8 +57,14 @@ struct Barrier {
   int site_line = 0, site_thread = -1;
 };
 
+// Switches stacks: saves the callee-saved registers on the current stack and its pointer in *save, then resumes the
+// stack at `load` (saved by an earlier switch, or laid out by start_fiber). Defined in stubs.cpp. No signal mask or
+// floating-point state is switched (ucontext's swapcontext makes a system call each time): the fibers share both
+// with the launching thread.
+extern "C" void emu_switch(void** save, void* load);
+
 struct Fiber {
-  ucontext_t ctx;
+  void* sp;  // the stack pointer that emu_switch saved
   char* stack;
   bool done;
   const Barrier* waiting_on;  // the barrier the fiber waits at (nullptr: runnable), and its generation then
@@ -68,7 +73,7 @@ struct Fiber {
 };
 
 constexpr size_t kStackBytes = 128 * 1024, kMaxThreads = 1024;
-inline ucontext_t scheduler;
+inline void* scheduler;  // the launching thread's stack pointer while a fiber runs
 inline std::vector<Fiber> fibers;
 inline char* fiber_stacks;           // kMaxThreads stacks of kStackBytes, one mapping (see sanitizer.cpp)
 inline Fiber* running;               // the fiber that runs now (nullptr: the host side of a launch)
@@ -116,7 +121,7 @@ EMU_RUNTIME inline void arrive_and_wait(Barrier& b) {
     return;
   }
   fibers[current].waiting_on = &b, fibers[current].waiting_generation = generation;
-  while (b.generation == generation) swapcontext(&fibers[current].ctx, &scheduler);
+  while (b.generation == generation) emu_switch(&fibers[current].sp, scheduler);
   fibers[current].waiting_on = nullptr;
 }
 
@@ -131,10 +136,23 @@ EMU_RUNTIME inline bool runnable(const Fiber& f) {
   return !f.done && (!f.waiting_on || f.waiting_on->generation != f.waiting_generation);
 }
 
-EMU_RUNTIME inline void fiber_entry() {
+// The first code a fiber runs (start_fiber); a finished fiber switches back for good.
+[[noreturn]] EMU_RUNTIME inline void fiber_entry() {
   body(body_call);
   fibers[current].done = true;
   progressed = true;
+  emu_switch(&fibers[current].sp, scheduler);
+  __builtin_unreachable();
+}
+
+// Lays out a fresh stack for emu_switch to resume: fiber_entry as the return address (at a 16-byte boundary, so
+// that fiber_entry starts with the stack aligned as after a call), below it zeros for the six saved registers.
+EMU_RUNTIME inline void start_fiber(Fiber& f) {
+  void** top = reinterpret_cast<void**>(f.stack + kStackBytes);
+  top[-1] = nullptr;  // fiber_entry's own return address: it never returns
+  top[-2] = reinterpret_cast<void*>(fiber_entry);
+  for (int r = 3; r <= 8; ++r) top[-r] = nullptr;
+  f.sp = top - 8;
 }
 
 // ---- warp collectives, dynamic shared memory, cp.async (for the tensor-core kernels, see mma.cuh here) ----
@@ -224,7 +242,8 @@ inline void report_deadlock(unsigned n, uint3 block_idx) {
 // instrumented, and on raw pointers (a no_sanitize function cannot inline the instrumented std::vector accessors).
 EMU_RUNTIME inline bool run_block(dim3 block, uint3 block_idx) {
   const unsigned n = block.x * block.y * block.z;
-  while (fibers.size() < n) fibers.push_back({{}, fiber_stacks + fibers.size() * kStackBytes, true, nullptr, 0, 0});
+  while (fibers.size() < n)
+    fibers.push_back({nullptr, fiber_stacks + fibers.size() * kStackBytes, true, nullptr, 0, 0});
   block_barrier = Barrier{int(n)};
   async_groups.clear();
   shuffle_barriers.clear();
@@ -233,11 +252,7 @@ EMU_RUNTIME inline bool run_block(dim3 block, uint3 block_idx) {
   for (unsigned t = 0; t < n; ++t) {
     Fiber& f = fibers[t];
     f.done = false, f.waiting_on = nullptr, f.quiet = 0;
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack;
-    f.ctx.uc_stack.ss_size = kStackBytes;
-    f.ctx.uc_link = &scheduler;
-    makecontext(&f.ctx, fiber_entry, 0);
+    start_fiber(f);
   }
   static std::mt19937 rng(0);
   std::vector<unsigned> order_(n);
@@ -257,7 +272,7 @@ EMU_RUNTIME inline bool run_block(dim3 block, uint3 block_idx) {
       current = t;
       threadIdx = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
       running = &fs[t];
-      swapcontext(&scheduler, &fs[t].ctx);
+      emu_switch(&scheduler, fs[t].sp);
       running = nullptr;
       live -= fs[t].done;
     }

@@ -9,6 +9,31 @@
 #include <stdexcept>
 #include <string>
 
+// emu_switch (prelude.h) for x86-64 System V, where rbx, rbp and r12-r15 are the callee-saved registers.
+asm(R"(
+  .text
+  .globl emu_switch
+  .hidden emu_switch
+  .type emu_switch, @function
+emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size emu_switch, .-emu_switch
+)");
+
 extern "C" {
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 cudaError_t cudaGetDevice(int* device) {
