@@ -35,7 +35,8 @@ std::vector<Byte> dynamic_shadow;
 Region dynamic_region{0, 0, nullptr, "", "dynamic shared memory"};
 uintptr_t dynamic_cap = 0;  // the dynamic shared-memory buffer's bytes (accesses past dynamic_region.hi: memcheck)
 // The __shared__ arrays, registered where they are declared: one per array of every kernel instantiation that ran in
-// the process, so the table grows (shared_array runs inside a kernel's fiber, where an exception cannot unwind).
+// the process, so the table grows (shared_array runs inside a kernel's fiber, where an exception cannot unwind). It
+// is sorted by address, so that an access finds its array in a binary search.
 Region* static_regions = nullptr;
 int static_count = 0, static_capacity = 0;
 uintptr_t module_lo = 0, module_hi = 0, stack_lo = 0, stack_hi = 0;
@@ -117,11 +118,21 @@ EMU_RUNTIME void shared(Region& r, size_t off, size_t n, bool write) {
   }
 }
 
+// The index of the first __shared__ array that starts above a (static_count: none).
+EMU_RUNTIME int static_regions_above(uintptr_t a) {
+  int lo = 0, hi = static_count;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (static_regions[mid].lo <= a) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
 EMU_RUNTIME Region* shared_region(uintptr_t a) {
   if (a - dynamic_region.lo < dynamic_region.hi - dynamic_region.lo) return &dynamic_region;
-  for (int i = 0; i < static_count; ++i)
-    if (a - static_regions[i].lo < static_regions[i].hi - static_regions[i].lo) return &static_regions[i];
-  return nullptr;
+  const int i = static_regions_above(a) - 1;  // the array that starts highest at or below a
+  return i >= 0 && a < static_regions[i].hi ? &static_regions[i] : nullptr;
 }
 
 // Whether a (in no shared-memory region) lies within kGuardBytes past the end of a __shared__ array, and is none of
@@ -132,9 +143,8 @@ EMU_RUNTIME bool past_shared_array(uintptr_t a) {
   if (in(&threadIdx, sizeof threadIdx) || in(&blockIdx, sizeof blockIdx) || in(&blockDim, sizeof blockDim) ||
       in(&gridDim, sizeof gridDim) || in(&dynamic_smem, sizeof dynamic_smem))
     return false;
-  for (int i = 0; i < static_count; ++i)
-    if (a - static_regions[i].hi < kGuardBytes) return true;
-  return false;
+  const int i = static_regions_above(a) - 1;  // the nearest array below a (arrays do not overlap)
+  return i >= 0 && a - static_regions[i].hi < kGuardBytes;
 }
 
 EMU_RUNTIME void memcheck(uintptr_t a, size_t n, bool write, const char* what) {
@@ -296,8 +306,8 @@ EMU_RUNTIME void async_land(const void* dst, size_t n) {
 
 EMU_RUNTIME void shared_array(const void* p, size_t n, const char* name) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  for (int i = 0; i < static_count; ++i)
-    if (static_regions[i].lo == a) return;
+  const int at = static_regions_above(a);
+  if (at > 0 && static_regions[at - 1].lo == a) return;
   Quiet quiet;
   if (static_count == static_capacity) {
     static_capacity = static_capacity ? 2 * static_capacity : 64;
@@ -306,7 +316,9 @@ EMU_RUNTIME void shared_array(const void* p, size_t n, const char* name) {
     delete[] static_regions;
     static_regions = grown;
   }
-  static_regions[static_count++] = {a, a + n, new Byte[n], "shared array ", name};
+  std::copy_backward(static_regions + at, static_regions + static_count, static_regions + static_count + 1);
+  ++static_count;
+  static_regions[at] = {a, a + n, new Byte[n], "shared array ", name};
 }
 
 EMU_RUNTIME void note_extent(const at::TensorBase& t, const void* data) {
