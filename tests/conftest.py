@@ -22,6 +22,8 @@ def pytest_addoption(parser):
     parser.addoption("--cuda-emulator", action="store_true",
                      help="run the CUDA kernel cases on the CPU through tools/cuda_emulator (no GPU needed)")
     parser.addoption("--cuda-full", action="store_true", help="the full shape lists of the CUDA kernel cases")
+    parser.addoption("--cuda-reached", help="where an emulated run writes the kernels each test launched (default: "
+                     "build/cuda_emulator/reached.json; separate files let runs go side by side)")
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
     not (torch.cuda.is_available() and pytransformer.with_cuda()), reason="needs a GPU and a CUDA build")])]
@@ -70,7 +72,9 @@ def pytest_runtest_call(item):
 def pytest_sessionfinish(session):
     if _reached["tests"]:
         from tools.cuda_emulator import coverage
-        coverage.REACHED.write_text(json.dumps(_reached["tests"], indent=0))
+        path = session.config.getoption("--cuda-reached") or coverage.REACHED
+        with open(path, "w") as f:
+            json.dump(_reached["tests"], f, indent=0)
 
 
 @pytest.fixture(scope="session")

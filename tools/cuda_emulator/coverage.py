@@ -3,10 +3,11 @@ dim, dtype, pack width, rows a block, chunks a thread, ...) against the emulated
 
 The instantiations are the kernels' symbols in the emulator's build (every one the glue can launch); the launches are
 those of the last `pytest tests/ops -m cuda --cuda-emulator` run, which tests/conftest.py writes to
-build/cuda_emulator/reached.json (kernel -> the tests that launched it).
+build/cuda_emulator/reached.json (kernel -> the tests that launched it), or, for a run split into parts that write
+their own files (--cuda-reached), those of the files given.
 
-    python tools/cuda_emulator/coverage.py [--all] [--check]   # the unreached instantiations (--all: the whole
-                                                              # map); --check: exit 1 if any is unreached
+    python tools/cuda_emulator/coverage.py [--all] [--check] [REACHED.json ...]   # the unreached instantiations
+                                                   # (--all: the whole map); --check: exit 1 if any is unreached
 """
 import json
 import re
@@ -47,10 +48,14 @@ def coverage_map(reached: dict[str, list[str]], library: Path = LIBRARY) -> dict
 
 
 def main(argv: list[str]) -> int:
-    if not REACHED.exists():
-        print(f"coverage: no {REACHED.relative_to(ROOT)}: run make cuda-emulate first", file=sys.stderr)
-        return 2
-    table = coverage_map(json.loads(REACHED.read_text()))
+    reached = {}
+    for path in [Path(a) for a in argv if not a.startswith("--")] or [REACHED]:
+        if not path.exists():
+            print(f"coverage: no {path}: run make cuda-emulate first", file=sys.stderr)
+            return 2
+        for name, tests in json.loads(path.read_text()).items():
+            reached.setdefault(name, []).extend(tests)
+    table = coverage_map(reached)
     unreached = [name for name, tests in table.items() if not tests]
     for name, tests in table.items():
         if tests and "--all" in argv:
