@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Compile-checks every csrc/cuda/*.cu with nvcc (compile only, no link) against the headers of the torch installed for
-# $PYTHON (default python3; a CPU wheel is enough): to sm_90 machine code (ptxas included), to compute_80 PTX (every
-# sm_80 code path through the front end and NVVM; ptxas for sm_80 as well would double the check's ptxas time for
-# resource errors that sm_90 mostly shares) and to sm_75 machine code (the default arch list has 7.5: a build for a
-# 7.x GPU must get through ptxas, with the sm_80-only PTX of the tensor-core code, mma.sync bf16 and cp.async,
-# compiled out there). Three gates, each failing the check:
+# $PYTHON (default python3; a CPU wheel is enough): to sm_90 machine code (ptxas included; its PTX takes every code
+# path a build for sm_80 or later takes, as the only arch switch in the sources is mma.cuh's __CUDA_ARCH__ >= 800) and
+# to sm_75 machine code (the default arch list has 7.5: a build for a 7.x GPU must get through ptxas, with the
+# sm_80-only PTX of the tensor-core code, mma.sync bf16 and cp.async, compiled out there). Three gates, each failing
+# the check:
 # - tools/host_calls_gate.py, first: each unit through nvcc's device front end without --expt-relaxed-constexpr, so
 #   that device code calling a host library function (std::copy, which nvcc compiles to nothing) is reported;
 # - tools/ptxas_gate.py: ptxas reports every kernel's resources (-Xptxas -v, logs in build/cuda_check/); local memory
 #   in an attention, decode or append kernel, or more registers than tools/cuda_registers.txt records, fails;
-# - tools/mma_operands_gate.py: in the compute_80 PTX of the tensor-core attention units (kept in build/cuda_check/),
+# - tools/mma_operands_gate.py: in the sm_90 PTX of the tensor-core attention units (kept in build/cuda_check/),
 #   every mma.sync reads fragments loaded by ldmatrix or packed by cvt, and a forward's P V products read P.
 # Exits non-zero if any compile or gate fails.
 # NVCC (default $CUDA_HOME/bin/nvcc or /usr/local/cuda/bin/nvcc) and NVCC_EXTRA (e.g. "-Xptxas -v") are honoured.
@@ -32,12 +32,15 @@ rm -rf "$LOGS" && mkdir -p "$LOGS"
 [ ${#files[@]} -gt 0 ] || { echo "check_cuda: no csrc/cuda/*.cu files"; exit 0; }
 jobs=${CHECK_JOBS:-$(nproc)}
 failed=0
+# The sm_90 PTX stands for sm_80's only while no source switches on an arch other than 8.0.
+if grep -rnE "__CUDA_ARCH__ *[<>=!]+ *[0-9]+" csrc/cuda | grep -vE "__CUDA_ARCH__ >= 800\b"; then
+  echo "check_cuda: an arch switch other than __CUDA_ARCH__ >= 800: compile its other side too"; failed=1
+fi
 "$PYTHON" tools/host_calls_gate.py --nvcc "$NVCC" --jobs "$jobs" "${files[@]}" || failed=1
 # One nvcc call per file covers every target (the host side is parsed once); files compile in parallel.
 check() {
   local f=$1 start=$SECONDS name keep=()
-  local targets=(-gencode arch=compute_80,code=compute_80 -gencode arch=compute_90,code=sm_90
-                 -gencode arch=compute_75,code=sm_75)
+  local targets=(-gencode arch=compute_90,code=sm_90 -gencode arch=compute_75,code=sm_75)
   name=$(basename "$f" .cu)
   if grep -q '#include "attention_mma.cuh"' "$f"; then  # keep the PTX for the operand gate
     keep=(--keep --keep-dir "$LOGS/$name.keep") && mkdir -p "$LOGS/$name.keep"
@@ -45,14 +48,14 @@ check() {
   # shellcheck disable=SC2086
   if "$NVCC" "${FLAGS[@]}" ${NVCC_EXTRA:-} -Xptxas -v "${keep[@]}" "${targets[@]}" "$f" >"$LOGS/$name.log" 2>&1; then
     grep -v "^ptxas info\|bytes stack frame" "$LOGS/$name.log"  # warnings, if any
-    echo "ok    compute_80 sm_90 sm_75 $f ($((SECONDS - start)) s)"
+    echo "ok    sm_90 sm_75 $f ($((SECONDS - start)) s)"
   else
     grep -v "^ptxas info\|bytes stack frame" "$LOGS/$name.log"
     echo "FAIL  $f"
     return 1
   fi
   if [ ${#keep[@]} -gt 0 ]; then
-    mv "$LOGS/$name.keep/$name.compute_80.ptx" "$LOGS/" && rm -rf "$LOGS/$name.keep"
+    mv "$LOGS/$name.keep/$name.compute_90.ptx" "$LOGS/" && rm -rf "$LOGS/$name.keep"
   fi
 }
 pids=()
