@@ -1,5 +1,7 @@
 """KVCache: preallocated, static-shape key/value storage for decoding (self-attention per layer, cross-attention once);
 for sliding-window attention of window W, a cache of W rows is a rolling buffer of the last W positions."""
+import math
+import mmap
 from typing import NamedTuple
 
 import torch
@@ -34,6 +36,22 @@ class LayerCache(NamedTuple):
     cross_attn: AttentionCache | None
 
 
+def _zeros(count: int, shape: tuple, *, device=None, dtype=None) -> list[Tensor]:
+    """`count` zero tensors of `shape`. On the CPU (outside torch.compile) they are views of one anonymous memory
+    mapping of their own, not malloc's: its pages are taken only as they are written, and all of them go back to the
+    system when the last view is freed. From malloc, a cache freed after a generate call would stay in the heap, at
+    another size than the next call's, whose cache and activations would then need more (glibc's mmap threshold
+    rises to the largest block freed, so blocks of a few MiB come from the heap after a prefill): 30-50 MiB more peak
+    memory for a 124M float32 model at batch 8 (docs/benchmarks.md)."""
+    device = torch.device(device) if device is not None else torch.get_default_device()
+    dtype = dtype or torch.get_default_dtype()
+    numel = count * math.prod(shape)
+    if device.type != "cpu" or torch.compiler.is_compiling() or numel == 0:
+        return list(torch.zeros(count, *shape, device=device, dtype=dtype).unbind())
+    pages = mmap.mmap(-1, numel * dtype.itemsize)  # anonymous, zero-filled; the tensor holds it
+    return list(torch.frombuffer(pages, dtype=dtype).view(count, *shape).unbind())
+
+
 class KVCache:
     """Preallocated caches for `n_layers` decoder layers with per-row lengths, so prompts of different lengths batch
     together. Every tensor keeps its shape and address for the cache's lifetime (torch.compile and CUDA graphs).
@@ -58,15 +76,15 @@ class KVCache:
                  memory_length: int = 0, device=None, dtype=None):
         factory = {"device": device, "dtype": dtype}
         shape = (batch_size, n_kv_heads, capacity, head_dim)
-        self.k = [torch.zeros(shape, **factory) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, **factory) for _ in range(n_layers)]
+        kv = _zeros(2 * n_layers, shape, **factory)
+        self.k, self.v = kv[:n_layers], kv[n_layers:]
         self.lengths = torch.zeros(batch_size, dtype=torch.int64, device=device)  # [B] tokens held per row
         self.max_length: int | None = 0  # host-side bound of lengths
         self.uniform = True  # every row holds max_length tokens
         # Cross-attention K/V of the encoder output, written once by TransformerDecoder.cache_memory.
         mem_shape = (batch_size, n_kv_heads, memory_length, head_dim)
-        self.cross_k = [torch.zeros(mem_shape, **factory) for _ in range(n_layers)] if memory_length else None
-        self.cross_v = [torch.zeros(mem_shape, **factory) for _ in range(n_layers)] if memory_length else None
+        cross = _zeros(2 * n_layers, mem_shape, **factory) if memory_length else None
+        self.cross_k, self.cross_v = (cross[:n_layers], cross[n_layers:]) if cross is not None else (None, None)
         self.memory_lengths = torch.full((batch_size,), memory_length, dtype=torch.int64, device=device)
 
     @classmethod

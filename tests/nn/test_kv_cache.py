@@ -79,3 +79,25 @@ def test_decode_step_compiles_without_graph_breaks():
     xs = torch.randn(2, 6, D)
     got = torch.cat([step(xs[:, t:t + 1]) for t in range(6)], 1)
     torch.testing.assert_close(got, dec(xs, mem), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_cache_is_one_mapping_of_zeros(dtype):
+    """On the CPU the K/V tensors (self- and cross-attention) are zero, contiguous, separate views of one anonymous
+    memory mapping each (page-aligned, outside malloc's heap), which lives as long as any of them."""
+    import mmap
+    cache = KVCache(3, 2, 2, 5, 7, memory_length=4, dtype=dtype)
+    for group in (cache.k + cache.v, cache.cross_k + cache.cross_v):
+        storage = group[0].untyped_storage()
+        assert storage.data_ptr() % mmap.PAGESIZE == 0
+        assert all(t.untyped_storage().data_ptr() == storage.data_ptr() for t in group)
+        assert all(t.shape == group[0].shape and t.dtype == dtype and t.is_contiguous() for t in group)
+        assert all(not t.any() for t in group)
+    cache.k[1].fill_(1)
+    assert cache.k[1].all() and not any(t.any() for t in cache.k[:1] + cache.k[2:] + cache.v)
+    k = cache.k[2]
+    del cache
+    k.add_(2)  # the mapping outlives the cache
+    assert k.eq(2).all()
+    empty = KVCache(2, 0, 2, 5, 7)
+    assert [t.shape for t in empty.k] == [(0, 2, 7, 5)] * 2
