@@ -46,10 +46,11 @@ def _zeros(count: int, shape: tuple, *, device=None, dtype=None) -> list[Tensor]
     device = torch.device(device) if device is not None else torch.get_default_device()
     dtype = dtype or torch.get_default_dtype()
     numel = count * math.prod(shape)
-    if device.type != "cpu" or torch.compiler.is_compiling() or numel == 0:
-        return list(torch.zeros(count, *shape, device=device, dtype=dtype).unbind())
-    pages = mmap.mmap(-1, numel * dtype.itemsize)  # anonymous, zero-filled; the tensor holds it
-    return list(torch.frombuffer(pages, dtype=dtype).view(count, *shape).unbind())
+    if device.type == "cpu" and not torch.compiler.is_compiling() and numel:
+        flat = torch.frombuffer(mmap.mmap(-1, numel * dtype.itemsize), dtype=dtype)  # zero-filled; the tensor holds it
+    else:
+        flat = torch.zeros(numel, device=device, dtype=dtype)
+    return list(flat.view(count, *shape).unbind())
 
 
 class KVCache:
