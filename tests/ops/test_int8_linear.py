@@ -64,14 +64,13 @@ def test_each_cpu_isa_level_agrees(isa):
     blocks of 4, the next one prefetched a line at a time) reach every block shape, and 8 rows (AVX-512: 8 at once
     over 2 weight rows, each pair's 8 results written by its dot block, x in L1 at K 1000, in blocks at 1100) the
     widest; K 1100 spans whole 64-byte lines, a vector and a tail. 20 rows: the GEMM with AVX2, else dequantized
-    weights and ATen's GEMM. x as the path at that level sees it (reference.int8_linear_x)."""
+    weights and ATen's GEMM. x as the path at that level sees it (reference.int8_linear_x), and check's bound, scaled
+    by the result's magnitude: the GEMM's float32 sums over K 1100 of products up to 127 |x| drift past 2e-5 absolute."""
     run_under_isa(isa, (
+        "from tests.ops.test_int8_linear import check, make\n"
         "for k, m in ((1100, 7), (1100, 8), (1000, 8), (1100, 20)):\n"
-        "  w=torch.randint(-127,128,(13,k),dtype=torch.int8); s=torch.rand(13)*0.01; b=torch.randn(13)\n"
-        "  x=torch.randn(m,k); torch.testing.assert_close(pt.ops.int8_linear(x,w,s,b).double(),"
-        " ref.int8_linear(ref.int8_linear_x(x),w,s.double(),b.double()), atol=2e-5, rtol=2e-5)\n"
-        "  torch.testing.assert_close(pt.ops.int8_linear(x,w,s,b,x_bits=8).double(),"
-        " ref.int8_linear(ref.round_x_to_8_bits(x).double(),w,s.double(),b.double()), atol=2e-5, rtol=2e-5)"))
+        "  w, s, b = make(13, k, 'cpu'); x = torch.randn(m, k)\n"
+        "  for x_bits in (16, 8): check(x, w, s, b, x_bits)"))
 
 
 def quantized_x_reference(x, weight, scale, bias, bits=16):
