@@ -29,7 +29,8 @@ def make(n, k, device, dtype=torch.float32, bias=True):
 
 def check(x, weight, scale, bias, x_bits=16):
     """ops.int8_linear against the float64 reference on x as the op's path on this processor sees it
-    (reference.int8_linear_x: rounded to 8 bits with x_bits=8, quantized to 16 bits by the CPU kernel with integer dot products)."""
+    (reference.int8_linear_x: rounded to 8 bits with x_bits=8, quantized to 16 bits by the CPU kernel with integer dot
+    products)."""
     got = ops.int8_linear(x, weight, scale, bias, x_bits=x_bits)
     x64 = reference.int8_linear_x(x, x_bits).to(x.device)
     want = reference.int8_linear(x64, weight, scale.double(), None if bias is None else bias.double())
@@ -64,8 +65,9 @@ def test_each_cpu_isa_level_agrees(isa):
     blocks of 4, the next one prefetched a line at a time) reach every block shape, and 8 rows (AVX-512: 8 at once
     over 2 weight rows, each pair's 8 results written by its dot block, x in L1 at K 1000, in blocks at 1100) the
     widest; K 1100 spans whole 64-byte lines, a vector and a tail. 20 rows: the GEMM with AVX2, else dequantized
-    weights and ATen's GEMM. x as the path at that level sees it (reference.int8_linear_x), and check's bound, scaled
-    by the result's magnitude: the GEMM's float32 sums over K 1100 of products up to 127 |x| drift past 2e-5 absolute."""
+    weights and ATen's GEMM. x as the path at that level sees it (reference.int8_linear_x), and check's bound,
+    scaled by the result's magnitude: the GEMM's float32 sums over K 1100 of products up to 127 |x| drift past
+    2e-5 absolute."""
     run_under_isa(isa, (
         "from tests.ops.test_int8_linear import check, make\n"
         "for k, m in ((1100, 7), (1100, 8), (1000, 8), (1100, 20)):\n"
@@ -74,10 +76,10 @@ def test_each_cpu_isa_level_agrees(isa):
 
 
 def quantized_x_reference(x, weight, scale, bias, bits=16):
-    """What the few-rows CPU kernel computes with integer dot products, float32 x [M, K] quantized to `bits`: each row of x
-    quantized in float32 arithmetic as csrc/cpu/gemv.h's quantize_rows does, the integer products summed exactly
-    (float64 holds integers up to 2^53), then float32 (sum * x scale) * scale + bias; rows with an inf or NaN all
-    NaN."""
+    """What the few-rows CPU kernel computes with integer dot products, float32 x [M, K] quantized to `bits`: each row
+    of x quantized in float32 arithmetic as csrc/cpu/gemv.h's quantize_rows does, the integer products summed
+    exactly (float64 holds integers up to 2^53), then float32 (sum * x scale) * scale + bias; rows with an inf or NaN
+    all NaN."""
     q, x_scale = reference.quantize_x_rows(x, bits)
     return (q.double() @ weight.double().T).float() * x_scale * scale + bias
 
@@ -158,8 +160,8 @@ def test_x_quantized_exactly_by_avx2():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_many_weight_blocks(device, bias, dtype):
     """Many rows of x with a weight of several dequantization blocks on the CPU (16 MiB each: 2 of float32, 3 of
-    float64), the path of float64 x everywhere and of float32 x without integer dot products (with them, 17 rows go through the
-    row-by-row kernel, 8 at a time)."""
+    float64), the path of float64 x everywhere and of float32 x without integer dot products (with them, 17 rows go
+    through the row-by-row kernel, 8 at a time)."""
     skip_unsupported(dtype, device)
     weight, scale, b = make(4500, 1024, device, dtype=dtype, bias=bias)
     check(torch.randn(17, 1024, device=device, dtype=dtype), weight, scale, b)
