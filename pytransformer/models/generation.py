@@ -75,19 +75,25 @@ def decode(step, logits: Tensor, max_new_tokens: int, pick, eos_id: int | list[i
     any of them) keeps emitting the first, and decoding stops early once every row has. on_token(tokens [N]) is
     called with each step's tokens (streaming)."""
     eos = eos_ids(eos_id, logits.device)  # [E]
-    tokens, finished = [], torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+    finished = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+    # One tensor holds the tokens, written as they come: a small tensor kept per step lands in the space the step's
+    # freed logits left in the heap, so that the next logits no longer fit there and the heap grows step by step
+    # (some 25 MiB over 64 steps at batch 8 with a 32000 vocabulary).
+    tokens = torch.empty(logits.shape[0], max_new_tokens, dtype=torch.long, device=logits.device)
+    n = 0
     for i in range(max_new_tokens):
         tok = pick(logits)  # [N]
         if eos is not None:
             tok = tok.masked_fill(finished, eos[0])
             finished = finished | torch.isin(tok, eos)
-        tokens.append(tok)
+        tokens[:, i] = tok
+        n = i + 1
         if on_token is not None:
             on_token(tok)
         if i + 1 == max_new_tokens or (eos is not None and bool(finished.all())):
             break
         logits = step(tok[:, None])
-    return torch.stack(tokens, 1) if tokens else logits.new_zeros(logits.shape[0], 0, dtype=torch.long)
+    return tokens[:, :n]
 
 
 def beam_search(step, reorder, logits: Tensor, beam_size: int, max_new_tokens: int,
