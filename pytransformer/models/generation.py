@@ -76,21 +76,20 @@ def decode(step, logits: Tensor, max_new_tokens: int, pick, eos_id: int | list[i
     called with each step's tokens (streaming)."""
     eos = eos_ids(eos_id, logits.device)  # [E]
     finished = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
-    # One tensor holds the tokens, written as they come: with a small tensor kept per step among each step's freed
-    # logits, glibc's heap grew step by step while the bytes in use stayed flat (some 25 MiB over 64 steps at batch 8
-    # with a 32000 vocabulary).
+    # One tensor holds the tokens, written as they come: a small tensor kept per step among each step's freed logits
+    # made glibc's heap grow step by step while the bytes in use stayed flat (docs/benchmarks.md).
     tokens = torch.empty(logits.shape[0], max_new_tokens, dtype=torch.long, device=logits.device)
     n = 0
-    for i in range(max_new_tokens):
+    while n < max_new_tokens:
         tok = pick(logits)  # [N]
         if eos is not None:
             tok = tok.masked_fill(finished, eos[0])
             finished = finished | torch.isin(tok, eos)
-        tokens[:, i] = tok
-        n = i + 1
+        tokens[:, n] = tok
+        n += 1
         if on_token is not None:
             on_token(tok)
-        if i + 1 == max_new_tokens or (eos is not None and bool(finished.all())):
+        if n == max_new_tokens or (eos is not None and bool(finished.all())):
             break
         logits = step(tok[:, None])
     return tokens[:, :n]

@@ -41,8 +41,7 @@ def _zeros(count: int, shape: tuple, *, device=None, dtype=None) -> list[Tensor]
     mapping of their own, not malloc's: its pages are taken only as they are written, and all of them go back to the
     system when the last view is freed. From malloc, a cache freed after a generate call would stay in the heap, at
     another size than the next call's, whose cache and activations would then need more (glibc's mmap threshold
-    rises to the largest block freed, so blocks of a few MiB come from the heap after a prefill): 30-50 MiB more peak
-    memory for a 124M float32 model at batch 8 (docs/benchmarks.md)."""
+    rises to the largest block freed, so blocks of a few MiB come from the heap after a prefill; docs/benchmarks.md)."""
     device = torch.device(device) if device is not None else torch.get_default_device()
     dtype = dtype or torch.get_default_dtype()
     numel = count * math.prod(shape)
