@@ -38,7 +38,7 @@ cuda-check: $(STAMP)
 # The CUDA kernel cases of tests/ops through tools/cuda_emulator (no GPU needed): the emulator is compiled first, then
 # attention's cases and the other ops' run side by side, one OpenMP thread each (the references' small torch ops
 # gain nothing from more, which spin in libgomp), each writing the kernels it launched to a file of its own, which
-# coverage.py then reads together.
+# coverage.py then reads together: every kernel instantiation must be reached.
 EMU := build/cuda_emulator
 EMU_PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -m cuda --cuda-emulator
 cuda-emulate: build
@@ -47,7 +47,7 @@ cuda-emulate: build
 	$(EMU_PYTEST) tests/ops/test_attention.py --cuda-reached $(EMU)/reached-attention.json >$(EMU)/attention.log 2>&1 & \
 	$(EMU_PYTEST) tests/ops --ignore=tests/ops/test_attention.py --cuda-reached $(EMU)/reached-others.json; \
 	others=$$?; wait $$!; attention=$$?; cat $(EMU)/attention.log; [ $$others = 0 ] && [ $$attention = 0 ]
-	$(PY) tools/cuda_emulator/coverage.py $(EMU)/reached-*.json  # the kernel instantiations no case reached
+	$(PY) tools/cuda_emulator/coverage.py --check $(EMU)/reached-*.json  # fails on an instantiation no case reached
 
 sdist: $(STAMP)  # dist/pytransformer-<version>.tar.gz; install it with pip install --no-build-isolation
 	rm -f dist/pytransformer-*.tar.gz

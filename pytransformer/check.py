@@ -36,13 +36,21 @@ ROW_SUM_TOL = 1e-5
 
 # [rows, n]: n reaches each geometry of common.cuh for float32 (4-element packs) and 16-bit types (8-element packs):
 # 1..32 threads a row, block rows (64..512 threads), streaming (> 512 threads' worth), and odd n (scalar loads).
+# The instantiation shapes reach the chunks a thread (row_config's iters) that the others do not: 65 (scalar, 4),
+# 132 (float32 packs, 2; 16-bit scalar, 8), 260 (float32 packs, 4), 264 and 520 (16-bit packs, 2 and 4).
+NORM_INSTANTIATION_SHAPES = [(3, 65), (3, 132), (3, 260), (3, 264), (3, 520)]
 NORM_SHAPES = [(1, 1), (5, 3), (7, 8), (33, 64), (300, 100), (64, 768), (600, 1000), (40, 1001), (16, 4096),
-               (9, 5120), (3, 8196), (4, 16384), (3, 16388), (2, 32776), (2, 40001)]
-NORM_SHAPES_QUICK = [(5, 3), (33, 64), (40, 1001), (16, 4096), (3, 8196), (2, 32776), (2, 40001)]
-# [B, H, Lq, Lk]
+               (9, 5120), (3, 8196), (4, 16384), (3, 16388), (2, 32776), (2, 40001)] + NORM_INSTANTIATION_SHAPES
+NORM_SHAPES_QUICK = [(5, 3), (33, 64), (40, 1001), (16, 4096), (3, 8196), (2, 32776), (2, 40001)
+                     ] + NORM_INSTANTIATION_SHAPES
+# [B, H, Lq, Lk]; the instantiation shapes reach the chunks a thread that the others do not (8: packs, 1; 33 and
+# 129: scalar, 2 and 8; 132, 260, 264: packs, 2 and 4), and 16392 streams 16-bit packs.
+SOFTMAX_INSTANTIATION_SHAPES = [(1, 1, 2, n) for n in (8, 33, 129, 132, 260, 264)]
 SOFTMAX_SHAPES = [(1, 1, 1, 1), (2, 3, 5, 7), (2, 2, 16, 64), (1, 2, 33, 77), (2, 1, 8, 1000), (1, 1, 4, 4096),
-                  (1, 1, 3, 8192), (1, 1, 3, 8196), (1, 1, 2, 16388), (1, 1, 2, 10001)]
-SOFTMAX_SHAPES_QUICK = [(2, 3, 5, 7), (1, 2, 33, 77), (1, 1, 4, 4096), (1, 1, 2, 16388), (1, 1, 2, 10001)]
+                  (1, 1, 3, 8192), (1, 1, 3, 8196), (1, 1, 2, 16388), (1, 1, 2, 16392), (1, 1, 2, 10001)
+                  ] + SOFTMAX_INSTANTIATION_SHAPES
+SOFTMAX_SHAPES_QUICK = [(2, 3, 5, 7), (1, 2, 33, 77), (1, 1, 4, 4096), (1, 1, 2, 16392), (1, 1, 2, 10001)
+                        ] + SOFTMAX_INSTANTIATION_SHAPES
 # kv_cache_append (B, Hkv, T, D, Dv, capacity): packed and odd head dims (scalar path), T = 1 and prefills (T = 70
 # at D = 128: more new rows than a block copies, so several blocks along T).
 APPEND_SHAPES = [(2, 3, 5, 64, 64, 20), (2, 2, 1, 37, 37, 9), (3, 2, 17, 128, 48, 40), (1, 1, 1, 8, 8, 1),
@@ -151,15 +159,7 @@ ATTENTION_SHAPES = [(2, 4, 4, 1, 37, 64, 64), (2, 2, 1, 5, 1, 16, 16), (2, 4, 1,
 ATTENTION_SHAPES_QUICK = [(2, 2, 2, 1, 37, 16, 16), (2, 2, 1, 5, 1, 8, 8), (2, 4, 1, 19, 45, 33, 20),
                           (2, 4, 2, 70, 23, 24, 24), (1, 2, 1, 6, 9, 136, 264), (1, 2, 1, 7, 20, 136, 200),
                           (1, 2, 1, 7, 20, 248, 256), (1, 2, 1, 9, 20, 64, 64), (1, 2, 1, 9, 20, 128, 128)]
-# Several tiles on every tensor-core head-dim family: Lq over 2 query tiles and Lk over 3 key tiles (attention_tiles),
-# so that the online softmax rescales across key tiles, the next tiles' K/V are prefetched into the other stage, the
-# barriers that protect the stages matter, and full unmasked tiles take the clean-tile path: (head dim, mask, dtype,
-# GQA, also the deterministic dQ kernel). The CI emulator run takes these besides the quick shapes.
 ATTENTION_TILE_HEAD_DIMS = [32, 64, 96, 128, 160, 192, 224, 256]
-ATTENTION_TILE_CASES = ([(hd, "none", torch.bfloat16, False, False) for hd in ATTENTION_TILE_HEAD_DIMS] +
-                        [(hd, "window+float", torch.float16, False, False) for hd in ATTENTION_TILE_HEAD_DIMS] +
-                        [(hd, "causal+lengths+bool", torch.bfloat16, True, hd in (64, 256))
-                         for hd in ATTENTION_TILE_HEAD_DIMS])
 
 
 def attention_tiles(head_dim: int, gqa: bool) -> tuple:
@@ -169,6 +169,22 @@ def attention_tiles(head_dim: int, gqa: bool) -> tuple:
     head to the next several times and on an odd group."""
     block_m, block_n = (128, 64) if head_dim <= 128 else (64, 32)
     return ((2, 3, 1) if gqa else (1, 1, 1)) + (2 * block_m + 3, 3 * block_n + 5, head_dim, head_dim)
+
+
+# (shape, mask, dtype, also in deterministic mode). Several tiles on every tensor-core head-dim family: Lq over 2
+# query tiles and Lk over 3 key tiles (attention_tiles), so that the online softmax rescales across key tiles, the
+# next tiles' K/V are prefetched into the other stage, the barriers that protect the stages matter, and full unmasked
+# tiles take the clean-tile path; masked and not, GQA, and the deterministic dQ kernel. The CI emulator run takes
+# these besides the quick shapes.
+ATTENTION_TILE_CASES = (
+    [(attention_tiles(hd, False), "none", torch.bfloat16, False) for hd in ATTENTION_TILE_HEAD_DIMS] +
+    [(attention_tiles(hd, False), "window+float", torch.float16, False) for hd in ATTENTION_TILE_HEAD_DIMS] +
+    [(attention_tiles(hd, True), "causal+lengths+bool", torch.bfloat16, hd in (64, 256))
+     for hd in ATTENTION_TILE_HEAD_DIMS])
+# The deterministic backward (the dQ kernel, and the dK/dV kernel without dQ atomics) of every head-dim family in
+# both 16-bit dtypes, on one tile: with ATTENTION_TILE_CASES, every tensor-core kernel instantiation.
+ATTENTION_DETERMINISTIC_CASES = [((1, 2, 1, 9, 20, hd, hd), "causal", dtype, True)
+                                 for hd in ATTENTION_TILE_HEAD_DIMS for dtype in (torch.float16, torch.bfloat16)]
 
 
 ATTENTION_MASKS = ["none", "causal", "window", "key_lengths", "bool [B,1,Lq,Lk]", "bool [Lk]", "bool transposed",
@@ -384,11 +400,10 @@ class KernelChecks:
                 self.check_nan_rows(f"attention NaN {list(shape)} {str(dtype)[6:]}",
                                     self.ops.attention(q, k, v, None, False, None, None, d ** -0.5)[0], nan_rows)
 
-    def check_attention_tiles(self, cases) -> None:
-        """ATTENTION_TILE_CASES-like (head dim, mask, dtype, GQA, deterministic too): forward and backward across
-        several tiles; the backward again in deterministic mode (the dQ kernel without atomics) where marked."""
-        for head_dim, kind, dtype, gqa, deterministic in cases:
-            shape = attention_tiles(head_dim, gqa)
+    def check_attention_cases(self, cases) -> None:
+        """ATTENTION_TILE_CASES-like (shape, mask, dtype, deterministic too): forward and backward; the backward again
+        in deterministic mode (the dQ kernel without atomics) where marked."""
+        for shape, kind, dtype, deterministic in cases:
             self.attention_case(shape, dtype, kind)
             if deterministic:
                 was = torch.are_deterministic_algorithms_enabled()
@@ -591,7 +606,7 @@ OPS = {
     "norm": lambda c, pick: c.check_norms(pick(NORM_SHAPES_QUICK, NORM_SHAPES)),
     "masked_softmax": lambda c, pick: c.check_softmax(pick(SOFTMAX_SHAPES_QUICK, SOFTMAX_SHAPES)),
     "attention": lambda c, pick: (c.check_attention(pick(ATTENTION_SHAPES_QUICK, ATTENTION_SHAPES)),
-                                  c.check_attention_tiles(ATTENTION_TILE_CASES)),
+                                  c.check_attention_cases(ATTENTION_TILE_CASES + ATTENTION_DETERMINISTIC_CASES)),
     "kv_cache_append": lambda c, pick: c.check_kv_cache(pick(APPEND_SHAPES_QUICK, APPEND_SHAPES)),
     "decode_attention": lambda c, pick: c.check_decode(pick(DECODE_SHAPES_QUICK, DECODE_SHAPES)),
     "int8_linear": lambda c, pick: c.check_int8_linear(pick(INT8_SHAPES_QUICK, INT8_SHAPES)),

@@ -1,13 +1,17 @@
 """The gates of `make cuda-check` that keep code nvcc miscompiles silently out of the CUDA sources, each against a
 planted reintroduction: a host library call in device code (tools/host_calls_gate.py: std::copy of a register array,
 which nvcc compiles to nothing) and an mma.sync that reads a fragment nothing converted (tools/mma_operands_gate.py:
-the P V products of an attention forward reading Q's registers, as they did when that copy was dropped)."""
+the P V products of an attention forward reading Q's registers, as they did when that copy was dropped); and the
+gate of `make cuda-emulate` that every kernel instantiation is reached by an emulated case
+(tools/cuda_emulator/coverage.py)."""
+import json
 import os
 import shutil
 
 import pytest
 
 from tools import host_calls_gate, mma_operands_gate
+from tools.cuda_emulator import coverage
 
 NVCC = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
 needs_nvcc = pytest.mark.skipif(not shutil.which(NVCC), reason="needs nvcc")
@@ -94,3 +98,26 @@ def test_mma_operands_gate_reports_a_forward_without_p_v():
     """The dropped copy seen in nvcc's PTX: every product reads Q's fragments, none reads converted P."""
     found = mma_operands_gate.problems(CORRECT.replace("{%r13, %r12, %r11, %r12}", "{%r1, %r2, %r3, %r4}"))
     assert "mma.sync #2 reads A from ['ldmatrix'], B from ['ldmatrix.trans']" in found[0]
+
+
+NORM_FWD = "pytransformer::cuda::norm_fwd_kernel<float, 1, 4>(pytransformer::cuda::NormFwdParams<float>, int)"
+NORM_FWD_PACKED = "pytransformer::cuda::norm_fwd_kernel<float, 4, 2>(pytransformer::cuda::NormFwdParams<float>, int)"
+
+
+def test_coverage_counts_kernels_not_their_lambdas():
+    """A kernel's lambda (a function of its own in the emulator's build, never launched) and the launch code are not
+    kernel instantiations."""
+    functions = [NORM_FWD, NORM_FWD + "::{lambda(int, long)#3}::operator()(int, long) const",
+                 "void pytransformer::cuda::launch_norm_fwd<float>(pytransformer::cuda::NormFwdParams<float> const&)"]
+    assert coverage.kernels_among(functions, {"norm_fwd_kernel"}) == {NORM_FWD}
+
+
+@pytest.mark.parametrize("reached, status", [([NORM_FWD, NORM_FWD_PACKED], 0), ([NORM_FWD], 1)])
+def test_coverage_check_fails_on_an_unreached_instantiation(monkeypatch, tmp_path, capsys, reached, status):
+    monkeypatch.setattr(coverage, "instantiations", lambda library=coverage.LIBRARY: {NORM_FWD, NORM_FWD_PACKED})
+    monkeypatch.setattr(coverage, "demangle", lambda names: names)
+    path = tmp_path / "reached.json"
+    path.write_text(json.dumps({name: ["tests/ops/test_norm.py::test_x"] for name in reached}))
+    assert coverage.main(["--check", str(path)]) == status
+    out = capsys.readouterr().out
+    assert (f"{NORM_FWD_PACKED}  UNREACHED" in out) == bool(status)

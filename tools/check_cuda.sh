@@ -3,7 +3,9 @@
 # $PYTHON (default python3; a CPU wheel is enough): to sm_90 machine code (ptxas included; its PTX takes every code
 # path a build for sm_80 or later takes, as the only arch switch in the sources is mma.cuh's __CUDA_ARCH__ >= 800) and
 # to sm_75 machine code (the default arch list has 7.5: a build for a 7.x GPU must get through ptxas, with the
-# sm_80-only PTX of the tensor-core code, mma.sync bf16 and cp.async, compiled out there). Three gates, each failing
+# sm_80-only PTX of the tensor-core code, mma.sync bf16 and cp.async, compiled out there). The sm_75 pass is device
+# code alone, unoptimised (cicc and ptxas at -O0): what it shows, that every instruction is one sm_75 has, does not
+# depend on optimisation, and optimised, the int8 GEMV's unrolled loops alone take minutes. Three gates, each failing
 # the check:
 # - tools/host_calls_gate.py, first: each unit through nvcc's device front end without --expt-relaxed-constexpr, so
 #   that device code calling a host library function (std::copy, which nvcc compiles to nothing) is reported;
@@ -17,18 +19,22 @@ set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 NVCC=${NVCC:-${CUDA_HOME:-/usr/local/cuda}/bin/nvcc}
+PTXAS=$(dirname "$NVCC")/ptxas
 TORCH_INC=$("$PYTHON" -c "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'include'))") || {
   echo "check_cuda: cannot import torch with $PYTHON" >&2; exit 2; }
 PY_INC=$("$PYTHON" -c "import sysconfig; print(sysconfig.get_paths()['include'])") || exit 2
 # The extension's nvcc flags (tools/build_config.py: torch's common ones and ours), and the CPU-wheel switch.
 mapfile -t BUILD_FLAGS < <("$PYTHON" tools/build_config.py nvcc-flags)
 [ ${#BUILD_FLAGS[@]} -gt 0 ] || { echo "check_cuda: tools/build_config.py nvcc-flags failed" >&2; exit 2; }
-FLAGS=(-c -o /dev/null "${BUILD_FLAGS[@]}" -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE
+FLAGS=("${BUILD_FLAGS[@]}" -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE
        -I"$TORCH_INC" -I"$TORCH_INC/torch/csrc/api/include" -I"$PY_INC" -Icsrc)
 shopt -s nullglob
-files=(csrc/cuda/*.cu)
+files=()  # the slowest units first, so that no job is left with one at the end
+for f in csrc/cuda/int8_linear.cu csrc/cuda/attention.cu csrc/cuda/*.cu; do
+  [ -e "$f" ] && [[ " ${files[*]} " != *" $f "* ]] && files+=("$f")
+done
 LOGS=build/cuda_check
-rm -rf "$LOGS" && mkdir -p "$LOGS"
+rm -rf "$LOGS" && mkdir -p "$LOGS/sm_75"
 [ ${#files[@]} -gt 0 ] || { echo "check_cuda: no csrc/cuda/*.cu files"; exit 0; }
 jobs=${CHECK_JOBS:-$(nproc)}
 failed=0
@@ -37,16 +43,20 @@ if grep -rnE "__CUDA_ARCH__ *[<>=!]+ *[0-9]+" csrc/cuda | grep -vE "__CUDA_ARCH_
   echo "check_cuda: an arch switch other than __CUDA_ARCH__ >= 800: compile its other side too"; failed=1
 fi
 "$PYTHON" tools/host_calls_gate.py --nvcc "$NVCC" --jobs "$jobs" "${files[@]}" || failed=1
-# One nvcc call per file covers every target (the host side is parsed once); files compile in parallel.
+# Per file, the host side and sm_90, then sm_75's device code; files compile in parallel, the slowest first.
 check() {
   local f=$1 start=$SECONDS name keep=()
-  local targets=(-gencode arch=compute_90,code=sm_90 -gencode arch=compute_75,code=sm_75)
   name=$(basename "$f" .cu)
   if grep -q '#include "attention_mma.cuh"' "$f"; then  # keep the PTX for the operand gate
     keep=(--keep --keep-dir "$LOGS/$name.keep") && mkdir -p "$LOGS/$name.keep"
   fi
   # shellcheck disable=SC2086
-  if "$NVCC" "${FLAGS[@]}" ${NVCC_EXTRA:-} -Xptxas -v "${keep[@]}" "${targets[@]}" "$f" >"$LOGS/$name.log" 2>&1; then
+  local sm75=$LOGS/sm_75/$name.ptx
+  if "$NVCC" -c -o /dev/null "${FLAGS[@]}" ${NVCC_EXTRA:-} -Xptxas -v "${keep[@]}" \
+       -gencode arch=compute_90,code=sm_90 "$f" >"$LOGS/$name.log" 2>&1 &&
+     "$NVCC" --ptx -o "$sm75" "${FLAGS[@]}" -arch=compute_75 -Xcicc -O0 "$f" >>"$LOGS/$name.log" 2>&1 &&
+     "$PTXAS" -arch=sm_75 -O0 -o /dev/null "$sm75" >>"$LOGS/$name.log" 2>&1; then
+    rm -f "$sm75"
     grep -v "^ptxas info\|bytes stack frame" "$LOGS/$name.log"  # warnings, if any
     echo "ok    sm_90 sm_75 $f ($((SECONDS - start)) s)"
   else
@@ -55,7 +65,7 @@ check() {
     return 1
   fi
   if [ ${#keep[@]} -gt 0 ]; then
-    mv "$LOGS/$name.keep/$name.compute_90.ptx" "$LOGS/" && rm -rf "$LOGS/$name.keep"
+    mv "$LOGS/$name.keep/$name.ptx" "$LOGS/$name.compute_90.ptx" && rm -rf "$LOGS/$name.keep"
   fi
 }
 pids=()

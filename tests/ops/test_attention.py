@@ -535,7 +535,13 @@ def test_cuda_kernels(kernel_target):
 def test_cuda_kernels_across_tiles(kernel_target):
     """Every tensor-core head-dim family over 2 query tiles and 3 key tiles (online-softmax rescaling, prefetch of the
     next tiles, stage barriers, clean tiles), masked and unmasked, GQA, both dQ modes (pytransformer/check.py)."""
-    assert kernel_target.run(lambda c: c.check_attention_tiles(kc.ATTENTION_TILE_CASES)) == []
+    assert kernel_target.run(lambda c: c.check_attention_cases(kc.ATTENTION_TILE_CASES)) == []
+
+
+@pytest.mark.cuda
+def test_cuda_deterministic_backward_of_every_head_dim(kernel_target):
+    """The deterministic backward's kernels (dQ without atomics) of every head-dim family, float16 and bfloat16."""
+    assert kernel_target.run(lambda c: c.check_attention_cases(kc.ATTENTION_DETERMINISTIC_CASES)) == []
 
 
 @pytest.mark.cuda

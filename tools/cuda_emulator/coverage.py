@@ -33,12 +33,17 @@ def demangle(names: list[str]) -> list[str]:
     return [re.sub(r"^void ", "", n) for n in out.splitlines()]
 
 
+def kernels_among(functions: list[str], names: set[str]) -> set[str]:
+    """The demangled `functions` that are instantiations of the kernels `names`: not the functions nested in them
+    (a kernel's lambdas, which g++ emits as functions of their own and no launch names)."""
+    return {f for f in functions if "::{lambda(" not in f and re.sub(r"(<.*)?\(.*$", "", f).split("::")[-1] in names}
+
+
 def instantiations(library: Path = LIBRARY) -> set[str]:
     """The demangled kernel instantiations defined in the emulator's library."""
     symbols = subprocess.run(["nm", "--defined-only", str(library)], capture_output=True, text=True, check=True)
     mangled = [line.split()[-1] for line in symbols.stdout.splitlines() if line.split()[-2:-1] in (["T"], ["t"], ["W"])]
-    names = kernel_names()
-    return {n for n in demangle(mangled) if re.sub(r"(<.*)?\(.*$", "", n).split("::")[-1] in names}
+    return kernels_among(demangle(mangled), kernel_names())
 
 
 def coverage_map(reached: dict[str, list[str]], library: Path = LIBRARY) -> dict[str, list[str]]:
