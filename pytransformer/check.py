@@ -159,7 +159,7 @@ ATTENTION_SHAPES = [(2, 4, 4, 1, 37, 64, 64), (2, 2, 1, 5, 1, 16, 16), (2, 4, 1,
 ATTENTION_SHAPES_QUICK = [(2, 2, 2, 1, 37, 16, 16), (2, 2, 1, 5, 1, 8, 8), (2, 4, 1, 19, 45, 33, 20),
                           (2, 4, 2, 70, 23, 24, 24), (1, 2, 1, 6, 9, 136, 264), (1, 2, 1, 7, 20, 136, 200),
                           (1, 2, 1, 7, 20, 248, 256), (1, 2, 1, 9, 20, 64, 64), (1, 2, 1, 9, 20, 128, 128)]
-ATTENTION_TILE_HEAD_DIMS = [32, 64, 96, 128, 160, 192, 224, 256]
+ATTENTION_TILE_HEAD_DIMS = [32, 64, 96, 128, 160, 192, 224, 256]  # the tensor-core head-dim families
 
 
 def attention_tiles(head_dim: int, gqa: bool) -> tuple:

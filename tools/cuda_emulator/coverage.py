@@ -34,9 +34,9 @@ def demangle(names: list[str]) -> list[str]:
 
 
 def kernels_among(functions: list[str], names: set[str]) -> set[str]:
-    """The demangled `functions` that are instantiations of the kernels `names`: not the functions nested in them
-    (a kernel's lambdas, which g++ emits as functions of their own and no launch names)."""
-    return {f for f in functions if "::{lambda(" not in f and re.sub(r"(<.*)?\(.*$", "", f).split("::")[-1] in names}
+    """The demangled `functions` that are instantiations of the kernels `names`: not the functions local to them
+    (`kernel<...>(...)::...`: a kernel's lambdas, which g++ emits as functions of their own and no launch names)."""
+    return {f for f in functions if ")::" not in f and re.sub(r"(<.*)?\(.*$", "", f).split("::")[-1] in names}
 
 
 def instantiations(library: Path = LIBRARY) -> set[str]:
