@@ -29,6 +29,12 @@ using Int8DequantizeCpuFn = void (*)(at::ScalarType acc, int64_t n, int64_t in_f
 // outer products (cpu/gemm.h), the weight widened to float32 as it is packed.
 using Int8GemmCpuFn = void (*)(const Int8LinearParams& p, const float* x, const int8_t* weight, const float* scale,
                                const float* bias, float* out);
+// Many rows, with AMX int8 tiles only (float32): out [M, N] = (x [M, K] @ weight^T) * scale + bias with each row of x
+// quantized to x_quant_bits (16 or 8) and the products summed in integers, the same outputs as Int8GemvCpuFn's with
+// integer dot products; K at most kAmxMaxK.
+using Int8AmxCpuFn = void (*)(const Int8LinearParams& p, const float* x, const int8_t* weight, const float* scale,
+                              const float* bias, float* out, int64_t x_quant_bits);
+constexpr int64_t kAmxMaxK = 65536;  // the int32 sums of the AMX kernel hold any K up to this
 
 // x_bits: 16 (weight-only quantization) or 8 (x quantized per row to 8 bits too); pytransformer/ops/_checks.py mirrors
 // it (known_x_bits), and pytransformer/ops/int8_linear.py holds the default.
@@ -78,7 +84,10 @@ inline at::Tensor round_x_to_8_bits(const at::Tensor& x) {
 namespace cpu {
 // Whether int8_linear on the CPU quantizes float32 (or narrower) x per row and sums its products in integers at this
 // many rows of x (cpu/int8_linear.cpp): with integer dot products (has_int_dot_products), on the row-by-row kernel's
-// path.
-bool int8_sums_in_integers(int64_t rows);
+// or the AMX path's.
+bool int8_sums_in_integers(int64_t rows, int64_t in_features);
+// Whether int8_linear's many-rows products run on AMX int8 tiles (where the processor has them and Linux grants
+// them); enable false turns them off and true back on, for A/B measurements.
+bool int8_amx(std::optional<bool> enable);
 }  // namespace cpu
 }  // namespace pytransformer

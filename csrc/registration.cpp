@@ -256,11 +256,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, "The CPU instruction set level the CPU kernels run with.");
   m.def("cpu_bf16_dot_products", [] { return pytransformer::cpu::has_avx512_bf16(); },
         "Whether the AVX-512 kernels use AVX-512 BF16 dot products (bfloat16 linear layers).");
-  m.def("cpu_int_dot_products", [](int64_t rows) { return pytransformer::cpu::int8_sums_in_integers(rows); },
-        pybind11::arg("rows") = 1,
+  m.def("cpu_int_dot_products", [](int64_t rows, int64_t in_features) {
+    return pytransformer::cpu::int8_sums_in_integers(rows, in_features);
+  }, pybind11::arg("rows") = 1, pybind11::arg("in_features") = 768,
         "Whether int8_linear on the CPU sums in integers on float x quantized per row (to 16 bits, or to x_bits 8) at "
-        "this many rows of x: with AVX-512 VNNI at every row count, with AVX2 as the best level up to 16 rows (more "
-        "take a float32 GEMM on x as it is).");
+        "this many rows of x and in_features: with AVX-512 VNNI at every row count, with AVX2 as the best level up to "
+        "16 rows (more take a float32 GEMM on x as it is), with AMX int8 tiles (cpu_amx) at every row count.");
+  m.def("cpu_amx", [](std::optional<bool> enable) { return pytransformer::cpu::int8_amx(enable); },
+        pybind11::arg("enable") = pybind11::none(),
+        "Whether int8_linear's products of more than 16 rows run on AMX int8 tiles (where the processor has them and "
+        "Linux grants them); enable=False turns them off, True back on where available.");
   m.def("cpu_stream_prefetch", [](std::optional<std::string> mode) {
     namespace cpu = pytransformer::cpu;
     if (mode) cpu::set_stream_prefetch(*mode);

@@ -20,10 +20,11 @@ def test_cpu_kernels_are_built_with_openmp():
 def test_every_cpu_kernel_is_registered_at_every_isa_level():
     """Each kernel table holds one function per level (0 baseline, 1 AVX2, 2 AVX-512); a registration whose level came
     from code shared by all levels (one inline function for every unit) would fill a single slot for all of them. The
-    GEMM of int8_linear exists with AVX2 and AVX-512 only (csrc/cpu/gemm.h)."""
+    GEMM of int8_linear exists with AVX2 and AVX-512 only (csrc/cpu/gemm.h), its AMX product with AVX-512 only."""
     kernels = ext.cpu_kernels()
     assert len(kernels) >= 10
-    assert {name: levels for name, levels in kernels.items() if levels != [0, 1, 2]} == {"int8_gemm_kernel": [1, 2]}
+    assert {name: levels for name, levels in kernels.items() if levels != [0, 1, 2]} == {"int8_gemm_kernel": [1, 2],
+                                                                                         "int8_amx_kernel": [2]}
 
 
 def _functions_with(disassembly: str, opcode_bytes) -> dict[str, int]:

@@ -117,6 +117,57 @@ def test_x_quantized_exactly_many_rows(rows, k, bits):
     check_x_quantized_exactly(rows, k, bits)
 
 
+needs_amx = pytest.mark.skipif(not pytransformer._C.cpu_amx(), reason="no AMX int8 tiles here (or Linux refuses them)")
+
+
+def without_amx(f):
+    """f() with int8_linear's AMX path turned off (more than 16 rows then take the VNNI row-by-row kernel)."""
+    pytransformer._C.cpu_amx(False)
+    try:
+        return f()
+    finally:
+        pytransformer._C.cpu_amx(True)
+
+
+@needs_amx
+@pytest.mark.parametrize("rows", [17, 40])
+@pytest.mark.parametrize("n, k", [(300, 100), (70, 2048), (45, 11008)])
+@pytest.mark.parametrize("bits", [16, 8])
+def test_amx_equals_vnni(rows, n, k, bits):
+    """With AMX int8 tiles, more than 16 rows are summed by tiles (16 rows by 16 outputs, K by 64) instead of the VNNI
+    kernel, on the same quantized x: the same outputs bit for bit, with rows, outputs and K past whole tiles (K 100:
+    two steps, the second partial; a thread's outputs in several packed panels at K 2048 and 11008) and with
+    edge rows (zeros, tiny, subnormal, an inf, a NaN), and equal to the exact emulation."""
+    weight, scale, b = make(n, k, "cpu")
+    weight[0], weight[1] = -128, 127
+    x = torch.randn(rows, k) * torch.logspace(-2, 2, rows)[:, None]
+    x[5] = x.abs().amax()  # every x at its row's maximum (the largest integers) against weights of -128 and 127
+    x[0] = 0.0
+    x[1] *= 1e-35
+    x[2] = torch.randn(k) * 1e-44
+    x[3, k // 2] = float("inf")
+    x[4, 0] = float("nan")
+    got = ops.int8_linear(x, weight, scale, b, x_bits=bits)
+    vnni = without_amx(lambda: ops.int8_linear(x, weight, scale, b, x_bits=bits))
+    torch.testing.assert_close(got, vnni, rtol=0, atol=0, equal_nan=True)
+    ok = torch.ones(rows, dtype=torch.bool)
+    ok[3:5] = False
+    assert got[3:5].isnan().all() and torch.equal(got[ok], quantized_x_reference(x, weight, scale, b, bits)[ok])
+
+
+@needs_amx
+@pytest.mark.parametrize("bits", [16, 8])
+def test_amx_largest_sums(bits):
+    """The largest sums the AMX path takes: every x at its row's maximum against weights of -128 over K 65536
+    (kAmxMaxK; 8 bits: 127 * 128 * 65536 in one int32 sum; 16 bits: 255 * 128 * 65536 in the sum of low bytes), and
+    over K 65537, which goes to the VNNI kernel: both equal the exact emulation."""
+    for k in (65536, 65537):
+        weight, scale = torch.full((3, k), -128, dtype=torch.int8), torch.ones(3)
+        got = ops.int8_linear(torch.ones(17, k), weight, scale, x_bits=bits)
+        assert torch.equal(got, quantized_x_reference(torch.ones(17, k), weight, scale, torch.zeros(3), bits))
+        torch.testing.assert_close(got, torch.full_like(got, -128.0 * k), rtol=1e-6, atol=0)
+
+
 @needs_int_dots
 @pytest.mark.parametrize("bits", [16, 8])
 def test_x_quantized_edge_rows(bits):
