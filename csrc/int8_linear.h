@@ -31,7 +31,7 @@ using Int8GemmCpuFn = void (*)(const Int8LinearParams& p, const float* x, const 
                                const float* bias, float* out);
 // Many rows, with AMX int8 tiles only (float32): out [M, N] = (x [M, K] @ weight^T) * scale + bias with each row of x
 // quantized to x_quant_bits (16 or 8) and the products summed in integers, the same outputs as Int8GemvCpuFn's with
-// integer dot products; K at most kAmxMaxK.
+// integer dot products; K from 1 to kAmxMaxK.
 using Int8AmxCpuFn = void (*)(const Int8LinearParams& p, const float* x, const int8_t* weight, const float* scale,
                               const float* bias, float* out, int64_t x_quant_bits);
 constexpr int64_t kAmxMaxK = 65536;  // the int32 sums of the AMX kernel hold any K up to this

@@ -55,16 +55,16 @@ constexpr int64_t kIntDotRowBlock = 8;
 //   0.62-0.95x the time of AVX2's integer dot products (vpmaddwd, 8 rows a call) from 24 to 1024 rows of a 124M Llama's
 //   layers, with the weights read from memory (at 16 rows, one call of the row-by-row kernel, 0.82-1.09x:
 //   benchmarks/results/cpu_kernel_notes_2026-12-02_zen3_int8_gemm.md);
-// - kAmx: with AMX int8 tiles (int8_amx), more than kMaxGemvRows rows and K up to kAmxMaxK: x quantized per row as
-//   the row-by-row kernel does it, products summed in integers by tiles of 16 rows by 16 outputs (the same outputs;
-//   an AMX instruction does 16384 products where VNNI does 64);
+// - kAmx: with AMX int8 tiles (int8_amx), more than kMaxGemvRows rows and K from 1 to kAmxMaxK: x quantized per row
+//   as the row-by-row kernel does it, products summed in integers by tiles of 16 rows by 16 outputs (the same
+//   outputs; an AMX instruction does 16384 products where VNNI does 64);
 // - kWidened: otherwise, more than kMaxGemvRows rows: dequantized weight blocks and ATen's GEMM (widened_mm.h).
 enum class Path { kRows, kGemm, kAmx, kWidened };
 
 Path path_of(at::ScalarType acc, int64_t rows, int64_t in_features) {
   if (rows <= kMaxGemvRows) return Path::kRows;
   if (acc != at::kFloat) return Path::kWidened;
-  if (in_features <= kAmxMaxK && int8_amx(std::nullopt)) return Path::kAmx;
+  if (in_features >= 1 && in_features <= kAmxMaxK && int8_amx(std::nullopt)) return Path::kAmx;
   return best_isa() == kAvx2 ? Path::kGemm : has_int_dot_products() ? Path::kRows : Path::kWidened;
 }
 }  // namespace

@@ -193,12 +193,13 @@ void int8_amx(const Int8LinearParams& p, const float* x, const int8_t* weight, c
             for (int64_t r = 0; r < kAmxRows && m + r < M; ++r) {
               // The int64 sums of 16 outputs, as two halves of 8: 256 * high + low (8-bit x: high alone).
               __m256 half[2];
+              const auto sums_of = [&](int tile, int h) {  // 8 int32 sums of a tile's row r, as int64
+                return _mm512_cvtepi32_epi64(
+                    _mm256_loadu_si256(reinterpret_cast<const __m256i*>(&sums[tile][r][8 * h])));
+              };
               for (int h = 0; h < 2; ++h) {
-                __m512i dot = _mm512_cvtepi32_epi64(_mm256_loadu_si256(
-                    reinterpret_cast<const __m256i*>(&sums[j][r][8 * h])));
-                if (two_bytes)
-                  dot = _mm512_add_epi64(_mm512_slli_epi64(dot, 8), _mm512_cvtepi32_epi64(_mm256_loadu_si256(
-                                                                        reinterpret_cast<const __m256i*>(&sums[2 + j][r][8 * h]))));
+                __m512i dot = sums_of(j, h);
+                if (two_bytes) dot = _mm512_add_epi64(_mm512_slli_epi64(dot, 8), sums_of(2 + j, h));
                 half[h] = _mm512_cvtepi64_ps(dot);
               }
               __m512 y = _mm512_insertf32x8(_mm512_castps256_ps512(half[0]), half[1], 1);

@@ -117,8 +117,8 @@ def int8_linear_x(x, x_bits: int = 16, kernel_device=None) -> Tensor:
     the host emulator runs on CPU tensors) multiply it on this processor, in float64 on the CPU: rounded to 8 bits with
     x_bits=8 on every path (round_x_to_8_bits); with x_bits=16 quantized per row to 16 bits where the CPU kernel does
     it (x not float64, integer dot products at x's number of rows: AVX-512 VNNI or AMX, or AVX2 as the best level up
-    to 16 rows, pytransformer._C.cpu_int_dot_products(rows, K); csrc/cpu/int8_linear.cpp), else x itself. The references of
-    int8_linear take this x, so that their bounds are those of float32 sums on every path."""
+    to 16 rows, pytransformer._C.cpu_int_dot_products(rows, K); csrc/cpu/int8_linear.cpp), else x itself. The
+    references of int8_linear take this x, so that their bounds are those of float32 sums on every path."""
     if x_bits == 8:
         return round_x_to_8_bits(x.cpu()).double()
     cpu_kernel = torch.device(kernel_device or x.device).type == "cpu"

@@ -131,12 +131,12 @@ def without_amx(f):
 
 @needs_amx
 @pytest.mark.parametrize("rows", [17, 40])
-@pytest.mark.parametrize("n, k", [(300, 100), (70, 2048), (45, 11008)])
+@pytest.mark.parametrize("n, k", [(33, 1), (300, 100), (70, 2048), (45, 11008)])
 @pytest.mark.parametrize("bits", [16, 8])
 def test_amx_equals_vnni(rows, n, k, bits):
     """With AMX int8 tiles, more than 16 rows are summed by tiles (16 rows by 16 outputs, K by 64) instead of the VNNI
-    kernel, on the same quantized x: the same outputs bit for bit, with rows, outputs and K past whole tiles (K 100:
-    two steps, the second partial; a thread's outputs in several packed panels at K 2048 and 11008) and with
+    kernel, on the same quantized x: the same outputs bit for bit, with rows, outputs and K past whole tiles (K 1 and
+    100: a partial step; a thread's outputs in several packed panels at K 2048 and 11008) and with
     edge rows (zeros, tiny, subnormal, an inf, a NaN), and equal to the exact emulation."""
     weight, scale, b = make(n, k, "cpu")
     weight[0], weight[1] = -128, 127
@@ -241,8 +241,9 @@ def test_layouts_and_edge_shapes(device):
     w_rows = torch.randint(-127, 128, (48, 40), dtype=torch.int8, device=device)[8:32]  # a row slice of a weight
     check(torch.randn(5, 40, device=device), w_rows, scale, b)
     check(torch.randn(5, 40, device=device), weight.t().contiguous().t().contiguous(), scale, b)
-    empty = ops.int8_linear(torch.randn(3, 0, device=device), weight[:, :0], scale, b)  # K = 0: the bias
-    torch.testing.assert_close(empty, b.expand(3, 24))
+    for rows in (3, 20):  # K = 0: the bias, with few rows and with many (prefill's paths)
+        empty = ops.int8_linear(torch.randn(rows, 0, device=device), weight[:, :0], scale, b)
+        torch.testing.assert_close(empty, b.expand(rows, 24))
 
 
 def test_opcheck(device):
