@@ -13,9 +13,7 @@ two ways timed in turns, median of --runs. Both give the same outputs bit for bi
 """
 import argparse
 import datetime
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -23,7 +21,7 @@ import torch.nn.functional as F
 
 import pytransformer
 from pytransformer import ops
-from pytransformer.bench import command_line, device_name
+from pytransformer.bench import command_line, device_name, interleaved_median_times, median_time
 from pytransformer.bench.generate import hf_model, load_engine, prompts, save_folder
 
 # (layer, out features N, in features K, rows)
@@ -33,20 +31,18 @@ OP_CASES = [("qkv", 1152, 768, (17, 32, 64, 128, 512, 1024)), ("gate+up", 4096, 
 PREFILL_CASES = [(1, 128), (8, 128), (1, 512), (1, 2048), (1, 4096)]  # (batch, prompt tokens)
 
 
+def with_amx(on: bool, fn):
+    """fn with int8_linear's AMX path switched on or off for the call."""
+    return lambda: (pytransformer._C.cpu_amx(on), fn())
+
+
 def a_b(fn, runs: int) -> tuple[float, float]:
     """Median seconds of fn() with AMX on and off, in turns, each after an untimed call of its own way."""
-    times = {True: [], False: []}
     try:
-        for _ in range(runs):
-            for on in (True, False):
-                pytransformer._C.cpu_amx(on)
-                fn()
-                start = time.perf_counter()
-                fn()
-                times[on].append(time.perf_counter() - start)
+        amx, vnni = interleaved_median_times([with_amx(True, fn), with_amx(False, fn)], "cpu", runs, lead=1)
     finally:
         pytransformer._C.cpu_amx(True)
-    return statistics.median(times[True]), statistics.median(times[False])
+    return amx, vnni
 
 
 def op_rows(runs: int) -> list[str]:
@@ -60,21 +56,11 @@ def op_rows(runs: int) -> list[str]:
             x = torch.randn(m, k)
             x_bf16 = x.bfloat16()
             amx, vnni = a_b(lambda: ops.int8_linear(x, w, scale, bias), runs)
-            bf16 = statistics.median(timed(lambda: F.linear(x_bf16, w_bf16), runs))
+            bf16 = median_time(lambda: F.linear(x_bf16, w_bf16), "cpu", runs)
             rows.append(f"| {name} | {n} | {k} | {m} | {amx * 1e3:.2f} | {vnni * 1e3:.2f} | {amx / vnni:.2f}x | "
                         f"{2 * m * n * k / amx / 1e9:.0f} | {bf16 * 1e3:.2f} |")
             print(rows[-1], flush=True)
     return rows
-
-
-def timed(fn, runs: int) -> list[float]:
-    fn()
-    out = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return out
 
 
 def prefill_rows(runs: int) -> list[str]:
@@ -87,10 +73,7 @@ def prefill_rows(runs: int) -> list[str]:
             "|---|---|---|---|---|---|"]
     for batch, prompt_len in PREFILL_CASES:
         ids = prompts(batch, prompt_len, hf.config.vocab_size, "cpu")
-        first = {}
-        for on in (True, False):
-            pytransformer._C.cpu_amx(on)
-            first[on] = generate(ids, 1)
+        first = {on: with_amx(on, lambda: generate(ids, 1))()[1] for on in (True, False)}
         amx, vnni = a_b(lambda: generate(ids, 1), runs if prompt_len <= 512 else max(1, runs // 2))
         rows.append(f"| {batch} | {prompt_len} | {amx * 1e3:.1f} | {vnni * 1e3:.1f} | {amx / vnni:.2f}x | "
                     f"{'yes' if torch.equal(first[True], first[False]) else 'no'} |")
