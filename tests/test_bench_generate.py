@@ -42,14 +42,17 @@ def test_split_times():
 
 
 def test_markdown_has_both_ratios_and_total_memory():
-    rows = [(1, 8, "ours", "float32", 4, {"total": 20.0, "decode": 30.0, "prefill": 0.05, "spread": 0.1}),
-            (1, 8, "llama.cpp f32", "float32", 4, {"total": 10.0, "decode": 60.0, "prefill": 0.1, "spread": 0.02}),
-            (1, 16, "ours", "float32", 4, {"total": 10.0, "decode": 30.0, "prefill": 0.1, "spread": 0.5}),
-            (1, 16, "llama.cpp f32", "float32", 4, {"total": 10.0, "decode": 60.0, "prefill": 0.2, "spread": 0})]
+    def rates(total, decode, prefill, spread, middle_half):
+        return {"total": total, "decode": decode, "prefill": prefill, "spread": spread, "middle_half": middle_half}
+    rows = [(1, 8, "ours", "float32", 4, rates(20.0, 30.0, 0.05, 0.1, 0.04)),
+            (1, 8, "llama.cpp f32", "float32", 4, rates(10.0, 60.0, 0.1, 0.02, 0.01)),
+            (1, 16, "ours", "float32", 4, rates(10.0, 30.0, 0.1, 0.5, 0.2)),
+            (1, 16, "llama.cpp f32", "float32", 4, rates(10.0, 60.0, 0.2, 0, 0))]
     text = generate.markdown(rows, [("llama.cpp f32", "float32", 8, 2**20, 2 * 2**20, 500 * 2**20)], "cpu", "cmd",
                              "tiny", 3, {"llama.cpp f32": {1: None, 8: 3}})
-    assert "| 1 | 8 | llama.cpp f32 | float32 | 4 | 10.0 | 2.00x | 60.0 | 0.50x | 100.0 | 2% |" in text
-    assert "| 1 | 16 | llama.cpp f32 | float32 | 4 | 10.0 | 1.00x | 60.0 | 0.50x | 200.0 | 0% |" in text  # its own ours
+    assert "| 1 | 8 | llama.cpp f32 | float32 | 4 | 10.0 | 2.00x | 60.0 | 0.50x | 100.0 | 2% (1%) |" in text
+    # its own ours:
+    assert "| 1 | 16 | llama.cpp f32 | float32 | 4 | 10.0 | 1.00x | 60.0 | 0.50x | 200.0 | 0% (0%) |" in text
     assert "| llama.cpp f32 | float32 | 8 | 1 | 2 | 500 |" in text
     assert "against llama.cpp f32's: batch 1: identical; batch 8: first difference at new token 3" in text
     assert "convert_hf_to_gguf.py" in text
@@ -60,7 +63,17 @@ def test_llamacpp_engines_only_for_llama_on_cpu(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "llama_cpp" else found(name))
     assert generate.engines("cpu", "bfloat16", False, "llama")[-2:] == ["llama.cpp bf16", "llama.cpp f16"]
     assert generate.engines("cpu", "int8", False, "llama")[-1] == "llama.cpp q8_0"
+    assert generate.engines("cpu", "float32", False, "llama-1b")[-1] == "llama.cpp f32"
     assert not any(e.startswith("llama.cpp") for e in generate.engines("cpu", "float32", False, "gpt2"))
+
+
+def test_llama_1b_is_tinyllamas_shape():
+    with torch.device("meta"):
+        hf = generate.hf_model("llama-1b", "meta", num_hidden_layers=2)
+    c = hf.config
+    assert (c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads) == (2048, 5632, 32, 4)
+    per_layer = 2 * 2048 * 2048 + 2 * 2048 * 256 + 3 * 2048 * 5632 + 2 * 2048
+    assert sum(p.numel() for p in hf.parameters()) == 2 * per_layer + 2 * 32000 * 2048 + 2048
 
 
 def test_q8_0_leaves_extra_buffer_types_off_on_amx(monkeypatch):
@@ -153,7 +166,7 @@ def test_engines_subset_and_bfloat16_folder(monkeypatch, tmp_path):
         with safe_open(folder / "model.safetensors", "pt") as f:
             dtypes = {f.get_slice(name).get_dtype() for name in f.keys()}
         calls.extend((engine, dtype, dtypes) for engine in engine_calls)
-        return {engine: ({1: {"total": 1.0, "decode": 1.0, "prefill": 1.0, "spread": 0.0}}, 0, 0, 0)
+        return {engine: ({1: {"total": 1.0, "decode": 1.0, "prefill": 1.0, "spread": 0.0, "middle_half": 0.0}}, 0, 0, 0)
                 for engine in engine_calls}
     monkeypatch.setattr(generate, "hf_model", lambda *a: hf)
     monkeypatch.setattr(generate, "measure", fake_measure)
@@ -187,7 +200,7 @@ def test_engines_take_turns_each_in_a_process_of_its_own(tiny, monkeypatch):
     for engine in both:
         rates, after_load, peak, peak_total = results[engine]
         assert set(rates) == {1, 2}
-        assert all(r["total"] > 0 and r["prefill"] > 0 and r["spread"] >= 0 for r in rates.values())
+        assert all(r["total"] > 0 and r["prefill"] > 0 and r["spread"] >= r["middle_half"] >= 0 for r in rates.values())
         assert peak >= after_load > 0 and peak_total > 0
 
 

@@ -1,6 +1,6 @@
 """Generation throughput (greedy tokens/s) of DecoderLM against Hugging Face `generate` and, when their packages are
-installed, CTranslate2's Generator (`ctranslate2`) and llama.cpp (`llama_cpp`, llama-cpp-python; `--model llama`
-only), on the same weights, prompts and thread count, timed in turns.
+installed, CTranslate2's Generator (`ctranslate2`) and llama.cpp (`llama_cpp`, llama-cpp-python; the Llama
+models only), on the same weights, prompts and thread count, timed in turns.
 
 The model is a random Hugging Face model, float32, saved with save_pretrained to a temporary folder, with a word-level
 vocabulary "t0", "t1", ... (so CTranslate2's token strings map one to one to ids). Each engine loads it from there:
@@ -12,6 +12,8 @@ bfloat16, and every engine loads that folder, so that each can keep the weights 
 - `--model gpt2`: GPT-2 small shape (124M parameters, tied head); `--uncached-new-tokens N` adds ours without the
   KV cache (float32).
 - `--model llama`: a Llama shape (124M parameters, GQA 4:1, SwiGLU, untied head).
+- `--model llama-1b`: TinyLlama-1.1B's shape (1.1B parameters, GQA 8:1, SwiGLU, untied head), a size llama.cpp's
+  users run, where the weights' read outweighs every fixed cost.
 
 In each of `--dtypes`: float32; bfloat16 (weights and activations; CTranslate2's compute type bfloat16 where its CPU
 build has it); int8 (ours: weight-only int8, and "ours, x 8 bits" with x quantized per row to 8 bits too, x_bits=8;
@@ -51,6 +53,12 @@ CACHE_DTYPES = {"int8": torch.bfloat16}
 # 12 layers, d_model 768, 12 query heads sharing 3 KV heads, SwiGLU 2048, vocabulary 32000: 124M parameters
 LLAMA_SHAPE = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                    num_attention_heads=12, num_key_value_heads=3, tie_word_embeddings=False)
+# The Llama shapes of --model: "llama" (GPT-2 small's size) and "llama-1b", TinyLlama-1.1B's shape (22 layers,
+# d_model 2048, 32 query heads sharing 4 KV heads, SwiGLU 5632, vocabulary 32000: 1.1B parameters), a size that
+# llama.cpp's users run.
+LLAMA_SHAPES = {"llama": LLAMA_SHAPE,
+                "llama-1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                                 num_attention_heads=32, num_key_value_heads=4, tie_word_embeddings=False)}
 CT2_TYPES = {"float32": "float32", "bfloat16": "bfloat16", "int8": "int8_float32"}
 
 
@@ -63,14 +71,15 @@ def timed(fn, device) -> float:
     return time.perf_counter() - t0
 
 
-def hf_model(name: str, device):
-    """A random Hugging Face GPT2LMHeadModel or LlamaForCausalLM (float32, eval)."""
+def hf_model(name: str, device, **config):
+    """A random Hugging Face GPT2LMHeadModel ("gpt2") or LlamaForCausalLM (a name of LLAMA_SHAPES) (float32, eval);
+    `config` overrides the shape's settings (e.g. num_hidden_layers)."""
     import transformers
     torch.manual_seed(0)
     if name == "gpt2":
-        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(pad_token_id=0))
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(pad_token_id=0, **config))
     else:
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA_SHAPE))
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA_SHAPES[name], **config}))
     return model.to(device).eval()
 
 
@@ -265,9 +274,9 @@ def measure(calls: dict, dtype, folder: Path, device, batch_sizes, prompt_len, v
     its memory sampled (a compiled engine compiles then), then round after round one generate(ids, n) and one
     generate(ids, 1) of each engine, unsampled, so that a drift of the host's speed falls on every engine alike and no
     sampler runs beside a timed call; every call starts PAUSE_S after the last ended -> {engine: (split_times of the
-    median times per batch size, with "spread": the range of the timed generate(ids, n) calls over their median;
-    after-load, peak anonymous and peak total resident bytes)}, or for an engine that cannot run the reason (a
-    string)."""
+    median times per batch size, with "spread": the range of the timed generate(ids, n) calls over their median, and
+    "middle_half": their interquartile range over the median; after-load, peak anonymous and peak total resident
+    bytes)}, or for an engine that cannot run the reason (a string)."""
     spec = dict(dtype=dtype, folder=str(folder), device=str(device), threads=torch.get_num_threads(),
                 batch_sizes=batch_sizes, prompt_len=prompt_len, vocab=vocab)
     running, failed, times = {}, {}, {}
@@ -309,6 +318,8 @@ def measure(calls: dict, dtype, folder: Path, device, batch_sizes, prompt_len, v
             calls_n = t[calls[engine][0]]
             rates[batch] = split_times(batch, calls[engine][0], statistics.median(calls_n), statistics.median(t[1]))
             rates[batch]["spread"] = (max(calls_n) - min(calls_n)) / statistics.median(calls_n)
+            q1, _, q3 = statistics.quantiles(calls_n, n=4, method="inclusive") if len(calls_n) > 1 else (0, 0, 0)
+            rates[batch]["middle_half"] = (q3 - q1) / statistics.median(calls_n)
         results[engine] = rates, memory["after_load"], memory["peak"], memory["peak_total"]
     return results
 
@@ -316,14 +327,14 @@ def measure(calls: dict, dtype, folder: Path, device, batch_sizes, prompt_len, v
 def engines(device, dtype: str, uncached: bool, model: str) -> list[str]:
     """The engines to time in `dtype`: ours, eager and with each decoding step compiled (generate(compile=True); the
     warm-up call compiles it) (and ours without the KV cache; int8 also ours with x quantized to 8 bits),
-    Hugging Face's, and on the CPU when their packages are installed CTranslate2's and, for the Llama model,
+    Hugging Face's, and on the CPU when their packages are installed CTranslate2's and, for the Llama models,
     llama.cpp's in each of its GGUF types for `dtype` ("llama.cpp f32", ...)."""
     names = ["ours", "ours, compiled"] + (["ours, no cache"] if uncached else [])
     names += ["ours, x 8 bits"] if dtype == "int8" else []
     names += ["Hugging Face"]
     if torch.device(device).type == "cpu" and importlib.util.find_spec("ctranslate2") is not None:
         names.append("CTranslate2")
-    if torch.device(device).type == "cpu" and model == "llama" and importlib.util.find_spec("llama_cpp") is not None:
+    if torch.device(device).type == "cpu" and model in LLAMA_SHAPES and importlib.util.find_spec("llama_cpp"):
         names += [f"llama.cpp {t}" for t in llamacpp.GGUF_TYPES[dtype]]
     return names
 
@@ -375,13 +386,16 @@ def markdown(rows, memory, device, command, model_desc, runs, tokens=None, not_r
              "new tokens of the batch over the whole generate call, prefill included",
              "- prefill: the median time of generate(ids, 1) (the prompt's forward and the first token); decode "
              "tokens/s: the other new tokens of the batch over the median time of generate(ids, n) less the prefill",
-             "- spread: the range of the timed calls of generate(ids, n) over their median (call-to-call steadiness)",
+             "- spread: the range of the timed calls of generate(ids, n) over their median (call-to-call steadiness), "
+             "and in brackets their interquartile range over the median (the middle half, which one slow call of a "
+             "busy host does not move)",
              *llamacpp_notes({name for _, _, name, *_ in rows}), "",
              "| batch | prompt | variant | dtype | new tokens | tokens/s | ours vs this | decode tokens/s | ours vs "
              "this, decode | prefill (ms) | spread |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     ours = {(b, L, dtype): r for b, L, name, dtype, _, r in rows if name == "ours"}
     lines += [f"| {b} | {L} | {name} | {dtype} | {n} | {r['total']:.1f} | {o['total'] / r['total']:.2f}x | "
-              f"{r['decode']:.1f} | {o['decode'] / r['decode']:.2f}x | {r['prefill'] * 1e3:.1f} | {r['spread']:.0%} |"
+              f"{r['decode']:.1f} | {o['decode'] / r['decode']:.2f}x | {r['prefill'] * 1e3:.1f} | {r['spread']:.0%} "
+              f"({r['middle_half']:.0%}) |"
               for b, L, name, dtype, n, r in rows for o in [ours[b, L, dtype]]]
     lines += [f"\nNot run: {what}: {why}" for what, why in not_run]
     for name, result in (tokens or {}).items():
@@ -421,7 +435,8 @@ def check_tokens(hf, folder: Path, args) -> dict[str, dict[int, int | None]]:
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m pytransformer bench-generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=["gpt2", "llama"], default="gpt2")
+    p.add_argument("--model", choices=["gpt2", *LLAMA_SHAPES], default="gpt2",
+                   help="gpt2: GPT-2 small's shape; llama: a Llama of that size; llama-1b: TinyLlama-1.1B's shape")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "int8"], default=["float32", "int8"])
@@ -443,7 +458,7 @@ def main(argv=None):
         hf = hf_model(args.model, args.device)
     except ImportError:
         p.error("the generation benchmark needs transformers and tokenizers (pip install transformers tokenizers)")
-    shape = "GPT-2 small shape" if args.model == "gpt2" else f"Llama shape ({LLAMA_SHAPE})"
+    shape = "GPT-2 small shape" if args.model == "gpt2" else f"Llama shape ({LLAMA_SHAPES[args.model]})"
     desc = f"{shape}, {count_parameters(hf) / 1e6:.1f}M parameters, random weights"
     print(f"device: {device_name(args.device)}\n| batch | prompt | variant | dtype | new tokens | tokens/s |\n"
           "|---|---|---|---|---|---|", flush=True)
