@@ -90,7 +90,7 @@ def main(argv=None):
     if not pytransformer._C.cpu_amx():
         p.exit(0, "no AMX int8 tiles on this CPU (or Linux refuses them): nothing to compare\n")
     lines = ["# int8_linear on AMX tiles against AVX-512 VNNI", "",
-             f"- device: {device_name()}, {torch.get_num_threads()} threads", f"- torch: {torch.__version__}",
+             f"- device: {device_name()}", f"- torch: {torch.__version__}",
              f"- date: {datetime.date.today()}",
              f"- command: `{command_line(argv)}`", "", *op_rows(args.runs), "", *prefill_rows(args.runs)]
     if args.record:

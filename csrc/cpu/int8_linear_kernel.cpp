@@ -21,7 +21,6 @@
 #include <ATen/Parallel.h>
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "../int8_linear.h"
@@ -84,24 +83,18 @@ struct alignas(64) AmxTileConfig {
 };
 
 // Packs the weights of outputs [n, n + 16) into B tiles, one per step of kAmxK along K ([kp / kAmxK][16][64] bytes at
-// bp): the 4 bytes of k = 4i..4i+3 of output c at row i, column 4c; zeros past N and K.
+// bp): the 4 bytes of k = 4i..4i+3 of output c at row i, column 4c, zeros past N and K. A step is a 16 x 16 transpose
+// of 4-byte words (64 bytes of each output), done as floats by transpose_square, whose shuffles move bits unchanged.
 void pack_amx_b(const int8_t* w, int64_t N, int64_t K, int64_t kp, int64_t n, int8_t* bp) {
   const int64_t valid = std::min<int64_t>(kAmxCols, N - n);
-  const __mmask16 rows = first_lanes(valid);
-  const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                             _mm512_set1_epi32(static_cast<int32_t>(K)));
-  const int8_t* wn = w + n * K;
-  for (int64_t k = 0; k < kp; k += 4) {
-    int32_t* dst = reinterpret_cast<int32_t*>(bp + (k / kAmxK) * kAmxK * kAmxCols) + (k % kAmxK) / 4 * kAmxCols;
-    if (k + 4 <= K) {
-      _mm512_storeu_si512(dst, _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, offsets, wn + k, 1));
-      continue;
-    }
-    for (int64_t c = 0; c < kAmxCols; ++c) {  // the last bytes of K, then zeros
-      int8_t word[4] = {};
-      for (int64_t i = 0; i < 4 && c < valid && k + i < K; ++i) word[i] = wn[c * K + k + i];
-      std::memcpy(dst + c, word, 4);
-    }
+  for (int64_t k = 0; k < kp; k += kAmxK) {
+    const __mmask64 bytes = K - k >= kAmxK ? ~__mmask64(0) : (__mmask64(1) << (K - k)) - 1;
+    __m512 v[kAmxCols];
+    for (int64_t c = 0; c < kAmxCols; ++c)
+      v[c] = _mm512_castsi512_ps(c < valid ? _mm512_maskz_loadu_epi8(bytes, w + (n + c) * K + k)
+                                           : _mm512_setzero_si512());
+    transpose_square(v);
+    for (int64_t i = 0; i < kAmxCols; ++i) _mm512_storeu_ps(bp + k * kAmxCols + i * kAmxK, v[i]);
   }
 }
 
@@ -149,7 +142,10 @@ void int8_amx(const Int8LinearParams& p, const float* x, const int8_t* weight, c
     }
     _tile_loadconfig(&config);
     const int64_t steps = kp / kAmxK, b_bytes = kp * kAmxCols;  // steps of K; bytes of one output tile's weights
-    std::vector<int8_t> packed(std::min(panel_blocks, b1 - b0) * 2 * b_bytes);
+    // The panel's packed weights, in a buffer each thread keeps for its next calls (up to kAmxPanelBytes, or one
+    // block's for K over 16384): a call takes no fresh pages for it.
+    thread_local std::vector<int8_t> packed;
+    packed.resize(std::max<size_t>(packed.size(), std::min(panel_blocks, b1 - b0) * 2 * b_bytes));
     alignas(64) int32_t sums[4][kAmxRows][kAmxCols];
     for (int64_t pb = b0; pb < b1; pb += panel_blocks) {
       const int64_t pe = std::min(b1, pb + panel_blocks);
