@@ -26,9 +26,6 @@ import torch
 from pytransformer.bench import command_line, device_name
 from pytransformer.bench.generate import hf_model, load_engine, prompts, save_folder
 
-WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "int8": 1}
-
-
 def steal_ticks() -> int:
     with open("/proc/stat") as f:
         fields = f.readline().split()
@@ -38,7 +35,7 @@ def steal_ticks() -> int:
 def token_weight_mib(hf, dtype: str) -> float:
     """The MiB of weights one decoding token reads: every matrix but the embedding table, in `dtype`."""
     params = sum(p.numel() for name, p in hf.named_parameters() if p.dim() == 2 and "embed_tokens" not in name)
-    return params * WEIGHT_BYTES[dtype] / 2**20
+    return params * getattr(torch, dtype).itemsize / 2**20
 
 
 def timed_rounds(calls: dict, rounds: int) -> list:
@@ -65,7 +62,7 @@ def timed_rounds(calls: dict, rounds: int) -> list:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dtype", choices=list(WEIGHT_BYTES), default="int8")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "int8"], default="int8")
     p.add_argument("--layers", type=int, nargs="+", default=[12], help="decoder layer counts (default: 12)")
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--read-mib", type=int, help="the read buffer (default: the MiB a token reads from the weights)")

@@ -166,8 +166,8 @@ def test_engines_subset_and_bfloat16_folder(monkeypatch, tmp_path):
         with safe_open(folder / "model.safetensors", "pt") as f:
             dtypes = {f.get_slice(name).get_dtype() for name in f.keys()}
         calls.extend((engine, dtype, dtypes) for engine in engine_calls)
-        return {engine: ({1: {"total": 1.0, "decode": 1.0, "prefill": 1.0, "spread": 0.0, "middle_half": 0.0}}, 0, 0, 0)
-                for engine in engine_calls}
+        rates = {"total": 1.0, "decode": 1.0, "prefill": 1.0, "spread": 0.0, "middle_half": 0.0}
+        return {engine: ({1: rates}, 0, 0, 0) for engine in engine_calls}
     monkeypatch.setattr(generate, "hf_model", lambda *a: hf)
     monkeypatch.setattr(generate, "measure", fake_measure)
     monkeypatch.setattr(generate, "check_tokens", lambda *a: {})
@@ -200,7 +200,8 @@ def test_engines_take_turns_each_in_a_process_of_its_own(tiny, monkeypatch):
     for engine in both:
         rates, after_load, peak, peak_total = results[engine]
         assert set(rates) == {1, 2}
-        assert all(r["total"] > 0 and r["prefill"] > 0 and r["spread"] >= r["middle_half"] >= 0 for r in rates.values())
+        assert all(r["total"] > 0 and r["prefill"] > 0 and r["spread"] >= r["middle_half"] >= 0
+                   for r in rates.values())
         assert peak >= after_load > 0 and peak_total > 0
 
 

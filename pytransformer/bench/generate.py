@@ -316,10 +316,10 @@ def measure(calls: dict, dtype, folder: Path, device, batch_sizes, prompt_len, v
         rates = {}
         for batch, t in times[engine].items():
             calls_n = t[calls[engine][0]]
-            rates[batch] = split_times(batch, calls[engine][0], statistics.median(calls_n), statistics.median(t[1]))
-            rates[batch]["spread"] = (max(calls_n) - min(calls_n)) / statistics.median(calls_n)
+            median = statistics.median(calls_n)
             q1, _, q3 = statistics.quantiles(calls_n, n=4, method="inclusive") if len(calls_n) > 1 else (0, 0, 0)
-            rates[batch]["middle_half"] = (q3 - q1) / statistics.median(calls_n)
+            rates[batch] = split_times(batch, calls[engine][0], median, statistics.median(t[1]))
+            rates[batch].update(spread=(max(calls_n) - min(calls_n)) / median, middle_half=(q3 - q1) / median)
         results[engine] = rates, memory["after_load"], memory["peak"], memory["peak_total"]
     return results
 
