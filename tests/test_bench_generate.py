@@ -44,15 +44,16 @@ def test_split_times():
 def test_markdown_has_both_ratios_and_total_memory():
     def rates(total, decode, prefill, spread, middle_half):
         return {"total": total, "decode": decode, "prefill": prefill, "spread": spread, "middle_half": middle_half}
-    rows = [(1, 8, "ours", "float32", 4, rates(20.0, 30.0, 0.05, 0.1, 0.04)),
-            (1, 8, "llama.cpp f32", "float32", 4, rates(10.0, 60.0, 0.1, 0.02, 0.01)),
+    rows = [(2, 8, "ours", "float32", 4, rates(20.0, 30.0, 0.05, 0.1, 0.04)),
+            (2, 8, "llama.cpp f32", "float32", 4, rates(10.0, 60.0, 0.1, 0.02, 0.01)),
             (1, 16, "ours", "float32", 4, rates(10.0, 30.0, 0.1, 0.5, 0.2)),
             (1, 16, "llama.cpp f32", "float32", 4, rates(10.0, 60.0, 0.2, 0, 0))]
     text = generate.markdown(rows, [("llama.cpp f32", "float32", 8, 2**20, 2 * 2**20, 500 * 2**20)], "cpu", "cmd",
                              "tiny", 3, {"llama.cpp f32": {1: None, 8: 3}})
-    assert "| 1 | 8 | llama.cpp f32 | float32 | 4 | 10.0 | 2.00x | 60.0 | 0.50x | 100.0 | 2% (1%) |" in text
+    # the range in ms: 2% of the median call, 2 rows x 4 tokens at 10 tokens/s
+    assert "| 2 | 8 | llama.cpp f32 | float32 | 4 | 10.0 | 2.00x | 60.0 | 0.50x | 100.0 | 2% (1%), 16 ms |" in text
     # its own ours:
-    assert "| 1 | 16 | llama.cpp f32 | float32 | 4 | 10.0 | 1.00x | 60.0 | 0.50x | 200.0 | 0% (0%) |" in text
+    assert "| 1 | 16 | llama.cpp f32 | float32 | 4 | 10.0 | 1.00x | 60.0 | 0.50x | 200.0 | 0% (0%), 0 ms |" in text
     assert "| llama.cpp f32 | float32 | 8 | 1 | 2 | 500 |" in text
     assert "against llama.cpp f32's: batch 1: identical; batch 8: first difference at new token 3" in text
     assert "convert_hf_to_gguf.py" in text

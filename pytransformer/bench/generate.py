@@ -387,15 +387,16 @@ def markdown(rows, memory, device, command, model_desc, runs, tokens=None, not_r
              "- prefill: the median time of generate(ids, 1) (the prompt's forward and the first token); decode "
              "tokens/s: the other new tokens of the batch over the median time of generate(ids, n) less the prefill",
              "- spread: the range of the timed calls of generate(ids, n) over their median (call-to-call steadiness), "
-             "and in brackets their interquartile range over the median (the middle half, which one slow call of a "
-             "busy host does not move)",
+             "in brackets their interquartile range over the median (the middle half, which one slow call of a busy "
+             "host does not move), then the range in milliseconds (a stall of the host adds the same milliseconds to "
+             "any call, a larger share of a shorter one)",
              *llamacpp_notes({name for _, _, name, *_ in rows}), "",
              "| batch | prompt | variant | dtype | new tokens | tokens/s | ours vs this | decode tokens/s | ours vs "
              "this, decode | prefill (ms) | spread |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     ours = {(b, L, dtype): r for b, L, name, dtype, _, r in rows if name == "ours"}
     lines += [f"| {b} | {L} | {name} | {dtype} | {n} | {r['total']:.1f} | {o['total'] / r['total']:.2f}x | "
               f"{r['decode']:.1f} | {o['decode'] / r['decode']:.2f}x | {r['prefill'] * 1e3:.1f} | {r['spread']:.0%} "
-              f"({r['middle_half']:.0%}) |"
+              f"({r['middle_half']:.0%}), {r['spread'] * b * n / r['total'] * 1e3:.0f} ms |"
               for b, L, name, dtype, n, r in rows for o in [ours[b, L, dtype]]]
     lines += [f"\nNot run: {what}: {why}" for what, why in not_run]
     for name, result in (tokens or {}).items():
