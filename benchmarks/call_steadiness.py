@@ -20,6 +20,7 @@ anchors, its spread is the host's.
 """
 import argparse
 import datetime
+import importlib.util
 import statistics
 import tempfile
 import time
@@ -82,6 +83,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--record", help="write the table as markdown to this file")
     args = p.parse_args(argv)
+    if args.llamacpp and importlib.util.find_spec("llama_cpp") is None:
+        p.error("--llamacpp: llama-cpp-python is not installed (pytransformer/bench/llamacpp.py says how to build it)")
     names = ["ours, compiled"] + [f"llama.cpp {llamacpp.GGUF_TYPES[args.dtype][0]}"] * args.llamacpp
     a = torch.randn(384, 384)
     lines = ["# Call-to-call steadiness", "", f"- device: {device_name()}", f"- torch: {torch.__version__}",

@@ -48,3 +48,11 @@ def test_timed_rounds_takes_turns_and_uses_an_engines_own_seconds(steadiness):
     # median 0.55 s, range 1.1 s (200%), quartiles 0.475 and 0.825 (64%), the calls over the median in order
     assert rows[0] == "| generate | 550 | 1100 | 200% | 64% | 0.91 1.09 0.73 2.73 |"
     assert rows[1] == "| compute | 250 | 0 | 0% | 0% | 1.00 1.00 1.00 1.00 |"
+
+
+def test_llamacpp_without_its_package_is_refused_by_name(steadiness, monkeypatch, capsys):
+    module, _ = steadiness
+    monkeypatch.setattr(module.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SystemExit):
+        module.main(["--llamacpp"])
+    assert "--llamacpp: llama-cpp-python is not installed" in capsys.readouterr().err
