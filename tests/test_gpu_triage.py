@@ -83,3 +83,25 @@ def test_a_crashed_probe_is_a_verdict(tmp_path):
     triage.run_python(t, "decode", "decode", ["-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"])
     assert t.rows[0][:3] == ("decode", "decode", "FAIL") and "SIGSEGV" in t.rows[0][3]
     assert (tmp_path / "decode.log").exists()
+
+
+def test_probes_built_before_are_kept_while_their_build_key_matches(tmp_path):
+    """--build-only ahead of a GPU run: the run with the same --out compiles only what changed (here, a new arch)."""
+    calls = tmp_path / "calls"
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo "nvcc fake 1.0"; exit 0; }\necho "$@" >> ' f"{calls}\n"
+                    'while [ $# -gt 1 ]; do [ "$1" = -o ] && : > "$2"; shift; done\n')
+    nvcc.chmod(0o755)
+    out = tmp_path / "triage"
+
+    def builds(arch):
+        before = calls.read_text().count("\n") if calls.exists() else 0
+        assert triage.build_probes(out, str(nvcc), arch, 60) == {}
+        return calls.read_text().count("\n") - before
+
+    assert builds("sm_90") == len(triage.PROBES)
+    assert all((out / "probes" / f"{name}.key").is_file() for name, _, _ in triage.PROBES)
+    assert builds("sm_90") == 0
+    assert builds("sm_80") == len(triage.PROBES)
+    (out / "probes" / "params_probe").unlink()
+    assert builds("sm_80") == 1

@@ -23,6 +23,7 @@ Prints the verdicts as a table and writes DIR/triage.md; exit status 0 when ever
 bad arguments.
 """
 import argparse
+import hashlib
 import os
 import re
 import shutil
@@ -108,14 +109,38 @@ def nvcc_command(nvcc: str, arch: str, source: str, exe: Path, extra: list[str])
             str(HERE / source), "-o", str(exe)]
 
 
+def build_key(nvcc: str, cmd: list[str]) -> str:
+    """What a probe's executable depends on: the nvcc version, the torch version, the command without its paths (which
+    differ between machines) and the text of every source it can include (tools/gpu_probes/, csrc/)."""
+    import torch
+
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    h = hashlib.sha256(f"{version}\n{torch.__version__}\n".encode())
+    h.update(" ".join(a for a in cmd[1:] if not a.startswith("-I") and "/" not in a).encode())
+    for f in sorted([*HERE.glob("*.cu"), *HERE.glob("*.h"), *(ROOT / "csrc").rglob("*.h"),
+                     *(ROOT / "csrc").rglob("*.cuh")]):
+        h.update(f"\n{f.relative_to(ROOT)}\n".encode() + f.read_bytes())
+    return h.hexdigest()
+
+
 def build_probes(out: Path, nvcc: str, arch: str, timeout: float) -> dict[str, str]:
-    """Compiles the probes in parallel into out/probes/; returns {name: error} for those that failed."""
+    """Compiles the probes in parallel into out/probes/; returns {name: error} for those that failed. A probe built
+    before into the same place (`--build-only` on a machine without a GPU, say) is kept where its build key
+    (out/probes/NAME.key) still matches: same nvcc, torch, flags and sources."""
     (out / "probes").mkdir(parents=True, exist_ok=True)
 
     def build(probe):
         name, source, extra = probe
-        rc, text = run(nvcc_command(nvcc, arch, source, out / "probes" / name, extra), out / f"build_{name}.log",
-                       timeout)
+        exe, key_file = out / "probes" / name, out / "probes" / f"{name}.key"
+        cmd = nvcc_command(nvcc, arch, source, exe, extra)
+        key = build_key(nvcc, cmd)
+        if exe.is_file() and key_file.is_file() and key_file.read_text() == key:
+            print(f"{name}: built before with the same key, kept")
+            return name, None
+        key_file.unlink(missing_ok=True)
+        rc, text = run(cmd, out / f"build_{name}.log", timeout)
+        if rc == 0:
+            key_file.write_text(key)
         return name, None if rc == 0 else f"build failed ({exit_reason(rc)}, build_{name}.log)"
 
     with ThreadPoolExecutor(len(PROBES)) as pool:
