@@ -29,7 +29,8 @@ Steps (default: env build triage ptx check test sanitizers bandwidth bench):
               --quick --op OP, step check_OP), so that a crash in one op leaves the others checked; an op whose
               process dies of a signal runs again under cuda-gdb or gdb, whichever is on PATH, for a native
               backtrace (step check_OP_backtrace). Then the CPU kernels of the same build (step check_cpu)
-  test        the CUDA tests: python -m pytest tests -m cuda -q
+  test        the CUDA tests: python -m pytest tests -m cuda -v (a line a test as it ends, so that a run stopped
+              by --timeout still names the tests that failed or crashed)
   sanitizers  memcheck, racecheck, synccheck and initcheck, each a step of its own that can also be named alone:
               compute-sanitizer --tool TOOL over each op's kernel cases as in `check` (steps TOOL_OP), with
               PyTorch's caching allocator off so that every allocation has its exact size
@@ -367,7 +368,7 @@ for step in "${STEPS[@]}"; do
           run_step ptx "$PYTHON" -m pytest tests/ops/test_ptx_layouts.py -q -rfE
           ;;
         test)
-          run_step test "$PYTHON" -m pytest tests -m cuda -q -rfE --junitxml="$LOG_DIR/test.xml"
+          run_step test "$PYTHON" -m pytest tests -m cuda -v -rfE --junitxml="$LOG_DIR/test.xml"
           ;;
         memcheck | racecheck | synccheck | initcheck)
           extra=()
@@ -416,7 +417,12 @@ done
           esac
         done
         ;;
-      ptx | test | alltests) key_line "$step" '(passed|failed|error|no tests ran)' ;;
+      ptx | test | alltests)
+        key_line "$step" '(passed|failed|error|no tests ran)'
+        # The tests that failed or crashed, also from a run stopped before its summary (-v: a line a test).
+        [ -f "$LOG_DIR/$step.log" ] && grep -E '(FAILED|ERROR) tests/|crashed while running' "$LOG_DIR/$step.log" |
+          sed 's/^/  - /' | sort -u | head -40
+        ;;
       memcheck | racecheck | synccheck | initcheck)
         for log in "$LOG_DIR/$step"_*.log; do
           [ -f "$log" ] && key_line "$(basename "$log" .log)" 'ERROR SUMMARY|RACECHECK SUMMARY'

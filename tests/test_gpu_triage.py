@@ -105,3 +105,21 @@ def test_probes_built_before_are_kept_while_their_build_key_matches(tmp_path):
     assert builds("sm_80") == len(triage.PROBES)
     (out / "probes" / "params_probe").unlink()
     assert builds("sm_80") == 1
+
+
+@pytest.mark.parametrize("name", sorted(triage.OP_CALLS))
+def test_op_calls_print_a_verdict_the_triage_reads(name, capsys):
+    """The last line of each op call, run with its result at hand, prints a line that verdicts() reads."""
+    import types
+    *_, last = triage.OP_CALLS[name].strip().splitlines()
+    last = last.replace("torch.cuda.synchronize(); ", "")
+    for ok in (True, False):
+        exec(last, {"ok": ok, "out": types.SimpleNamespace(shape=(2,))})
+        assert name in triage.verdicts(capsys.readouterr().out)
+
+
+def test_check_host_objects_without_a_build_finds_no_objects(tmp_path, capsys):
+    """A checkout with a prebuilt extension and no build directory: exit 2 (the triage's SKIP), not a crash."""
+    from tools import check_host_objects
+    assert check_host_objects.main([str(tmp_path / "build")]) == 2
+    assert "no object files" in capsys.readouterr().err

@@ -24,7 +24,7 @@ CUDA_OWN = "pytransformer::cuda::"
 def objects(paths: list[str]) -> list[Path]:
     found = []
     for p in map(Path, paths):
-        found += sorted(p.rglob("*.o")) if p.is_dir() else [p]
+        found += sorted(p.rglob("*.o")) if p.is_dir() else [p] if p.is_file() else []
     return found
 
 

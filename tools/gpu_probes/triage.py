@@ -53,7 +53,7 @@ OP_CALLS = {
               "kn = torch.randn(2, 2, 3, 64, device='cuda')\n"
               "pt.ops.kv_cache_append(kc, vc, kn, kn.clone(), torch.tensor([0, 4], device='cuda'))\n"
               "torch.cuda.synchronize(); ok = torch.equal(kc[1, :, 4:7], kn[1])\n"
-              "print('VERDICT append', 'OK' if ok else 'FAIL', ': rows written where positions say')\n",
+              "print(f\"VERDICT append {'OK' if ok else 'FAIL'}: rows written where positions say\")\n",
 }
 
 # The kernels the glue should launch for float16 attention of each head dim (the tensor-core kernels, padded to 8).
