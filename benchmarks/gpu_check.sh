@@ -28,7 +28,8 @@ Steps (default: env build triage ptx check test sanitizers bandwidth bench):
   check       every op's kernel cases on the GPU, one process an op (python -m pytransformer check --device cuda
               --quick --op OP, step check_OP), so that a crash in one op leaves the others checked; an op whose
               process dies of a signal runs again under cuda-gdb or gdb, whichever is on PATH, for a native
-              backtrace (step check_OP_backtrace). Then the CPU kernels of the same build (step check_cpu)
+              backtrace (step check_OP_backtrace). Then the CPU kernels of the same build (step check_cpu).
+              A failing case's tensors go to DIR/cases/STEP/NNN.pt (check --dump), to replay it elsewhere
   test        the CUDA tests: python -m pytest tests -m cuda -v (a line a test as it ends, so that a run stopped
               by --timeout still names the tests that failed or crashed)
   sanitizers  memcheck, racecheck, synccheck and initcheck, each a step of its own that can also be named alone:
@@ -262,7 +263,7 @@ check_ops() {
 check_op() {
   local step=$1 op=$2
   shift 2
-  run_step "$step" "$@" "$PYTHON" -m pytransformer check --device cuda --quick --op "$op"
+  run_step "$step" "$@" "$PYTHON" -m pytransformer check --device cuda --quick --op "$op" --dump "$LOG_DIR/cases/$step"
 }
 
 # The reason the steps that need the CUDA build cannot run.

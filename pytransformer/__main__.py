@@ -3,6 +3,7 @@ options)."""
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def _positive_int(text: str) -> int:
@@ -141,6 +142,8 @@ def parser() -> argparse.ArgumentParser:
     ops = _check_ops()
     check.add_argument("--op", action="append", choices=ops, metavar="OP",
                        help=f"check only this op (repeatable; default: all of {', '.join(ops)})")
+    check.add_argument("--dump", type=Path, metavar="DIR",
+                       help="save each failing comparison (its operands, output and float64 reference) as DIR/NNN.pt")
     return p
 
 
@@ -199,11 +202,13 @@ def main(argv=None) -> int:
     elif args.command == "check":
         from . import check
         device = args.device or _default_device()
-        checks = check.run(device, quick=args.quick, ops=args.op)
+        checks = check.run(device, quick=args.quick, ops=args.op, dump=args.dump)
         what = f" ({', '.join(args.op)})" if args.op else ""
         print(f"pytransformer check on {device}{' (quick)' if args.quick else ''}{what}\n\n{check.table(checks)}")
         if checks.failures:
             print(f"\n{len(checks.failures)} failures:\n" + "\n".join(checks.failures[:50]))
+            if args.dump:
+                print(f"failing cases saved under {args.dump}")
             return 1
         print(f"\nall {sum(cases for cases, _, _ in checks.stats.values())} cases pass")
     else:

@@ -20,6 +20,7 @@ fixture (tests/conftest.py): the CUDA kernels on a GPU, or the same sources thro
 import itertools
 import math
 import re
+from pathlib import Path
 
 import torch
 
@@ -250,9 +251,20 @@ class KernelChecks:
     of `device`, the kernels being those of `kernel_device` (default `device`; "cuda" for the emulator's, which run on
     CPU tensors); the names of failed cases collect in `failures`."""
 
-    def __init__(self, ops, device: str, kernel_device: str | None = None):
+    def __init__(self, ops, device: str, kernel_device: str | None = None, dump: Path | None = None):
         self.ops, self.device, self.kernel_device, self.failures = ops, device, kernel_device or device, []
         self.stats = {}  # (op, dtype) -> [cases, failed, worst row error / its bound]
+        # dump: where a failing comparison saves its case (see save_case); inputs: the case at hand's operands, set
+        # by the cases that record them (attention, decode_attention)
+        self.dump, self.inputs = dump, {}
+
+    def save_case(self, name: str, out: torch.Tensor, ref: torch.Tensor) -> None:
+        """dump/NNN.pt: the failing comparison's name, output, float64 reference and the case's operands, all on the
+        CPU (torch.load it to replay the case elsewhere, e.g. through the host emulator)."""
+        self.dump.mkdir(parents=True, exist_ok=True)
+        cpu = {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in self.inputs.items()}
+        path = self.dump / f"{len(list(self.dump.glob('*.pt'))):03d}.pt"
+        torch.save({"name": name, "out": out.detach().cpu(), "ref": ref.detach().cpu(), "inputs": cpu}, path)
 
     def record(self, name: str, ok: bool, row_ratio: float = 0.0) -> None:
         """One case of the op and dtype that `name` starts with and mentions; row_ratio: its worst row error over the
@@ -278,6 +290,8 @@ class KernelChecks:
             ratio = min(ratio, sum_row / ROW_SUM_TOL)
         if not ok:
             self.failures.append(f"{name}: rel err {err:.2e}, worst row {row:.2e}")
+            if self.dump is not None:
+                self.save_case(name, out, ref)
         self.record(name, ok, ratio)
 
     def check_norms(self, shapes) -> None:
@@ -430,12 +444,14 @@ class KernelChecks:
         tag = f"{list(shape)} {str(dtype)[6:]} {kind} {layout}{tag}"
         args = (kwargs.get("mask"), kwargs.get("causal", False), kwargs.get("window"),
                 kwargs.get("key_lengths"), scale)
+        self.inputs = {"q": q, "k": k, "v": v, **kwargs, "scale": scale}
         poison(q)
         out, lse = self.ops.attention(q, k, v, *args)
         self.check(f"attention fwd {tag}", out, ref, dtype)
         self.check_finite_equal(f"attention lse {tag}", lse, lse_ref)
         g = torch.randn(out.shape, dtype=torch.float64).to(device, dtype)
         grads_ref = torch.autograd.grad(ref, (qr, kr, vr), g.double().cpu())
+        self.inputs.update(grad_out=g, out=out, lse=lse)
         poison(q)
         grads = self.ops.attention_backward(g, q, k, v, out, lse, *args)
         # A zero reference (rows that see one key: P = 1, dS = 0) is compared with rounding-level values at
@@ -478,6 +494,7 @@ class KernelChecks:
                 ref = reference.decode_attention(q.double().cpu(), k0.double().cpu(), v0.double().cpu(), lengths,
                                                  window=window, scale=0.3)
                 for (name, k), (_, v) in zip(layouts(k0), layouts(v0)):
+                    self.inputs = {"q": q, "k": k, "v": v, "lengths": lengths, "scale": 0.3, "window": window}
                     poison(q)
                     out = self.ops.decode_attention(q, k, v, lengths.to(device), 0.3, window)
                     tag = f"decode_attention [B{b} Hq{hq} Hkv{hkv} T{t} D{d} Dv{dv} cap{cap} w{window}] {str(dtype)[6:]} {name}"
@@ -614,14 +631,15 @@ OPS = {
 }
 
 
-def run(device: str, quick: bool = False, ops=None) -> KernelChecks:
+def run(device: str, quick: bool = False, ops=None, dump: Path | None = None) -> KernelChecks:
     """The cases of every op, or of the ops named in `ops` (keys of OPS), against torch.ops.pytransformer on `device`
-    (the quick shape lists with `quick`), from a fixed seed."""
+    (the quick shape lists with `quick`), from a fixed seed; each failing comparison saved under `dump` if given."""
     torch.manual_seed(0)
-    checks = KernelChecks(torch.ops.pytransformer, device)
+    checks = KernelChecks(torch.ops.pytransformer, device, dump=dump)
     pick = (lambda short, full: short if quick else full)  # noqa: E731
     for op, cases in OPS.items():
         if ops is None or op in ops:
+            checks.inputs = {}
             cases(checks, pick)
     return checks
 

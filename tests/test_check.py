@@ -93,3 +93,23 @@ def test_int8_linear_cases_of_cuda_kernels_on_cpu_tensors():
 ], ids=["bias dropped", "last product dropped", "x on 15 bits"])
 def test_planted_errors_fail(planted, expected):
     assert expected <= failed_cases(planted)
+
+
+def test_a_failing_attention_case_is_saved_with_what_replays_it(tmp_path):
+    """check --dump: a planted wrong dK saves the case (operands, mask arguments, grad_out, out, lse) under the dump
+    directory, and the saved operands replay it: the real kernel on them gives the saved reference."""
+    wrong_dk = lambda g, q, k, v, out, lse, *args: (lambda dq, dk, dv: (dq, dk * 1.1, dv))(  # noqa: E731
+        *OPS.attention_backward(g, q, k, v, out, lse, *args))
+    ops = type("PlantedAttention", (Planted,), {"attention_backward": staticmethod(wrong_dk)})(OPS.int8_linear)
+    torch.manual_seed(0)
+    checks = check.KernelChecks(ops, "cpu", dump=tmp_path)
+    checks.attention_case((1, 2, 1, 5, 9, 16, 16), torch.float32, "window")
+    assert [f.split(":")[0] for f in checks.failures] == ["attention bwd dk [1, 2, 1, 5, 9, 16, 16] float32 window "
+                                                          "contiguous"]
+    saved = torch.load(tmp_path / "000.pt")
+    i = saved["inputs"]
+    assert saved["name"] == checks.failures[0].split(":")[0] and i["window"] == 5
+    dk = OPS.attention_backward(i["grad_out"], i["q"], i["k"], i["v"], i["out"], i["lse"], None, False, i["window"],
+                                None, i["scale"])[1]
+    assert check.row_err(dk, saved["ref"]) <= check.ROW_TOL[torch.float32]
+    assert check.row_err(saved["out"], saved["ref"]) > check.ROW_TOL[torch.float32]

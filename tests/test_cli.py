@@ -112,7 +112,7 @@ def test_without_matplotlib_bench_plot_fails_with_the_install_hint(tmp_path, cap
     assert e.value.code == 2 and "pytransformer[plot]" in capsys.readouterr().err
 
 
-def _few_cases(device, quick=False, ops=None):
+def _few_cases(device, quick=False, ops=None, dump=None):
     """check.run on a few of the cases (the full CPU run is minutes; the GPU run is what the command is for)."""
     from pytransformer import check
     checks = check.KernelChecks(torch.ops.pytransformer, device)
@@ -121,7 +121,7 @@ def _few_cases(device, quick=False, ops=None):
     return checks
 
 
-def test_check_prints_the_table_and_fails_on_a_wrong_row(capsys, monkeypatch):
+def test_check_prints_the_table_and_fails_on_a_wrong_row(capsys, monkeypatch, tmp_path):
     from pytransformer import check
     monkeypatch.setattr(check, "run", _few_cases)
     assert main(["check", "--device", "cpu", "--quick"]) == 0
@@ -131,8 +131,8 @@ def test_check_prints_the_table_and_fails_on_a_wrong_row(capsys, monkeypatch):
     assert re.search(r"\| kv_cache_append \| float32 \| 3 \| 0.000 \| 0 \| pass \|", out)
 
     # One wrong row among many: within the whole-tensor tolerance, caught row by row, exit status 1.
-    def one_wrong_row(device, quick=False, ops=None):
-        checks = check.KernelChecks(torch.ops.pytransformer, device)
+    def one_wrong_row(device, quick=False, ops=None, dump=None):
+        checks = check.KernelChecks(torch.ops.pytransformer, device, dump=dump)
         ref = torch.randn(4096, 64, dtype=torch.float64)
         out = ref.to(torch.bfloat16)
         out[1234] = (ref[1234] * 0.5).to(torch.bfloat16)  # a row off by half its size
@@ -143,6 +143,10 @@ def test_check_prints_the_table_and_fails_on_a_wrong_row(capsys, monkeypatch):
     assert main(["check", "--device", "cpu"]) == 1
     out = capsys.readouterr().out
     assert "| attention | bfloat16 | 1 |" in out and "FAIL" in out and "attention fwd bfloat16 planted" in out
+    assert main(["check", "--device", "cpu", "--dump", str(tmp_path / "cases")]) == 1
+    assert f"failing cases saved under {tmp_path / 'cases'}" in capsys.readouterr().out
+    saved = torch.load(tmp_path / "cases" / "000.pt")
+    assert saved["name"] == "attention fwd bfloat16 planted" and saved["out"].shape == (4096, 64)
 
 
 def test_check_of_one_op(capsys):

@@ -18,6 +18,8 @@ Hypotheses and their probes (a probe that cannot run gives the verdict SKIP with
   host_twice      tools/check_host_objects.py over the build's objects: no host function compiled by both nvcc and g++
   decode, append  one decode_attention and one kv_cache_append call on CUDA tensors, each in a process of its own,
                   so that a crash is a verdict (and, with gdb on PATH, a native backtrace in DIR/*.log)
+  compiled_step   generate(compile=True) of a tiny GPT-2 on CUDA (the AOTInductor package of the decoding step) gives
+                  the eager tokens, in a process of its own likewise
 
 Prints the verdicts as a table and writes DIR/triage.md; exit status 0 when every verdict is OK, 1 otherwise, 2 for
 bad arguments.
@@ -54,6 +56,14 @@ OP_CALLS = {
               "pt.ops.kv_cache_append(kc, vc, kn, kn.clone(), torch.tensor([0, 4], device='cuda'))\n"
               "torch.cuda.synchronize(); ok = torch.equal(kc[1, :, 4:7], kn[1])\n"
               "print(f\"VERDICT append {'OK' if ok else 'FAIL'}: rows written where positions say\")\n",
+    "compiled_step": "import torch, pytransformer as pt\n"
+                     "from pytransformer.models import DecoderLM, gpt2_small\n"
+                     "torch.manual_seed(0)\n"
+                     "m = DecoderLM(gpt2_small(vocab_size=64, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=64,\n"
+                     "                         dropout=0.0)).eval().cuda()\n"
+                     "p = torch.randint(0, 64, (2, 5), device='cuda')\n"
+                     "with torch.no_grad(): ok = torch.equal(m.generate(p, 6, compile=True), m.generate(p, 6))\n"
+                     "print(f\"VERDICT compiled_step {'OK' if ok else 'FAIL'}: AOTInductor step's tokens as eager\")\n",
 }
 
 # The kernels the glue should launch for float16 attention of each head dim (the tensor-core kernels, padded to 8).
@@ -215,17 +225,19 @@ def run_kernel_probes(t: Triage, failed_builds: dict[str, str]):
         t.crash_verdict("params", "params_probe", rc, found)
 
 
-def run_python(t: Triage, hypothesis: str, name: str, code_or_args: list[str]):
-    """A Python process of its own; its VERDICT lines, or its crash (then a gdb backtrace when gdb is there)."""
-    cmd = [sys.executable, *code_or_args]
-    rc, out = run(cmd, t.out / f"{name}.log", t.timeout)
+def run_python(t: Triage, hypothesis: str, name: str, code_or_args: list[str], timeout: float | None = None):
+    """A Python process of its own; its VERDICT lines, or its crash (then a native backtrace when cuda-gdb or gdb is
+    there)."""
+    cmd, timeout = [sys.executable, *code_or_args], timeout or t.timeout
+    rc, out = run(cmd, t.out / f"{name}.log", timeout)
     found = verdicts(out)
     t.add(hypothesis, found)
     if not found:
         t.rows.append((hypothesis, name, "FAIL", f"no result: {exit_reason(rc)} (see {name}.log)"))
-        if rc < 0 and shutil.which("gdb"):
-            run(["gdb", "-q", "-batch", "-ex", "run", "-ex", "bt", "--args", *cmd], t.out / f"{name}_backtrace.log",
-                t.timeout)
+        debugger = shutil.which("cuda-gdb") or shutil.which("gdb")
+        if rc < 0 and debugger:
+            run([debugger, "-q", "-batch", "-ex", "run", "-ex", "bt", "--args", *cmd], t.out / f"{name}_backtrace.log",
+                timeout)
 
 
 def run_op_probes(t: Triage):
@@ -233,7 +245,7 @@ def run_op_probes(t: Triage):
 
     spec = importlib.util.find_spec("pytransformer")
     if spec is None:
-        for h in ("fragments", "instantiation", "decode", "append"):
+        for h in ("fragments", "instantiation", *OP_CALLS):
             t.skip(h, "pytransformer is not importable")
         return
     rc, out = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/ops/test_ptx_layouts.py"],
@@ -241,8 +253,8 @@ def run_op_probes(t: Triage):
     summary = (out.strip().splitlines() or ["(no output)"])[-1]
     t.rows.append(("fragments", "test_ptx_layouts", "OK" if rc == 0 else "FAIL", summary))
     run_python(t, "instantiation", "instantiation", ["-c", INSTANTIATION_PY])
-    for name, code in OP_CALLS.items():
-        run_python(t, name, name, ["-c", code])
+    for name, code in OP_CALLS.items():  # the compiled step compiles (Inductor) in a child process first
+        run_python(t, name, name, ["-c", code], t.timeout * (4 if name == "compiled_step" else 1))
 
 
 def run_host_check(t: Triage, build_dir: Path):
