@@ -616,6 +616,38 @@ class KernelChecks:
                        x64.abs() @ w64.abs().t() + b64.abs())
 
 
+def replay(case: dict, ops) -> list[tuple[str, float, float]]:
+    """A case saved by `check --dump` (torch.load of DIR/NNN.pt) run again through `ops` (an op namespace whose
+    kernels take CPU tensors: the CPU kernels, or the host emulator's CUDA kernels), against its float64 reference:
+    (what, worst row error over its bound, relative error) for the saved output and for `ops`' own. For an attention
+    gradient also `ops`' backward from the saved forward output and lse: when that one is within the bound and `ops`'
+    own forward differs from the saved one, the saved failure came from the forward's output, not from the backward."""
+    name, out, ref, i = case["name"], case["out"], case["ref"], case["inputs"]
+    dtype = getattr(torch, re.search(r"\b(float32|float16|bfloat16)\b", name).group(1))
+
+    def row(label, t):
+        return label, row_err(t, ref) / ROW_TOL[dtype], rel_err(t, ref)
+    rows = [row("saved output", out)]
+    op, part = name.split()[:2]
+    if op == "attention":
+        args = (i.get("mask"), i.get("causal", False), i.get("window"), i.get("key_lengths"), i["scale"])
+        fwd_out, lse = ops.attention(i["q"], i["k"], i["v"], *args)
+        if part == "fwd":
+            rows.append(row("replayed forward", fwd_out))
+        elif part == "bwd":
+            which = ("dq", "dk", "dv").index(name.split()[2])
+            rows.append(row("replayed forward and backward", ops.attention_backward(
+                i["grad_out"], i["q"], i["k"], i["v"], fwd_out, lse, *args)[which]))
+            rows.append(row("replayed backward of the saved forward", ops.attention_backward(
+                i["grad_out"], i["q"], i["k"], i["v"], i["out"], i["lse"], *args)[which]))
+            rows.append(("saved forward output against the replayed one",
+                         row_err(i["out"], fwd_out) / ROW_TOL[dtype], rel_err(i["out"], fwd_out)))
+    elif op == "decode_attention":
+        rows.append(row("replayed", ops.decode_attention(i["q"], i["k"], i["v"], i["lengths"], i["scale"],
+                                                         i["window"])))
+    return rows
+
+
 # ---- python -m pytransformer check ----
 
 # The ops that `run` can check, in its order: op -> its cases, given (checks, pick(short list, full list)).

@@ -113,3 +113,21 @@ def test_a_failing_attention_case_is_saved_with_what_replays_it(tmp_path):
                                 None, i["scale"])[1]
     assert check.row_err(dk, saved["ref"]) <= check.ROW_TOL[torch.float32]
     assert check.row_err(saved["out"], saved["ref"]) > check.ROW_TOL[torch.float32]
+
+
+def test_a_saved_case_replays_through_other_kernels(tmp_path):
+    """tools/cuda_emulator/replay.py --cpu on the planted dK case: the saved output fails, the CPU kernels' replay and
+    their backward of the saved forward pass (the fault was the planted backward's, not the forward's)."""
+    from tools.cuda_emulator import replay
+    wrong_dk = lambda g, q, k, v, out, lse, *args: (lambda dq, dk, dv: (dq, dk * 1.1, dv))(  # noqa: E731
+        *OPS.attention_backward(g, q, k, v, out, lse, *args))
+    ops = type("PlantedAttention", (Planted,), {"attention_backward": staticmethod(wrong_dk)})(OPS.int8_linear)
+    torch.manual_seed(0)
+    check.KernelChecks(ops, "cpu", dump=tmp_path).attention_case((1, 2, 1, 5, 9, 16, 16), torch.float32, "window")
+    rows = {what: ratio for what, ratio, _ in check.replay(torch.load(tmp_path / "000.pt"), OPS)}
+    assert rows["saved output"] > 1
+    assert rows["replayed forward and backward"] <= 1 and rows["replayed backward of the saved forward"] <= 1
+    assert replay.main(["--cpu", str(tmp_path / "000.pt")]) == 0
+    torch.save(dict(torch.load(tmp_path / "000.pt"), ref=torch.load(tmp_path / "000.pt")["ref"] * 1.1),
+               tmp_path / "001.pt")  # a reference no kernel meets: the replay fails too
+    assert replay.main(["--cpu", str(tmp_path / "001.pt")]) == 1
