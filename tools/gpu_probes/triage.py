@@ -19,7 +19,8 @@ Hypotheses and their probes (a probe that cannot run gives the verdict SKIP with
   decode, append  one decode_attention and one kv_cache_append call on CUDA tensors, each in a process of its own,
                   so that a crash is a verdict (and, with gdb on PATH, a native backtrace in DIR/*.log)
   compiled_step   generate(compile=True) of a tiny GPT-2 on CUDA (the AOTInductor package of the decoding step) gives
-                  the eager tokens, in a process of its own likewise
+                  the eager tokens, in a process of its own likewise; compiled_step_weights_in_library the same with
+                  the weights compiled into the package's library
 
 Prints the verdicts as a table and writes DIR/triage.md; exit status 0 when every verdict is OK, 1 otherwise, 2 for
 bad arguments.
@@ -56,15 +57,31 @@ OP_CALLS = {
               "pt.ops.kv_cache_append(kc, vc, kn, kn.clone(), torch.tensor([0, 4], device='cuda'))\n"
               "torch.cuda.synchronize(); ok = torch.equal(kc[1, :, 4:7], kn[1])\n"
               "print(f\"VERDICT append {'OK' if ok else 'FAIL'}: rows written where positions say\")\n",
-    "compiled_step": "import torch, pytransformer as pt\n"
-                     "from pytransformer.models import DecoderLM, gpt2_small\n"
-                     "torch.manual_seed(0)\n"
-                     "m = DecoderLM(gpt2_small(vocab_size=64, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=64,\n"
-                     "                         dropout=0.0)).eval().cuda()\n"
-                     "p = torch.randint(0, 64, (2, 5), device='cuda')\n"
-                     "with torch.no_grad(): ok = torch.equal(m.generate(p, 6, compile=True), m.generate(p, 6))\n"
-                     "print(f\"VERDICT compiled_step {'OK' if ok else 'FAIL'}: AOTInductor step's tokens as eager\")\n",
 }
+
+# generate(compile=True) of a tiny GPT-2 on CUDA against its eager tokens: as shipped (the AOTInductor package compiled
+# in a child process, the weights left out of its library), and with the package compiled in this process with the
+# weights in its library, which tells whether a crash lies in loading a library without them.
+_COMPILED_STEP = ("import torch, tempfile\n"
+                  "from pathlib import Path\n"
+                  "from pytransformer.models import DecoderLM, compiled_step as cs, gpt2_small\n"
+                  "{setup}"
+                  "torch.manual_seed(0)\n"
+                  "m = DecoderLM(gpt2_small(vocab_size=64, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=64,\n"
+                  "                         dropout=0.0)).eval().cuda()\n"
+                  "p = torch.randint(0, 64, (2, 5), device='cuda')\n"
+                  "with torch.no_grad(): ok = torch.equal(m.generate(p, 6, compile=True), m.generate(p, 6))\n"
+                  "print('VERDICT {name} ' + ('OK' if ok else 'FAIL') + ': the compiled step gives the eager "
+                  "tokens')\n")
+_WEIGHTS_IN_LIBRARY = ("def build_here(key, spec):\n"
+                       "    d = Path(tempfile.mkdtemp()); (d / 'spec.pt').write_bytes(spec)\n"
+                       "    cs._compile(str(d / 'spec.pt'), str(d / 'step.pt2')); return d / 'step.pt2'\n"
+                       "cs._build = build_here\n"
+                       "cs._options = lambda device: {'aot_inductor.package_constants_in_so': True,\n"
+                       "                              'size_asserts': False}\n")
+OP_CALLS["compiled_step"] = _COMPILED_STEP.format(setup="", name="compiled_step")
+OP_CALLS["compiled_step_weights_in_library"] = _COMPILED_STEP.format(setup=_WEIGHTS_IN_LIBRARY,
+                                                                     name="compiled_step_weights_in_library")
 
 # The kernels the glue should launch for float16 attention of each head dim (the tensor-core kernels, padded to 8).
 INSTANTIATION_PY = """
@@ -254,7 +271,7 @@ def run_op_probes(t: Triage):
     t.rows.append(("fragments", "test_ptx_layouts", "OK" if rc == 0 else "FAIL", summary))
     run_python(t, "instantiation", "instantiation", ["-c", INSTANTIATION_PY])
     for name, code in OP_CALLS.items():  # the compiled step compiles (Inductor) in a child process first
-        run_python(t, name, name, ["-c", code], t.timeout * (4 if name == "compiled_step" else 1))
+        run_python(t, name, name, ["-c", code], t.timeout * (4 if name.startswith("compiled_step") else 1))
 
 
 def run_host_check(t: Triage, build_dir: Path):
