@@ -629,22 +629,27 @@ def replay(case: dict, ops) -> list[tuple[str, float, float]]:
         return label, row_err(t, ref) / ROW_TOL[dtype], rel_err(t, ref)
     rows = [row("saved output", out)]
     op, part = name.split()[:2]
-    if op == "attention":
-        args = (i.get("mask"), i.get("causal", False), i.get("window"), i.get("key_lengths"), i["scale"])
-        fwd_out, lse = ops.attention(i["q"], i["k"], i["v"], *args)
-        if part == "fwd":
-            rows.append(row("replayed forward", fwd_out))
-        elif part == "bwd":
-            which = ("dq", "dk", "dv").index(name.split()[2])
-            rows.append(row("replayed forward and backward", ops.attention_backward(
-                i["grad_out"], i["q"], i["k"], i["v"], fwd_out, lse, *args)[which]))
-            rows.append(row("replayed backward of the saved forward", ops.attention_backward(
-                i["grad_out"], i["q"], i["k"], i["v"], i["out"], i["lse"], *args)[which]))
-            rows.append(("saved forward output against the replayed one",
-                         row_err(i["out"], fwd_out) / ROW_TOL[dtype], rel_err(i["out"], fwd_out)))
-    elif op == "decode_attention":
-        rows.append(row("replayed", ops.decode_attention(i["q"], i["k"], i["v"], i["lengths"], i["scale"],
-                                                         i["window"])))
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(name.endswith(" deterministic"))  # as check_attention_cases ran it
+    try:
+        if op == "attention":
+            args = (i.get("mask"), i.get("causal", False), i.get("window"), i.get("key_lengths"), i["scale"])
+            fwd_out, lse = ops.attention(i["q"], i["k"], i["v"], *args)
+            if part == "fwd":
+                rows.append(row("replayed forward", fwd_out))
+            elif part == "bwd":
+                which = ("dq", "dk", "dv").index(name.split()[2])
+                rows.append(row("replayed forward and backward", ops.attention_backward(
+                    i["grad_out"], i["q"], i["k"], i["v"], fwd_out, lse, *args)[which]))
+                rows.append(row("replayed backward of the saved forward", ops.attention_backward(
+                    i["grad_out"], i["q"], i["k"], i["v"], i["out"], i["lse"], *args)[which]))
+                rows.append(("saved forward output against the replayed one",
+                             row_err(i["out"], fwd_out) / ROW_TOL[dtype], rel_err(i["out"], fwd_out)))
+        elif op == "decode_attention":
+            rows.append(row("replayed", ops.decode_attention(i["q"], i["k"], i["v"], i["lengths"], i["scale"],
+                                                             i["window"])))
+    finally:
+        torch.use_deterministic_algorithms(was)
     return rows
 
 

@@ -131,3 +131,21 @@ def test_a_saved_case_replays_through_other_kernels(tmp_path):
     torch.save(dict(torch.load(tmp_path / "000.pt"), ref=torch.load(tmp_path / "000.pt")["ref"] * 1.1),
                tmp_path / "001.pt")  # a reference no kernel meets: the replay fails too
     assert replay.main(["--cpu", str(tmp_path / "001.pt")]) == 1
+
+
+def test_a_deterministic_case_replays_in_deterministic_mode():
+    """A case of check_attention_cases' deterministic pass (name ending " deterministic") runs its replay with
+    torch.use_deterministic_algorithms on, as it ran, and leaves the mode as it found it."""
+    seen = []
+
+    class Recording(Planted):
+        def attention(self, *args):
+            seen.append(torch.are_deterministic_algorithms_enabled())
+            return OPS.attention(*args)
+
+    q = torch.randn(1, 1, 3, 8)
+    case = {"name": "attention fwd [1, 1, 1, 3, 3, 8, 8] float32 causal contiguous deterministic", "out": q,
+            "ref": q.double(), "inputs": {"q": q, "k": q, "v": q, "causal": True, "scale": 0.5}}
+    check.replay(case, Recording(OPS.int8_linear))
+    check.replay(dict(case, name=case["name"].removesuffix(" deterministic")), Recording(OPS.int8_linear))
+    assert seen == [True, False] and not torch.are_deterministic_algorithms_enabled()
