@@ -17,6 +17,7 @@ thousands fails. The tests of tests/ops/test_<op>.py run these cases against the
 fixture (tests/conftest.py): the CUDA kernels on a GPU, or the same sources through the host emulator
 (tools/cuda_emulator) on a CPU-only machine; `run` runs them against torch.ops.pytransformer on any device.
 """
+import contextlib
 import itertools
 import math
 import re
@@ -92,6 +93,21 @@ def poison(like: torch.Tensor, count: int = 4) -> None:
     that outputs allocated next start as NaN."""
     bufs = [torch.full((like.numel() * 4 + 256,), 255, dtype=torch.uint8, device=like.device) for _ in range(count)]
     del bufs
+
+
+# The tag of the cases that check_attention_cases runs again in deterministic mode.
+DETERMINISTIC_TAG = " deterministic"
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(on: bool):
+    """torch.use_deterministic_algorithms(on) inside the block, the mode as it was after it."""
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(on)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(was)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor | None = None) -> float:
@@ -219,6 +235,11 @@ def attention_kwargs(kind, b, hq, lq, lk, dtype, device):
         "causal+lengths+bool": {"causal": True, "key_lengths": lengths, "mask": keep},
         "window+float": {"window": 7, "mask": torch.randn(lq, lk, device=device).to(dtype)},
     }[kind]
+
+
+def attention_args(kwargs: dict, scale: float) -> tuple:
+    """The positional mask arguments and scale of ops.attention and its backward, from attention_kwargs' keywords."""
+    return kwargs.get("mask"), kwargs.get("causal", False), kwargs.get("window"), kwargs.get("key_lengths"), scale
 
 
 def attention_operands(shape, dtype, device, layout):
@@ -420,12 +441,8 @@ class KernelChecks:
         for shape, kind, dtype, deterministic in cases:
             self.attention_case(shape, dtype, kind)
             if deterministic:
-                was = torch.are_deterministic_algorithms_enabled()
-                torch.use_deterministic_algorithms(True)
-                try:
-                    self.attention_case(shape, dtype, kind, tag=" deterministic")
-                finally:
-                    torch.use_deterministic_algorithms(was)
+                with deterministic_algorithms(True):
+                    self.attention_case(shape, dtype, kind, tag=DETERMINISTIC_TAG)
 
     def attention_case(self, shape, dtype, kind: str, layout: str = "contiguous", tag: str = "") -> None:
         """One attention case: forward out and lse, backward grad q/k/v, against float64 references."""
@@ -442,8 +459,7 @@ class KernelChecks:
         lse_ref = torch.logsumexp(reference.attention_scores(qr.detach(), kr.detach(), scale=scale,
                                                              **ref_kwargs), -1)
         tag = f"{list(shape)} {str(dtype)[6:]} {kind} {layout}{tag}"
-        args = (kwargs.get("mask"), kwargs.get("causal", False), kwargs.get("window"),
-                kwargs.get("key_lengths"), scale)
+        args = attention_args(kwargs, scale)
         self.inputs = {"q": q, "k": k, "v": v, **kwargs, "scale": scale}
         poison(q)
         out, lse = self.ops.attention(q, k, v, *args)
@@ -629,11 +645,9 @@ def replay(case: dict, ops) -> list[tuple[str, float, float]]:
         return label, row_err(t, ref) / ROW_TOL[dtype], rel_err(t, ref)
     rows = [row("saved output", out)]
     op, part = name.split()[:2]
-    was = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(name.endswith(" deterministic"))  # as check_attention_cases ran it
-    try:
+    with deterministic_algorithms(name.endswith(DETERMINISTIC_TAG)):  # as check_attention_cases ran it
         if op == "attention":
-            args = (i.get("mask"), i.get("causal", False), i.get("window"), i.get("key_lengths"), i["scale"])
+            args = attention_args(i, i["scale"])
             fwd_out, lse = ops.attention(i["q"], i["k"], i["v"], *args)
             if part == "fwd":
                 rows.append(row("replayed forward", fwd_out))
@@ -648,8 +662,6 @@ def replay(case: dict, ops) -> list[tuple[str, float, float]]:
         elif op == "decode_attention":
             rows.append(row("replayed", ops.decode_attention(i["q"], i["k"], i["v"], i["lengths"], i["scale"],
                                                              i["window"])))
-    finally:
-        torch.use_deterministic_algorithms(was)
     return rows
 
 

@@ -95,15 +95,29 @@ def test_planted_errors_fail(planted, expected):
     assert expected <= failed_cases(planted)
 
 
+class WrongDk(Planted):
+    """torch.ops.pytransformer with attention's dK 10% off."""
+
+    def __init__(self):
+        super().__init__(OPS.int8_linear)
+
+    def attention_backward(self, *args):
+        dq, dk, dv = OPS.attention_backward(*args)
+        return dq, dk * 1.1, dv
+
+
+def dump_wrong_dk_case(dump) -> check.KernelChecks:
+    """One windowed attention case with WrongDk, its failures saved under `dump`."""
+    torch.manual_seed(0)
+    checks = check.KernelChecks(WrongDk(), "cpu", dump=dump)
+    checks.attention_case((1, 2, 1, 5, 9, 16, 16), torch.float32, "window")
+    return checks
+
+
 def test_a_failing_attention_case_is_saved_with_what_replays_it(tmp_path):
     """check --dump: a planted wrong dK saves the case (operands, mask arguments, grad_out, out, lse) under the dump
     directory, and the saved operands replay it: the real kernel on them gives the saved reference."""
-    wrong_dk = lambda g, q, k, v, out, lse, *args: (lambda dq, dk, dv: (dq, dk * 1.1, dv))(  # noqa: E731
-        *OPS.attention_backward(g, q, k, v, out, lse, *args))
-    ops = type("PlantedAttention", (Planted,), {"attention_backward": staticmethod(wrong_dk)})(OPS.int8_linear)
-    torch.manual_seed(0)
-    checks = check.KernelChecks(ops, "cpu", dump=tmp_path)
-    checks.attention_case((1, 2, 1, 5, 9, 16, 16), torch.float32, "window")
+    checks = dump_wrong_dk_case(tmp_path)
     assert [f.split(":")[0] for f in checks.failures] == ["attention bwd dk [1, 2, 1, 5, 9, 16, 16] float32 window "
                                                           "contiguous"]
     saved = torch.load(tmp_path / "000.pt")
@@ -119,11 +133,7 @@ def test_a_saved_case_replays_through_other_kernels(tmp_path):
     """tools/cuda_emulator/replay.py --cpu on the planted dK case: the saved output fails, the CPU kernels' replay and
     their backward of the saved forward pass (the fault was the planted backward's, not the forward's)."""
     from tools.cuda_emulator import replay
-    wrong_dk = lambda g, q, k, v, out, lse, *args: (lambda dq, dk, dv: (dq, dk * 1.1, dv))(  # noqa: E731
-        *OPS.attention_backward(g, q, k, v, out, lse, *args))
-    ops = type("PlantedAttention", (Planted,), {"attention_backward": staticmethod(wrong_dk)})(OPS.int8_linear)
-    torch.manual_seed(0)
-    check.KernelChecks(ops, "cpu", dump=tmp_path).attention_case((1, 2, 1, 5, 9, 16, 16), torch.float32, "window")
+    dump_wrong_dk_case(tmp_path)
     rows = {what: ratio for what, ratio, _ in check.replay(torch.load(tmp_path / "000.pt"), OPS)}
     assert rows["saved output"] > 1
     assert rows["replayed forward and backward"] <= 1 and rows["replayed backward of the saved forward"] <= 1
