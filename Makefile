@@ -45,7 +45,7 @@ cuda-emulate: build
 	$(PY) -c "from tools.cuda_emulator import build; build.load()"
 	rm -f $(EMU)/reached-*.json
 	$(EMU_PYTEST) tests/ops/test_attention.py --cuda-reached $(EMU)/reached-attention.json >$(EMU)/attention.log 2>&1 & \
-	$(EMU_PYTEST) tests/ops --ignore=tests/ops/test_attention.py --cuda-reached $(EMU)/reached-others.json; \
+	$(EMU_PYTEST) tests/ops tests/models --ignore=tests/ops/test_attention.py --cuda-reached $(EMU)/reached-others.json; \
 	others=$$?; wait $$!; attention=$$?; cat $(EMU)/attention.log; [ $$others = 0 ] && [ $$attention = 0 ]
 	$(PY) tools/cuda_emulator/coverage.py --check $(EMU)/reached-*.json  # fails on an instantiation no case reached
 

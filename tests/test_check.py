@@ -159,3 +159,22 @@ def test_a_deterministic_case_replays_in_deterministic_mode():
     check.replay(case, Recording(OPS.int8_linear))
     check.replay(dict(case, name=case["name"].removesuffix(" deterministic")), Recording(OPS.int8_linear))
     assert seen == [True, False] and not torch.are_deterministic_algorithms_enabled()
+
+
+def test_row_floor_is_the_rms_of_rows_with_terms():
+    """Rows that are exactly zero in the reference (keys no query sees) do not lower the floor of the row bound: a
+    row that cancels to a tenth of the others, off by 3% of their size (bf16's rounding of the terms it cancels, as
+    the key gradients of an H200 run showed, SDPA's alike), passes bfloat16's bound with 128 zero rows beside it (the
+    tensor's RMS row size, 0.36, would put it at 0.084 > 0.06); a row off by its own size fails."""
+    torch.manual_seed(0)
+    rows = torch.randn(20, 16)
+    rows /= rows.norm(dim=-1, keepdim=True)  # every row of norm 1
+    rows[0] *= 0.1  # a row that cancels
+    ref = torch.cat([rows, torch.zeros(128, 16)]).double()
+    off = torch.zeros_like(ref)
+    off[0, 0] = 0.03
+    floor = ((19 + 0.01) / 20) ** 0.5
+    assert check.row_err(ref + off, ref) == pytest.approx(0.03 / floor, rel=1e-6)
+    assert check.row_err(ref + off, ref) < check.ROW_TOL[torch.bfloat16]
+    off[0, 0], off[5] = 0, -ref[5]
+    assert check.row_err(ref + off, ref) == pytest.approx(1.0)

@@ -23,6 +23,10 @@ model's current tensors into it as its constants. A model's attention windows sp
 specialised), and a capacity that is a window, or below 2, gets a package of that capacity alone. Python attributes
 that the forward reads, such as a config's fields, are compiled as constants: change them and build a new model.
 Every batch size has its own package.
+
+On CUDA the step is not compiled but captured in a CUDA graph (_graphed_step): the same step over the same cache
+tensors, replayed with one launch a token instead of one a kernel. (The AOTInductor package of a CUDA step crashes
+PyTorch 2.11's loader while the library's constructor parses its device string: docs/gpu.md.)
 """
 import copy
 import functools
@@ -209,17 +213,49 @@ def _package(model: nn.Module, inputs: list) -> tuple[_Package, list]:
     return packages[where], list(constants.values())
 
 
+def _capture(run: nn.Module, inputs: list) -> tuple[Callable[[], None], Tensor]:
+    """run(*inputs) captured in a CUDA graph (nothing runs): the graph's replay and its output tensor, which every
+    replay overwrites."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(*inputs)
+    return graph.replay, out
+
+
+def _graphed_step(model: nn.Module, cache: KVCache, capture=_capture) -> Callable[[Tensor], Tensor]:
+    """The CUDA step: its first call runs the step as it is (this token's logits, and the warm-up a capture needs:
+    the kernels loaded, cuBLAS's workspace made) and then captures the same step, which every later call replays
+    with its tokens copied into the captured input. The captured step reads the lengths on the device (KVCache.over),
+    as a compiled one does; the kernels check them there (no host read-back, which a capture forbids)."""
+    run, inputs, replay, out = _Step(model, len(cache.k)), [], None, None
+
+    def step(tok: Tensor) -> Tensor:
+        nonlocal replay, out
+        if replay is not None:
+            inputs[0].copy_(tok)
+            replay()
+            return out.clone()  # the next replay overwrites `out`
+        logits = run(*_inputs(tok, cache))
+        inputs.extend(_inputs(tok.clone(), cache))
+        replay, out = capture(run, inputs)
+        return logits
+    return step
+
+
 def compiled_step(model: nn.Module, cache: KVCache) -> Callable[[Tensor], Tensor]:
     """decode_step(model, tok, cache) as one compiled library (see the module's docstring): the returned step(tok)
     loads or compiles the package for this model structure, batch and capacity on its first call (tens of seconds
     when compiled; Inductor needs a C++ compiler on the CPU), and from then on runs it directly with the same cache
-    tensors and tokens of tok's shape. The cache's host-side length bound is dropped, as the compiled kernels read
-    the lengths (KVCache). A cache with cross-attention entries is a ValueError: its tensors would be constants."""
+    tensors and tokens of tok's shape. On CUDA it captures the step in a CUDA graph instead (_graphed_step). The
+    cache's host-side length bound is dropped, as the compiled kernels read the lengths (KVCache). A cache with
+    cross-attention entries is a ValueError: its tensors would be constants."""
     if cache.cross_k is not None:
         raise ValueError("cache: compiled_step takes a self-attention cache (no cross-attention entries)")
     if not all(t.is_contiguous() for t in _inputs(cache.lengths, cache)):
         raise ValueError("cache: compiled_step takes contiguous cache tensors (as KVCache makes them)")
     cache.max_length = None
+    if cache.lengths.is_cuda:
+        return _graphed_step(model, cache)
     inputs, run, constants = [], None, []
 
     def step(tok: Tensor) -> Tensor:

@@ -87,6 +87,7 @@ class DecoderLM(nn.Module):
         library compiled ahead of time by AOTInductor in a child process (models/compiled_step.py): the first call
         for a model structure and batch size compiles it (tens of seconds) into $PYTRANSFORMER_CACHE (default
         ~/.cache/pytransformer); later calls, and later processes, load it for any prompt length and max_new_tokens.
+        On CUDA it captures the step in a CUDA graph instead, replayed for every token.
         cache_dtype: the KV cache's float dtype (default the model's); attention then runs in it (KVCache): a 16-bit
         cache holds a float32 or int8 model's keys and values in half the memory."""
         check_generate_args(max_new_tokens, beam_size, do_sample, temperature, top_k, top_p, cache_dtype=cache_dtype,

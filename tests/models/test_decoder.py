@@ -1,6 +1,8 @@
 """DecoderLM: cached generation equals uncached (every norm, GQA, rotary/window), padded prompts, sampling, beam
 search, GPT-2 import, torch.compile of a training step and of a cached decode step."""
 
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -219,6 +221,56 @@ def test_generate_on_cuda_equals_cpu(overrides):
     for kwargs in (dict(compile=True), dict(cache_dtype=torch.bfloat16, compile=True)):
         eager = {k: v for k, v in kwargs.items() if k != "compile"}
         assert torch.equal(gpu.generate(prompt.cuda(), 9, **kwargs), gpu.generate(prompt.cuda(), 9, **eager)), kwargs
+
+
+def emulated_capture(emu):
+    """compiled_step._capture as the host emulator can play it: the capture leaves the inputs as they were (a real
+    one runs nothing), and each replay runs the step with the emulated glue capturing (the kernels check the
+    lengths themselves; the emulator counts any stream synchronisation, which a capture forbids) into the captured
+    output."""
+    def capture(run, inputs):
+        saved = [t.clone() for t in inputs]
+        emu.set_capturing(True)
+        try:
+            out = run(*inputs)
+        finally:
+            emu.set_capturing(False)
+        for t, before in zip(inputs, saved):
+            t.copy_(before)
+
+        def replay():
+            emu.set_capturing(True)
+            try:
+                out.copy_(run(*inputs))
+            finally:
+                emu.set_capturing(False)
+        return replay, out
+    return capture
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kwargs", [dict(), dict(beam_size=2), dict(window=4)], ids=["greedy", "beam", "rolling"])
+@torch.no_grad()
+def test_cuda_graphed_step_gives_eager_tokens(emu, monkeypatch, kwargs):
+    """On CUDA, compile=True captures the decoding step in a CUDA graph (compiled_step._graphed_step): played on the
+    emulated glue, the first step runs as it is, reading the lengths back (two layers, append and decode each; none
+    for a rolling cache), and every replay reads nothing back; the tokens are eager decoding's, through beam search's in-place reordering of
+    the captured cache rows and a rolling cache's wrap."""
+    from pytransformer.models import compiled_step
+    window = kwargs.pop("window", None)
+    model = DecoderLM(gpt2_small(n_layers=2, d_model=32, n_heads=4, vocab_size=50, window=window, dropout=0.0)).eval()
+    prompt = torch.randint(0, 50, (2, 5))
+    expected = model.generate(prompt, 8, **kwargs)
+    for op in ("kv_cache_append", "decode_attention"):
+        monkeypatch.setattr(sys.modules[f"pytransformer.ops.{op}"], "_ops", emu)
+
+    def graphed(model, cache):
+        cache.max_length = None  # as compiled_step drops it
+        return compiled_step._graphed_step(model, cache, emulated_capture(emu))
+    monkeypatch.setattr(decoder, "compiled_step", graphed)
+    emu.synchronizations()
+    assert torch.equal(model.generate(prompt, 8, compile=True, **kwargs), expected)
+    assert emu.synchronizations() == (2 * 2 if window is None else 0)  # a rolling cache's rows always fit
 
 
 @torch.no_grad()
