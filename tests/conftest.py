@@ -16,6 +16,7 @@ os.environ.setdefault("PYTRANSFORMER_CUDA_HALF_ATTENTION", "1")
 # Compiled decoding steps (models/compiled_step.py) are compiled afresh, into a directory of this run's own.
 os.environ.setdefault("PYTRANSFORMER_CACHE", tempfile.mkdtemp(prefix="pytransformer-tests-"))
 from pytransformer.check import KernelChecks
+from tests.helpers import emulated_capturing
 
 
 def pytest_addoption(parser):
@@ -130,11 +131,8 @@ class KernelTarget:
     def captured(self, fn):
         """fn() as it runs while a stream is captured into a CUDA graph (on the GPU: captured, then replayed once)."""
         if self.emulated:
-            self.ops.set_capturing(True)
-            try:
+            with emulated_capturing(self.ops):
                 return fn()
-            finally:
-                self.ops.set_capturing(False)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = fn()

@@ -1,10 +1,12 @@
 """Helpers shared by the test files: tolerances, runs under a capped CPU ISA level, compiled-training checks."""
+import contextlib
 import os
 import subprocess
 import sys
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import pytransformer as pt
 
@@ -62,6 +64,29 @@ def cuda_only(test):
     for mark in marks:
         test = mark(test)
     return test
+
+
+class _NoHostData(TorchDispatchMode):
+    """A tensor made from host data (torch.tensor / torch.as_tensor of Python values) raises RuntimeError."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.lift_fresh.default:
+            raise RuntimeError("a tensor made from host data inside a CUDA graph capture: on a GPU a host-to-device "
+                               "copy, which a capture refuses")
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def emulated_capturing(emu):
+    """A CUDA graph capture as the host emulator plays it (`emu`, its op namespace): the emulated glue sees a capturing
+    stream, so its kernels check the lengths themselves, and a tensor made from host data, which on a GPU is a
+    host-to-device copy that a capture refuses, raises RuntimeError."""
+    emu.set_capturing(True)
+    try:
+        with _NoHostData():
+            yield
+    finally:
+        emu.set_capturing(False)
 
 
 def captured_in_cuda_graph(fn):

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import pytransformer
 from pytransformer import quantize
 from pytransformer.models import DecoderLM, decoder, gpt2_small
-from tests.helpers import assert_compiled_training_step_matches
+from tests.helpers import assert_compiled_training_step_matches, emulated_capturing
 
 V = 64
 
@@ -225,25 +225,18 @@ def test_generate_on_cuda_equals_cpu(overrides):
 
 def emulated_capture(emu):
     """compiled_step._capture as the host emulator can play it: the capture leaves the inputs as they were (a real
-    one runs nothing), and each replay runs the step with the emulated glue capturing (the kernels check the
-    lengths themselves; the emulator counts any stream synchronisation, which a capture forbids) into the captured
-    output."""
+    one runs nothing), and each replay runs the step into the captured output, capturing as emulated_capturing plays
+    it (the emulator also counts any stream synchronisation, which a capture forbids)."""
     def capture(run, inputs):
         saved = [t.clone() for t in inputs]
-        emu.set_capturing(True)
-        try:
+        with emulated_capturing(emu):
             out = run(*inputs)
-        finally:
-            emu.set_capturing(False)
         for t, before in zip(inputs, saved):
             t.copy_(before)
 
         def replay():
-            emu.set_capturing(True)
-            try:
+            with emulated_capturing(emu):
                 out.copy_(run(*inputs))
-            finally:
-                emu.set_capturing(False)
         return replay, out
     return capture
 
