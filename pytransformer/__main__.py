@@ -142,6 +142,8 @@ def parser() -> argparse.ArgumentParser:
     ops = _check_ops()
     check.add_argument("--op", action="append", choices=ops, metavar="OP",
                        help=f"check only this op (repeatable; default: all of {', '.join(ops)})")
+    check.add_argument("--dtype", action="append", choices=["float32", "float16", "bfloat16"], metavar="DTYPE",
+                       help="check only this dtype's cases (repeatable; default: float32, float16 and bfloat16)")
     check.add_argument("--dump", type=Path, metavar="DIR",
                        help="save each failing comparison (its operands, output and float64 reference) as DIR/NNN.pt")
     return p
@@ -200,10 +202,13 @@ def main(argv=None) -> int:
             print(f"python -m pytransformer generate: error: {message}", file=sys.stderr)
             return 2
     elif args.command == "check":
+        import torch
+
         from . import check
         device = args.device or _default_device()
-        checks = check.run(device, quick=args.quick, ops=args.op, dump=args.dump)
-        what = f" ({', '.join(args.op)})" if args.op else ""
+        dtypes = [getattr(torch, d) for d in args.dtype] if args.dtype else None
+        checks = check.run(device, quick=args.quick, ops=args.op, dump=args.dump, dtypes=dtypes)
+        what = f" ({', '.join((args.op or []) + (args.dtype or []))})" if args.op or args.dtype else ""
         print(f"pytransformer check on {device}{' (quick)' if args.quick else ''}{what}\n\n{check.table(checks)}")
         if checks.failures:
             print(f"\n{len(checks.failures)} failures:\n" + "\n".join(checks.failures[:50]))

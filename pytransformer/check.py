@@ -274,8 +274,9 @@ class KernelChecks:
     of `device`, the kernels being those of `kernel_device` (default `device`; "cuda" for the emulator's, which run on
     CPU tensors); the names of failed cases collect in `failures`."""
 
-    def __init__(self, ops, device: str, kernel_device: str | None = None, dump: Path | None = None):
+    def __init__(self, ops, device: str, kernel_device: str | None = None, dump: Path | None = None, dtypes=None):
         self.ops, self.device, self.kernel_device, self.failures = ops, device, kernel_device or device, []
+        self.dtypes = list(DTYPES if dtypes is None else dtypes)  # the dtypes whose cases run
         self.stats = {}  # (op, dtype) -> [cases, failed, worst row error / its bound]
         # dump: where a failing comparison saves its case (see save_case); inputs: the case at hand's operands, set
         # by the cases that record them (attention, decode_attention)
@@ -318,7 +319,7 @@ class KernelChecks:
         self.record(name, ok, ratio)
 
     def check_norms(self, shapes) -> None:
-        device, dtypes = self.device, DTYPES
+        device, dtypes = self.device, self.dtypes
         for rows, n in shapes:
             for dtype in dtypes:
                 for variant in ("affine", "plain", "misaligned"):
@@ -370,7 +371,7 @@ class KernelChecks:
                         self.check(f"rms_norm bwd dw {tag}", dw, grads[1], dtype)
 
     def check_softmax(self, shapes) -> None:
-        device, dtypes = self.device, DTYPES
+        device, dtypes = self.device, self.dtypes
         for shape in shapes:
             for dtype in dtypes:
                 for causal, lq_shift in ((False, 0), (True, 0), (True, 3)):
@@ -419,7 +420,7 @@ class KernelChecks:
         self.check(name, out[~empty], ref[~empty], torch.float32)
 
     def check_attention(self, shapes) -> None:
-        device, dtypes = self.device, DTYPES
+        device, dtypes = self.device, self.dtypes
         if shapes is ATTENTION_SHAPES_QUICK:
             cases = [(kind, "contiguous") for kind in ATTENTION_MASKS] + ATTENTION_LAYOUT_CASES_QUICK
         else:
@@ -440,7 +441,7 @@ class KernelChecks:
     def check_attention_cases(self, cases) -> None:
         """ATTENTION_TILE_CASES-like (shape, mask, dtype, deterministic too): forward and backward; the backward again
         in deterministic mode (the dQ kernel without atomics) where marked."""
-        for shape, kind, dtype, deterministic in cases:
+        for shape, kind, dtype, deterministic in (c for c in cases if c[2] in self.dtypes):
             self.attention_case(shape, dtype, kind)
             if deterministic:
                 with deterministic_algorithms(True):
@@ -483,7 +484,7 @@ class KernelChecks:
 
     def check_kv_cache(self, shapes) -> None:
         """kv_cache_append: bit-exact against slice assignment; other cache rows untouched."""
-        device, dtypes = self.device, DTYPES
+        device, dtypes = self.device, self.dtypes
         for b, hkv, t, d, dv, cap in shapes:
             for dtype in dtypes:
                 k0, v0 = (torch.randn(b, hkv, cap, e, dtype=torch.float64).to(device, dtype) for e in (d, dv))
@@ -501,7 +502,7 @@ class KernelChecks:
 
     def check_decode(self, shapes) -> None:
         """decode_attention against float64 references, with a full row, an unused row (length 0) and random lengths."""
-        device, dtypes = self.device, DTYPES
+        device, dtypes = self.device, self.dtypes
         for b, hq, hkv, t, d, dv, cap, window in shapes:
             for dtype in dtypes:
                 q = torch.randn(b, hq, t, d, dtype=torch.float64).to(device, dtype)
@@ -593,7 +594,7 @@ class KernelChecks:
             self.failures.append("kv_cache_append: a row past a broken max_position was not skipped")
 
     def check_int8_linear(self, shapes) -> None:
-        device, dtypes = self.device, DTYPES
+        device, dtypes = self.device, self.dtypes
         for m, k, n in shapes:
             for dtype in dtypes:
                 for variant in ("bias", "plain", "misaligned", "x8"):
@@ -620,7 +621,7 @@ class KernelChecks:
                     self.check(f"int8_linear [M {m}, K {k}, N {n}] {str(dtype)[6:]} {variant}", out, ref, dtype, terms)
 
     def check_linear(self, shapes) -> None:
-        for (m, k, n), dtype, variant in itertools.product(shapes, DTYPES, ("bias", "plain", "misaligned")):
+        for (m, k, n), dtype, variant in itertools.product(shapes, self.dtypes, ("bias", "plain", "misaligned")):
             # "misaligned": x, weight and bias each one element past a 16-byte boundary; "plain": no bias.
             x, weight, bias = (torch.randn(*shape, dtype=torch.float64).to(self.device, dtype)
                                for shape in ((m, k), (n, k), (n,)))
@@ -683,11 +684,12 @@ OPS = {
 }
 
 
-def run(device: str, quick: bool = False, ops=None, dump: Path | None = None) -> KernelChecks:
-    """The cases of every op, or of the ops named in `ops` (keys of OPS), against torch.ops.pytransformer on `device`
-    (the quick shape lists with `quick`), from a fixed seed; each failing comparison saved under `dump` if given."""
+def run(device: str, quick: bool = False, ops=None, dump: Path | None = None, dtypes=None) -> KernelChecks:
+    """The cases of every op, or of the ops named in `ops` (keys of OPS), in every dtype or those in `dtypes`, against
+    torch.ops.pytransformer on `device` (the quick shape lists with `quick`), from a fixed seed (so a subset's cases
+    draw other inputs than the same cases in a full run); each failing comparison saved under `dump` if given."""
     torch.manual_seed(0)
-    checks = KernelChecks(torch.ops.pytransformer, device, dump=dump)
+    checks = KernelChecks(torch.ops.pytransformer, device, dump=dump, dtypes=dtypes)
     pick = (lambda short, full: short if quick else full)  # noqa: E731
     for op, cases in OPS.items():
         if ops is None or op in ops:

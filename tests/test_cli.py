@@ -149,6 +149,19 @@ def test_check_prints_the_table_and_fails_on_a_wrong_row(capsys, monkeypatch, tm
     assert saved["name"] == "attention fwd bfloat16 planted" and saved["out"].shape == (4096, 64)
 
 
+def test_check_of_one_dtype(capsys):
+    """--dtype runs only that dtype's cases, the attention tile cases included (which name their own dtypes); an
+    unknown dtype is a usage error."""
+    assert main(["check", "--device", "cpu", "--quick", "--op", "kv_cache_append", "--op", "attention",
+                 "--dtype", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    rows = re.findall(r"^\| (\w+) \| (float32|float16|bfloat16) \|", out, re.M)
+    assert {op for op, _ in rows} == {"kv_cache_append", "attention"} and {dt for _, dt in rows} == {"bfloat16"}
+    with pytest.raises(SystemExit) as e:
+        main(["check", "--device", "cpu", "--dtype", "half"])
+    assert e.value.code == 2 and "bfloat16" in capsys.readouterr().err
+
+
 def test_check_of_one_op(capsys):
     """--op runs only the named op's cases (here the real ones, quick list) and ends with the count that passed; an
     unknown op is a usage error."""
