@@ -112,7 +112,7 @@ def test_without_matplotlib_bench_plot_fails_with_the_install_hint(tmp_path, cap
     assert e.value.code == 2 and "pytransformer[plot]" in capsys.readouterr().err
 
 
-def _few_cases(device, quick=False, ops=None, dump=None):
+def _few_cases(device, quick=False, ops=None, dump=None, dtypes=None):
     """check.run on a few of the cases (the full CPU run is minutes; the GPU run is what the command is for)."""
     from pytransformer import check
     checks = check.KernelChecks(torch.ops.pytransformer, device)
@@ -131,7 +131,7 @@ def test_check_prints_the_table_and_fails_on_a_wrong_row(capsys, monkeypatch, tm
     assert re.search(r"\| kv_cache_append \| float32 \| 3 \| 0.000 \| 0 \| pass \|", out)
 
     # One wrong row among many: within the whole-tensor tolerance, caught row by row, exit status 1.
-    def one_wrong_row(device, quick=False, ops=None, dump=None):
+    def one_wrong_row(device, quick=False, ops=None, dump=None, dtypes=None):
         checks = check.KernelChecks(torch.ops.pytransformer, device, dump=dump)
         ref = torch.randn(4096, 64, dtype=torch.float64)
         out = ref.to(torch.bfloat16)
