@@ -213,20 +213,27 @@ def _package(model: nn.Module, inputs: list) -> tuple[_Package, list]:
     return packages[where], list(constants.values())
 
 
-def _capture(run: nn.Module, inputs: list) -> tuple[Callable[[], None], Tensor]:
-    """run(*inputs) captured in a CUDA graph (nothing runs): the graph's replay and its output tensor, which every
-    replay overwrites."""
+def _capture(run: nn.Module, first: list, inputs: list) -> tuple[Tensor, Callable[[], None], Tensor]:
+    """run(*first) on a side stream, this token's step and the warm-up that a capture needs on its stream (kernels
+    loaded, cuBLAS's workspace for that stream made), then run(*inputs) captured in a CUDA graph on that stream
+    (nothing runs): the first step's logits, the graph's replay, and its output tensor, which every replay
+    overwrites."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        logits = run(*first)
+    torch.cuda.current_stream().wait_stream(stream)
+    logits.record_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         out = run(*inputs)
-    return graph.replay, out
+    return logits, graph.replay, out
 
 
 def _graphed_step(model: nn.Module, cache: KVCache, capture=_capture) -> Callable[[Tensor], Tensor]:
-    """The CUDA step: its first call runs the step as it is (this token's logits, and the warm-up a capture needs:
-    the kernels loaded, cuBLAS's workspace made) and then captures the same step, which every later call replays
-    with its tokens copied into the captured input. The captured step reads the lengths on the device (KVCache.over),
-    as a compiled one does; the kernels check them there (no host read-back, which a capture forbids)."""
+    """The CUDA step: its first call runs the step and captures it (_capture), and every later call replays the
+    graph with its tokens copied into the captured input. The captured step reads the lengths on the device
+    (KVCache.over), as a compiled one does, and the kernels check them there (a capture allows no host read-back)."""
     run, inputs, replay, out = _Step(model, len(cache.k)), [], None, None
 
     def step(tok: Tensor) -> Tensor:
@@ -235,9 +242,8 @@ def _graphed_step(model: nn.Module, cache: KVCache, capture=_capture) -> Callabl
             inputs[0].copy_(tok)
             replay()
             return out.clone()  # the next replay overwrites `out`
-        logits = run(*_inputs(tok, cache))
         inputs.extend(_inputs(tok.clone(), cache))
-        replay, out = capture(run, inputs)
+        logits, replay, out = capture(run, _inputs(tok, cache), inputs)
         return logits
     return step
 

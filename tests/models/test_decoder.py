@@ -224,10 +224,11 @@ def test_generate_on_cuda_equals_cpu(overrides):
 
 
 def emulated_capture(emu):
-    """compiled_step._capture as the host emulator can play it: the capture leaves the inputs as they were (a real
-    one runs nothing), and each replay runs the step into the captured output, capturing as emulated_capturing plays
-    it (the emulator also counts any stream synchronisation, which a capture forbids)."""
-    def capture(run, inputs):
+    """compiled_step._capture as the host emulator can play it: the first step runs as it is, the capture leaves the
+    inputs as they were (a real one runs nothing), and each replay runs the step into the captured output, capturing
+    as emulated_capturing plays it (the emulator also counts any stream synchronisation, which a capture forbids)."""
+    def capture(run, first, inputs):
+        logits = run(*first)
         saved = [t.clone() for t in inputs]
         with emulated_capturing(emu):
             out = run(*inputs)
@@ -237,7 +238,7 @@ def emulated_capture(emu):
         def replay():
             with emulated_capturing(emu):
                 out.copy_(run(*inputs))
-        return replay, out
+        return logits, replay, out
     return capture
 
 
@@ -247,8 +248,8 @@ def emulated_capture(emu):
 def test_cuda_graphed_step_gives_eager_tokens(emu, monkeypatch, kwargs):
     """On CUDA, compile=True captures the decoding step in a CUDA graph (compiled_step._graphed_step): played on the
     emulated glue, the first step runs as it is, reading the lengths back (two layers, append and decode each; none
-    for a rolling cache), and every replay reads nothing back; the tokens are eager decoding's, through beam search's in-place reordering of
-    the captured cache rows and a rolling cache's wrap."""
+    for a rolling cache), and every replay reads nothing back; the tokens are eager decoding's, through beam search's
+    in-place reordering of the captured cache rows and a rolling cache's wrap."""
     from pytransformer.models import compiled_step
     window = kwargs.pop("window", None)
     model = DecoderLM(gpt2_small(n_layers=2, d_model=32, n_heads=4, vocab_size=50, window=window, dropout=0.0)).eval()
