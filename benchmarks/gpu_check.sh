@@ -6,7 +6,7 @@ set -u
 
 usage() {
   cat <<'EOF'
-usage: bash benchmarks/gpu_check.sh [--out DIR] [--timeout SECONDS] [--probes DIR] [STEP ...]
+usage: bash benchmarks/gpu_check.sh [--out DIR] [--timeout SECONDS] [--probes DIR] [--op OP ...] [STEP ...]
 
 Builds pytransformer with its CUDA kernels and checks them on this machine's GPU. Run it from a checkout of the
 repository, with a CUDA build of torch, nvcc and pytest installed (compute-sanitizer for the sanitizer steps).
@@ -48,6 +48,8 @@ Options:
                          ignores); created if needed
   -t, --timeout SECONDS  stop a step that runs longer than SECONDS (default 0: no limit)
   -p, --probes DIR       standalone probe executables that the triage step runs first (each prints its own result)
+  --op OP                only this op's cases in the check and sanitizer steps (repeatable; default: every op of
+                         python -m pytransformer check)
   -h, --help             print this help and exit
 
 Environment:
@@ -71,7 +73,8 @@ SANITIZER_TOOLS=(memcheck racecheck synccheck initcheck)
 
 bad_usage() {
   echo "gpu_check.sh: $1" >&2
-  echo "usage: bash benchmarks/gpu_check.sh [--out DIR] [--timeout SECONDS] [--probes DIR] [STEP ...]  (--help for more)" >&2
+  echo "usage: bash benchmarks/gpu_check.sh [--out DIR] [--timeout SECONDS] [--probes DIR] [--op OP ...] [STEP ...]" \
+    "(--help for more)" >&2
   exit 2
 }
 
@@ -85,6 +88,7 @@ DIR_ARG=""
 PROBES_ARG=""
 TIMEOUT=0
 REQUESTED=()
+OPS_ARG=()
 while [ $# -gt 0 ]; do
   case $1 in
     -h | --help) usage; exit 0 ;;
@@ -115,6 +119,16 @@ while [ $# -gt 0 ]; do
     --probes=*)
       PROBES_ARG=${1#--probes=}
       [ -n "$PROBES_ARG" ] || bad_usage "--probes needs a directory"
+      shift
+      ;;
+    --op)
+      [ $# -ge 2 ] && [ -n "$2" ] || bad_usage "$1 needs an op"
+      OPS_ARG+=("$2")
+      shift 2
+      ;;
+    --op=*)
+      OPS_ARG+=("${1#--op=}")
+      [ -n "${1#--op=}" ] || bad_usage "--op needs an op"
       shift
       ;;
     --)
@@ -163,6 +177,19 @@ LOG_DIR=$(cd "$LOG_DIR" && pwd)
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON=$ROOT/.venv/bin/python; else PYTHON=python3; fi
 fi
+# The ops of `python -m pytransformer check` (pytransformer/check.py's OPS), one a line: those of --op if given.
+all_ops() {
+  "$PYTHON" -c "from pytransformer.check import OPS; print(*OPS, sep='\n')"
+}
+check_ops() {
+  if [ ${#OPS_ARG[@]} -gt 0 ]; then printf '%s\n' "${OPS_ARG[@]}"; else all_ops; fi
+}
+# --op checked here where the package imports (before a build it may not: the check steps then refuse a bad one).
+if [ ${#OPS_ARG[@]} -gt 0 ] && known_ops=$(all_ops 2>/dev/null); then
+  for op in "${OPS_ARG[@]}"; do
+    grep -qx -- "$op" <<< "$known_ops" || bad_usage "unknown op: $op (ops: $(tr '\n' ' ' <<< "$known_ops"))"
+  done
+fi
 # CUDA_HOME, when unset: the first of (the toolkit of the nvcc on PATH, links resolved; /usr/local/cuda) that has
 # lib64/libcudart.so. torch.utils.cpp_extension would take the directory above `which nvcc`, and a wrapper script
 # such as /usr/local/bin/nvcc would then send the link step to /usr/local/lib64, where libcudart is not.
@@ -204,7 +231,9 @@ fi
   echo "- CUDA_HOME: ${CUDA_HOME:-unset}; TORCH_CUDA_ARCH_LIST: $TORCH_CUDA_ARCH_LIST"
   timeout_arg=""
   [ "$TIMEOUT" -eq 0 ] || timeout_arg=" --timeout $TIMEOUT"
-  echo "- command: bash benchmarks/gpu_check.sh --out $LOG_DIR$timeout_arg ${REQUESTED[*]}"
+  op_args=""
+  for op in ${OPS_ARG[@]+"${OPS_ARG[@]}"}; do op_args="$op_args --op $op"; done
+  echo "- command: bash benchmarks/gpu_check.sh --out $LOG_DIR$timeout_arg$op_args ${REQUESTED[*]}"
   echo
   echo "| step | result | seconds | log |"
   echo "|---|---|---|---|"
@@ -252,11 +281,6 @@ have_cuda_build() {
     fi
   fi
   [ "$BUILD_STATE" = ok ]
-}
-
-# The ops of `python -m pytransformer check` (pytransformer/check.py's OPS), one a line.
-check_ops() {
-  "$PYTHON" -c "from pytransformer.check import OPS; print(*OPS, sep='\n')"
 }
 
 # check_op STEP OP [PREFIX...]: the op's quick kernel cases on the GPU as step STEP, run through PREFIX (a sanitizer).

@@ -28,6 +28,8 @@ def test_gpu_check_help_lists_the_triage_step_and_its_option():
     (["--probes", "/nonexistent/probes", "triage"], "--probes: not a directory"),
     (["--probes=", "triage"], "--probes needs a directory"),
     (["triage", "nosuchstep"], "unknown step: nosuchstep"),
+    (["--op", "softmax", "check"], "unknown op: softmax (ops: norm masked_softmax"),
+    (["--op"], "--op needs an op"),
 ])
 def test_gpu_check_rejects_bad_arguments(args, message, tmp_path):
     res = gpu_check("--out", str(tmp_path), *args)
@@ -123,3 +125,10 @@ def test_check_host_objects_without_a_build_finds_no_objects(tmp_path, capsys):
     from tools import check_host_objects
     assert check_host_objects.main([str(tmp_path / "build")]) == 2
     assert "no object files" in capsys.readouterr().err
+
+
+def test_gpu_check_records_its_ops(tmp_path):
+    """--op is part of the recorded command; without a CUDA build the check step is skipped, which fails the run."""
+    res = gpu_check("--out", str(tmp_path), "--op", "norm", "--op=attention", "check")
+    summary = (tmp_path / "summary.md").read_text()
+    assert res.returncode == 1 and "--op norm --op attention check" in summary and "| check | skipped:" in summary
