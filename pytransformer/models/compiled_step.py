@@ -218,15 +218,16 @@ def _capture(run: nn.Module, first: list, inputs: list) -> tuple[Tensor, Callabl
     loaded, cuBLAS's workspace for that stream made), then run(*inputs) captured in a CUDA graph on that stream
     (nothing runs): the first step's logits, the graph's replay, and its output tensor, which every replay
     overwrites."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        logits = run(*first)
-    torch.cuda.current_stream().wait_stream(stream)
-    logits.record_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        out = run(*inputs)
+    with torch.cuda.device(first[0].device):  # the model's GPU, whichever is current
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            logits = run(*first)
+        torch.cuda.current_stream().wait_stream(stream)
+        logits.record_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out = run(*inputs)
     return logits, graph.replay, out
 
 
