@@ -210,7 +210,7 @@ def test_generate_compiled_equals_eager():
 def test_generate_on_cuda_equals_cpu(overrides):
     """Greedy float32 generation of a GPT-2- and a Llama-shaped model on the GPU gives the CPU's tokens: a batch and a
     padded batch (prefill chunks through the tiled kernel, then decode_attention), and beam search; the compiled step
-    (AOTInductor on CUDA) and a bfloat16 cache give the GPU's own eager tokens."""
+    (a CUDA graph on CUDA), with a bfloat16 cache and with beam search, gives the GPU's own eager tokens."""
     model = tiny(**overrides)
     gpu = tiny(**overrides).cuda()
     prompt, lengths = torch.randint(0, V, (3, 7)), torch.tensor([7, 3, 5])
@@ -218,7 +218,7 @@ def test_generate_on_cuda_equals_cpu(overrides):
     for kwargs in runs:
         on_gpu = {k: v.cuda() if torch.is_tensor(v) else v for k, v in kwargs.items()}
         assert torch.equal(gpu.generate(prompt.cuda(), 9, **on_gpu).cpu(), model.generate(prompt, 9, **kwargs)), kwargs
-    for kwargs in (dict(compile=True), dict(cache_dtype=torch.bfloat16, compile=True)):
+    for kwargs in (dict(compile=True), dict(cache_dtype=torch.bfloat16, compile=True), dict(beam_size=2, compile=True)):
         eager = {k: v for k, v in kwargs.items() if k != "compile"}
         assert torch.equal(gpu.generate(prompt.cuda(), 9, **kwargs), gpu.generate(prompt.cuda(), 9, **eager)), kwargs
 
