@@ -325,8 +325,9 @@ def measure(calls: dict, dtype, folder: Path, device, batch_sizes, prompt_len, v
 
 
 def engines(device, dtype: str, uncached: bool, model: str) -> list[str]:
-    """The engines to time in `dtype`: ours, eager and with each decoding step compiled (generate(compile=True); the
-    warm-up call compiles it) (and ours without the KV cache; int8 also ours with x quantized to 8 bits),
+    """The engines to time in `dtype`: ours, eager and with each decoding step compiled (generate(compile=True); on
+    the CPU the warm-up call compiles it, on CUDA every call captures it in a CUDA graph) (and ours without the KV
+    cache; int8 also ours with x quantized to 8 bits),
     Hugging Face's, and on the CPU when their packages are installed CTranslate2's and, for the Llama models,
     llama.cpp's in each of its GGUF types for `dtype` ("llama.cpp f32", ...)."""
     names = ["ours", "ours, compiled"] + (["ours, no cache"] if uncached else [])
