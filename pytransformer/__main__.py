@@ -208,8 +208,9 @@ def main(argv=None) -> int:
         device = args.device or _default_device()
         dtypes = [getattr(torch, d) for d in args.dtype] if args.dtype else None
         checks = check.run(device, quick=args.quick, ops=args.op, dump=args.dump, dtypes=dtypes)
-        what = f" ({', '.join((args.op or []) + (args.dtype or []))})" if args.op or args.dtype else ""
-        print(f"pytransformer check on {device}{' (quick)' if args.quick else ''}{what}\n\n{check.table(checks)}")
+        what = ", ".join((args.op or []) + (args.dtype or []))
+        print(f"pytransformer check on {device}{' (quick)' if args.quick else ''}{f' ({what})' if what else ''}\n\n"
+              f"{check.table(checks)}")
         if checks.failures:
             print(f"\n{len(checks.failures)} failures:\n" + "\n".join(checks.failures[:50]))
             if args.dump:

@@ -137,7 +137,8 @@ def row_err(out: torch.Tensor, ref: torch.Tensor, magnitude: torch.Tensor | None
     width = ref.shape[-1] if ref.dim() else 1
     diff, mag = (out - ref).reshape(-1, width), magnitude.reshape(-1, width)
     norms = mag.norm(dim=-1)
-    floor = norms[norms > 0].square().mean().sqrt() if bool((norms > 0).any()) else norms.new_zeros(())
+    held = norms[norms > 0]
+    floor = held.square().mean().sqrt() if held.numel() else norms.new_zeros(())
     return (diff.norm(dim=-1) / torch.maximum(norms, floor).clamp_min(1e-30)).max().item()
 
 
