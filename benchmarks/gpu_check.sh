@@ -36,12 +36,11 @@ Steps (default: env build triage ptx check test sanitizers bandwidth bench):
               compute-sanitizer --tool TOOL over each op's kernel cases as in `check` (steps TOOL_OP), with
               PyTorch's caching allocator off so that every allocation has its exact size
   bandwidth   the device-to-device copy bandwidth (2 GiB), the ceiling of the memory-bound kernels
-  bench       the op benchmarks on CUDA (norms, masked_softmax, attention, decode, append, int8), each recorded as DIR/bench_*.md
+  bench       the op benchmarks on CUDA (norms, masked_softmax, attention, decode, append, int8) and generation (a
+              Llama shape against Hugging Face, needs transformers), each recorded as DIR/bench_*.md
   alltests    the whole test suite, CPU and CUDA: python -m pytest tests -q (not in the default list)
 
-The check, test and sanitizer steps set PYTRANSFORMER_CUDA_HALF_ATTENTION=1, so that float16/bfloat16 attention runs
-its own kernels (by default those calls run the float32 kernels: see the README), and every step runs with
-PYTHONFAULTHANDLER=1, so that a crashed process prints its Python frames.
+Every step runs with PYTHONFAULTHANDLER=1, so that a crashed process prints its Python frames.
 
 Options:
   -o, --out DIR          where logs and records go (default: gpu_check_out/ at the top of the repository, which git
@@ -206,7 +205,7 @@ if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
   TORCH_CUDA_ARCH_LIST=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' ')
   [ -n "$TORCH_CUDA_ARCH_LIST" ] || TORCH_CUDA_ARCH_LIST="8.0;9.0"
 fi
-export TORCH_CUDA_ARCH_LIST MAX_JOBS=${MAX_JOBS:-$(nproc)} FORCE_CUDA=1 PYTRANSFORMER_CUDA_HALF_ATTENTION=1
+export TORCH_CUDA_ARCH_LIST MAX_JOBS=${MAX_JOBS:-$(nproc)} FORCE_CUDA=1
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1
 
 SUMMARY=$LOG_DIR/summary.md
@@ -343,7 +342,7 @@ command -v compute-sanitizer >/dev/null || echo "compute-sanitizer: not found on
 # The bench scripts with the dtypes recorded for each (bench_int8_linear and bench_quantization have no --dtype).
 BENCHES=("norm float32" "norm bfloat16" "masked_softmax float32" "masked_softmax bfloat16" "attention bfloat16"
          "decode_attention float32" "decode_attention bfloat16" "kv_cache_append bfloat16" "int8_linear default"
-         "quantization default")
+         "quantization default" "generate default")
 
 for step in "${STEPS[@]}"; do
   case $step in
@@ -410,6 +409,7 @@ for step in "${STEPS[@]}"; do
             args=(--device cuda --record "$record")
             [ "$dtype" = default ] || args+=(--dtype "$dtype")
             [ "$name" = attention ] && args+=(--runs 10)
+            [ "$name" = generate ] && args+=(--model llama --dtypes float32 bfloat16 int8 --new-tokens 128 --runs 3)
             run_step "bench_${name}_$dtype" "$PYTHON" "benchmarks/bench_$name.py" "${args[@]}" &&
               BENCH_RECORDS+=("$record")
           done

@@ -10,9 +10,6 @@ import torch
 
 import pytransformer  # noqa: F401  registers the ops
 
-# The CUDA tests test the float16/bfloat16 attention kernels, which calls take only with this set (csrc/cuda/attention.cu;
-# by default they run the float32 kernels, see test_cuda_half_attention_runs_the_float32_kernels_by_default).
-os.environ.setdefault("PYTRANSFORMER_CUDA_HALF_ATTENTION", "1")
 # Compiled decoding steps (models/compiled_step.py) are compiled afresh, into a directory of this run's own.
 os.environ.setdefault("PYTRANSFORMER_CACHE", tempfile.mkdtemp(prefix="pytransformer-tests-"))
 from pytransformer.check import KernelChecks

@@ -132,3 +132,22 @@ def test_gpu_check_records_its_ops(tmp_path):
     res = gpu_check("--out", str(tmp_path), "--op", "norm", "--op=attention", "check")
     summary = (tmp_path / "summary.md").read_text()
     assert res.returncode == 1 and "--op norm --op attention check" in summary and "| check | skipped:" in summary
+
+
+def test_gpu_check_bench_step_times_generation_against_hugging_face(tmp_path):
+    """The bench step runs every op benchmark and the generation benchmark (a Llama shape, each dtype, against Hugging
+    Face) on CUDA, each with a record of its own: seen through a stand-in interpreter that logs its arguments."""
+    log = tmp_path / "calls.txt"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    python.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": str(python)}
+    res = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--out", str(tmp_path / "out"), "bench"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    benches = [line.split() for line in log.read_text().splitlines() if line.startswith("benchmarks/bench_")]
+    names = {f"benchmarks/bench_{n}.py" for n in ("attention", "decode_attention", "generate")}
+    assert {b[0] for b in benches} >= names
+    generate = next(b for b in benches if b[0] == "benchmarks/bench_generate.py")
+    assert " ".join(generate[1:]).startswith(f"--device cuda --record {tmp_path}/out/bench_generate_default.md --model "
+                                             "llama --dtypes float32 bfloat16 int8")

@@ -2,9 +2,6 @@
 // delta = rowsum(grad_out * out), and the choice between the kernel families of attention_kernels.cuh, on the current
 // stream of q's device. float16/bfloat16 with D, Dv <= 256 take the tensor-core path when its shared memory fits the
 // device (operands padded to a multiple of 8 dims, rows 16-byte aligned); everything else takes the SIMT kernels.
-// Unless PYTRANSFORMER_CUDA_HALF_ATTENTION=1, float16/bfloat16 calls run the float32 kernels on float32 copies of
-// q, k, v (and grad_out, out) and round the results: the float16/bfloat16 kernels gave wrong results on an H100
-// (benchmarks/results/gpu_check_h100_2026-11-26.md), the float32 ones passed.
 #include <ATen/Context.h>
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
@@ -14,9 +11,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <iterator>
-#include <string_view>
 #include <type_traits>
 
 #include "attention_kernels.cuh"
@@ -112,15 +107,6 @@ at::Tensor mma_dq_accum(const at::Tensor& q, int64_t padded_dim) {
   return at::zeros({q.size(0), q.size(1), q.size(2), padded_dim}, q.options().dtype(at::kFloat));
 }
 
-// Whether float16/bfloat16 calls take their own kernels (PYTRANSFORMER_CUDA_HALF_ATTENTION=1), read at each call.
-bool half_kernels() {
-  const char* value = std::getenv("PYTRANSFORMER_CUDA_HALF_ATTENTION");
-  return value && std::string_view(value) == "1";
-}
-
-// Whether a call in q's dtype runs on float32 copies (see the top of this file).
-bool via_float32(const at::Tensor& q) { return q.scalar_type() != at::kFloat && !half_kernels(); }
-
 void check_simt_head_dims(const at::Tensor& q, const at::Tensor& v) {
   TORCH_CHECK_VALUE(q.size(3) <= kSimtMaxHeadDim && v.size(3) <= kSimtMaxHeadDim, "q, v: CUDA attention supports head ",
                     "dims D, Dv <= ", kSimtMaxHeadDim, ", got q ", q.sizes(), " and v ", v.sizes());
@@ -132,11 +118,6 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
                                                   const std::optional<at::Tensor>& key_lengths, double scale) {
   check_attention_args(q, k, v, mask, window, key_lengths, scale);
   check_simt_head_dims(q, v);
-  if (via_float32(q)) {
-    const auto [out, lse] = attention_cuda(q.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat), mask, causal, window,
-                                           key_lengths, scale);
-    return {out.to(q.scalar_type()), lse};
-  }
   c10::cuda::CUDAGuard guard(q.device());
   const int64_t D = q.size(3), Dv = v.size(3);
   at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), Dv}, q.options());  // [B, Hq, Lq, Dv]
@@ -174,12 +155,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
   check_attention_args(q, k, v, mask, window, key_lengths, scale);
   check_attention_backward_args(grad_out, q, v, out, lse);
   check_simt_head_dims(q, v);
-  if (via_float32(q)) {
-    const auto f = [](const at::Tensor& t) { return t.to(at::kFloat); };
-    const auto [gq, gk, gv] = attention_backward_cuda(f(grad_out), f(q), f(k), f(v), f(out), lse, mask, causal, window,
-                                                      key_lengths, scale);
-    return {gq.to(q.scalar_type()), gk.to(q.scalar_type()), gv.to(q.scalar_type())};
-  }
   c10::cuda::CUDAGuard guard(q.device());
   const int64_t D = q.size(3), Dv = v.size(3);
   // Gradients per K/V head: the kernels sum each GQA group themselves.

@@ -584,32 +584,6 @@ def test_cuda_attention_probabilities_through_identity_values(kernel_target, dty
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_cuda_half_attention_runs_the_float32_kernels_by_default(kernel_target, monkeypatch, dtype):
-    """Without PYTRANSFORMER_CUDA_HALF_ATTENTION=1, float16/bfloat16 attention and its backward run the float32
-    kernels on float32 copies (the half kernels failed on an H100) and round the results: within the dtype's
-    tolerance of float64. Emulated: and only float32 kernels were launched."""
-    monkeypatch.setenv("PYTRANSFORMER_CUDA_HALF_ATTENTION", "0")
-    ops, device = kernel_target.ops, kernel_target.device
-    q, k = (torch.randn(2, 4, 33, 64, dtype=dtype, device=device) for _ in range(2))
-    v = torch.randn(2, 4, 33, 48, dtype=dtype, device=device)
-    grad = torch.randn(2, 4, 33, 48, dtype=dtype, device=device)
-    if kernel_target.emulated:
-        ops.launched_kernels()
-    out, lse = ops.attention(q, k, v, None, True, None, None, 0.125)
-    gq, gk, gv = ops.attention_backward(grad, q, k, v, out, lse, None, True, None, None, 0.125)
-    if kernel_target.emulated:
-        launched = [n for n in ops.launched_kernels() if "attention" in n]  # mangled names
-        assert launched and not any("__half" in n or "__nv_bfloat16" in n for n in launched), launched
-    q64, k64, v64 = (t.double().cpu().requires_grad_() for t in (q, k, v))
-    ref = reference.attention(q64, k64, v64, causal=True, scale=0.125)
-    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), grad.double().cpu())
-    for name, actual, expected in zip(("out", "grad_q", "grad_k", "grad_v"), (out, gq, gk, gv), (ref, *ref_grads)):
-        assert actual.dtype == dtype, name
-        assert kc.row_err(actual.double().cpu(), expected.detach()) <= kc.ROW_TOL[dtype], name
-
-
-@pytest.mark.cuda
 def test_cuda_tensor_cores_only_from_compute_capability_8(kernel_target):
     """float16 attention takes the tensor-core kernels on a device of compute capability 8.0 or later and the SIMT
     kernels before (their tensor-core kernels are empty in code built for 7.x); the same results either way. Emulated:
@@ -636,7 +610,7 @@ def test_cuda_tensor_cores_only_from_compute_capability_8(kernel_target):
 @pytest.mark.parametrize("name, value", POISONS, ids=str)
 @pytest.mark.parametrize("kind", POISON_KINDS)
 def test_cuda_nan_behind_a_mask_does_not_leak(kernel_target, kind, name, value):
-    """The SIMT kernels (float32, which float16/bfloat16 run by default) keep every hidden key out, as the CPU's do."""
+    """The SIMT kernels (float32) keep every hidden key out, as the CPU's do."""
     check_hidden_poison(kernel_target.ops, POISON_SHAPES[0], kind, torch.float32, kernel_target.device, name, value)
 
 

@@ -320,8 +320,6 @@ def main(argv=None) -> int:
         print(f"{name}: {err}")
     if args.build_only:
         return 1 if failed_builds else 0
-    # float16 attention takes the tensor-core kernels, whose instantiation is probed, only with this set (attention.cu)
-    os.environ.setdefault("PYTRANSFORMER_CUDA_HALF_ATTENTION", "1")
     t = Triage(out, args.timeout)
     if args.prebuilt:
         run_prebuilt(t, args.prebuilt)
