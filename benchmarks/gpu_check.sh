@@ -6,7 +6,8 @@ set -u
 
 usage() {
   cat <<'EOF'
-usage: bash benchmarks/gpu_check.sh [--out DIR] [--timeout SECONDS] [--probes DIR] [--op OP ...] [STEP ...]
+usage: bash benchmarks/gpu_check.sh [--out DIR] [--timeout SECONDS] [--probes DIR] [--op OP ...] [--dtype DTYPE ...]
+       [STEP ...]
 
 Builds pytransformer with its CUDA kernels and checks them on this machine's GPU. Run it from a checkout of the
 repository, with a CUDA build of torch, nvcc and pytest installed (compute-sanitizer for the sanitizer steps).
@@ -49,6 +50,8 @@ Options:
   -p, --probes DIR       standalone probe executables that the triage step runs first (each prints its own result)
   --op OP                only this op's cases in the check and sanitizer steps (repeatable; default: every op of
                          python -m pytransformer check)
+  --dtype DTYPE          only this dtype's cases (float32, float16, bfloat16) in the check and sanitizer steps
+                         (repeatable; default: every dtype), e.g. to split attention's racecheck across instances
   -h, --help             print this help and exit
 
 Environment:
@@ -72,8 +75,8 @@ SANITIZER_TOOLS=(memcheck racecheck synccheck initcheck)
 
 bad_usage() {
   echo "gpu_check.sh: $1" >&2
-  echo "usage: bash benchmarks/gpu_check.sh [--out DIR] [--timeout SECONDS] [--probes DIR] [--op OP ...] [STEP ...]" \
-    "(--help for more)" >&2
+  echo "usage: bash benchmarks/gpu_check.sh [--out DIR] [--timeout SECONDS] [--probes DIR] [--op OP ...]" \
+    "[--dtype DTYPE ...] [STEP ...] (--help for more)" >&2
   exit 2
 }
 
@@ -88,6 +91,7 @@ PROBES_ARG=""
 TIMEOUT=0
 REQUESTED=()
 OPS_ARG=()
+DTYPES_ARG=()
 while [ $# -gt 0 ]; do
   case $1 in
     -h | --help) usage; exit 0 ;;
@@ -130,6 +134,15 @@ while [ $# -gt 0 ]; do
       [ -n "${1#--op=}" ] || bad_usage "--op needs an op"
       shift
       ;;
+    --dtype)
+      [ $# -ge 2 ] && [ -n "$2" ] || bad_usage "$1 needs a dtype"
+      DTYPES_ARG+=("$2")
+      shift 2
+      ;;
+    --dtype=*)
+      DTYPES_ARG+=("${1#--dtype=}")
+      shift
+      ;;
     --)
       shift
       REQUESTED+=("$@")
@@ -145,6 +158,12 @@ done
 case $TIMEOUT in
   '' | *[!0-9]*) bad_usage "--timeout expects a whole number of seconds, got '$TIMEOUT'" ;;
 esac
+for dtype in ${DTYPES_ARG[@]+"${DTYPES_ARG[@]}"}; do
+  case $dtype in
+    float32 | float16 | bfloat16) ;;
+    *) bad_usage "unknown dtype: '$dtype' (dtypes: float32 float16 bfloat16)" ;;
+  esac
+done
 for step in ${REQUESTED[@]+"${REQUESTED[@]}"}; do
   is_step "$step" || bad_usage "unknown step: $step (steps: ${ALL_STEPS[*]} sanitizers)"
 done
@@ -232,6 +251,7 @@ fi
   [ "$TIMEOUT" -eq 0 ] || timeout_arg=" --timeout $TIMEOUT"
   op_args=""
   for op in ${OPS_ARG[@]+"${OPS_ARG[@]}"}; do op_args="$op_args --op $op"; done
+  for dtype in ${DTYPES_ARG[@]+"${DTYPES_ARG[@]}"}; do op_args="$op_args --dtype $dtype"; done
   echo "- command: bash benchmarks/gpu_check.sh --out $LOG_DIR$timeout_arg$op_args ${REQUESTED[*]}"
   echo
   echo "| step | result | seconds | log |"
@@ -286,7 +306,10 @@ have_cuda_build() {
 check_op() {
   local step=$1 op=$2
   shift 2
-  run_step "$step" "$@" "$PYTHON" -m pytransformer check --device cuda --quick --op "$op" --dump "$LOG_DIR/cases/$step"
+  local dtype dtype_args=()
+  for dtype in ${DTYPES_ARG[@]+"${DTYPES_ARG[@]}"}; do dtype_args+=(--dtype "$dtype"); done
+  run_step "$step" "$@" "$PYTHON" -m pytransformer check --device cuda --quick --op "$op" \
+    ${dtype_args[@]+"${dtype_args[@]}"} --dump "$LOG_DIR/cases/$step"
 }
 
 # The reason the steps that need the CUDA build cannot run.

@@ -30,6 +30,8 @@ def test_gpu_check_help_lists_the_triage_step_and_its_option():
     (["triage", "nosuchstep"], "unknown step: nosuchstep"),
     (["--op", "softmax", "check"], "unknown op: softmax (ops: norm masked_softmax"),
     (["--op"], "--op needs an op"),
+    (["--dtype", "half", "check"], "unknown dtype: 'half'"),
+    (["--dtype=", "check"], "unknown dtype: ''"),
 ])
 def test_gpu_check_rejects_bad_arguments(args, message, tmp_path):
     res = gpu_check("--out", str(tmp_path), *args)
@@ -151,3 +153,36 @@ def test_gpu_check_bench_step_times_generation_against_hugging_face(tmp_path):
     generate = next(b for b in benches if b[0] == "benchmarks/bench_generate.py")
     assert " ".join(generate[1:]).startswith(f"--device cuda --record {tmp_path}/out/bench_generate_default.md --model "
                                              "llama --dtypes float32 bfloat16 int8")
+
+
+def test_gpu_check_fast_runs_the_checks_side_by_side_then_the_benchmarks(tmp_path):
+    """gpu_check_fast.sh: the build first; then the CUDA tests, every op's cases, racecheck of attention one dtype an
+    instance and of the other ops, and the other sanitizers, each in a directory of its own; the benchmarks after them
+    all. Seen through a stand-in interpreter and compute-sanitizer that log their arguments (and nvidia-smi)."""
+    log, bin_dir = tmp_path / "calls.txt", tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\necho "$* [$PYTEST_ADDOPTS]" >> {log}\ncase "$*" in *"import OPS"*) '
+                                    r'printf "norm\nattention\ndecode_attention\n";; esac' '\n')
+    (bin_dir / "compute-sanitizer").write_text(f'#!/bin/sh\necho "compute-sanitizer $*" >> {log}\n')
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho a GPU\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": str(bin_dir / "python"), "PYTEST_ADDOPTS": "-x"}
+    res = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check_fast.sh"), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    calls = log.read_text().splitlines()
+    sanitized = [c.split() for c in calls if c.startswith("compute-sanitizer") and "--tool" in c]
+    race = {(c[c.index("--op") + 1], c[c.index("--dtype") + 1] if "--dtype" in c else None)
+            for c in sanitized if "racecheck" in c}
+    assert race == {("attention", "float32"), ("attention", "float16"), ("attention", "bfloat16"),
+                    ("norm", None), ("decode_attention", None)}
+    assert {c[c.index("--tool") + 1] for c in sanitized} == {"memcheck", "racecheck", "synccheck", "initcheck"}
+    builds = [i for i, c in enumerate(calls) if c.startswith("setup.py")]
+    tests = [i for i, c in enumerate(calls) if c.startswith("-m pytest tests -m cuda")]
+    benches = [i for i, c in enumerate(calls) if c.startswith("benchmarks/bench_")]
+    assert len(builds) == 1 and len(tests) == 1 and benches and calls[tests[0]].endswith("[-x]")
+    checks = [i for i, c in enumerate(calls) if "check --device cuda" in c]
+    assert builds[0] < min(tests + checks) and max(tests + checks) < min(benches)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "failed instances: none" in summary and "## racecheck_attention_bfloat16" in summary

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# benchmarks/gpu_check.sh's checks in the least wall time on one GPU: the build first, then the CUDA tests, every op's
+# kernel cases and the four sanitizers side by side (instances of gpu_check.sh, each with an output directory of its
+# own; attention's racecheck, the longest, split by dtype), then the copy bandwidth and the benchmarks alone, as their
+# times must be their own. `bash benchmarks/gpu_check_fast.sh --help` prints the usage.
+set -u
+
+usage() {
+  cat <<'EOF'
+usage: bash benchmarks/gpu_check_fast.sh [--out DIR] [--timeout SECONDS] [--no-bench]
+
+Runs gpu_check.sh's env and build steps into DIR/build, then side by side: the CUDA tests (DIR/test; with pytest-xdist
+installed, 10 workers unless PYTEST_ADDOPTS says otherwise), every op's kernel cases (DIR/check), racecheck of
+attention one dtype an instance (DIR/racecheck_attention_DTYPE) and of the other ops (DIR/racecheck_others), and
+memcheck, synccheck and initcheck (DIR/sanitizers); then bandwidth and bench (DIR/bench) unless --no-bench.
+DIR/summary.md gathers the instances' summaries. The side-by-side steps share the GPU and the CPU cores, so their
+times are not their own; the benchmarks run alone.
+
+Options:
+  -o, --out DIR          where the instances' directories go (default: gpu_check_out/ at the top of the repository)
+  -t, --timeout SECONDS  gpu_check.sh's limit for each step (default 0: none)
+  --no-bench             stop after the side-by-side part
+  -h, --help             print this help and exit
+
+Environment: as gpu_check.sh (PYTHON, CUDA_HOME, TORCH_CUDA_ARCH_LIST, MAX_JOBS, PYTEST_ADDOPTS).
+Exit status: 0 when every instance passed, 1 when one failed, 2 for bad arguments.
+EOF
+}
+
+OUT="" TIMEOUT=0 BENCH=1
+while [ $# -gt 0 ]; do
+  case $1 in
+    -h | --help) usage; exit 0 ;;
+    -o | --out) [ $# -ge 2 ] && [ -n "$2" ] || { echo "gpu_check_fast.sh: $1 needs a directory" >&2; exit 2; }
+      OUT=$2; shift 2 ;;
+    -t | --timeout) [ $# -ge 2 ] || { echo "gpu_check_fast.sh: $1 needs a number of seconds" >&2; exit 2; }
+      TIMEOUT=$2; shift 2 ;;
+    --no-bench) BENCH=0; shift ;;
+    *) echo "gpu_check_fast.sh: unknown argument: $1 (--help for the usage)" >&2; exit 2 ;;
+  esac
+done
+case $TIMEOUT in
+  '' | *[!0-9]*) echo "gpu_check_fast.sh: --timeout expects a whole number of seconds, got '$TIMEOUT'" >&2; exit 2 ;;
+esac
+[ -n "$OUT" ] || OUT=$(cd "$(dirname "$0")/.." && pwd)/gpu_check_out
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
+cd "$(dirname "$0")/.." || exit 2
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x .venv/bin/python ]; then PYTHON=$PWD/.venv/bin/python; else PYTHON=python3; fi
+fi
+export PYTHON
+
+# gpu_check NAME ARG...: an instance of gpu_check.sh into OUT/NAME, its output in OUT/NAME.out.
+gpu_check() {
+  local name=$1
+  shift
+  bash benchmarks/gpu_check.sh --out "$OUT/$name" --timeout "$TIMEOUT" "$@" > "$OUT/$name.out" 2>&1
+}
+
+FAILED=()
+gpu_check build env build || FAILED+=(build)
+if [ ${#FAILED[@]} -eq 0 ]; then
+  workers=${PYTEST_ADDOPTS-}
+  [ -n "$workers" ] || ! "$PYTHON" -c "import xdist" 2>/dev/null || workers="-n 10"
+  others=()
+  for op in $("$PYTHON" -c "from pytransformer.check import OPS; print(*OPS)"); do
+    [ "$op" = attention ] || others+=(--op "$op")
+  done
+  names=(test check racecheck_attention_float32 racecheck_attention_float16 racecheck_attention_bfloat16
+         racecheck_others sanitizers)
+  PYTEST_ADDOPTS=$workers gpu_check test test & pids=($!)
+  gpu_check check check & pids+=($!)
+  for dtype in float32 float16 bfloat16; do
+    gpu_check "racecheck_attention_$dtype" --op attention --dtype "$dtype" racecheck & pids+=($!)
+  done
+  gpu_check racecheck_others ${others[@]+"${others[@]}"} racecheck & pids+=($!)
+  gpu_check sanitizers memcheck synccheck initcheck & pids+=($!)
+  for i in "${!pids[@]}"; do wait "${pids[$i]}" || FAILED+=("${names[$i]}"); done
+  [ "$BENCH" = 0 ] || gpu_check bench bandwidth bench || FAILED+=(bench)
+fi
+
+{
+  echo "# GPU check, side by side"
+  echo
+  no_bench=""
+  [ "$BENCH" = 1 ] || no_bench=" --no-bench"
+  echo "- command: bash benchmarks/gpu_check_fast.sh --out $OUT --timeout $TIMEOUT$no_bench"
+  echo "- failed instances: ${FAILED[*]:-none}"
+  for summary in "$OUT"/*/summary.md; do
+    [ -f "$summary" ] || continue
+    echo
+    echo "## $(basename "$(dirname "$summary")")"
+    echo
+    sed -e 1d -e 's/^#/##/' "$summary"
+  done
+} > "$OUT/summary.md"
+cat "$OUT/summary.md"
+[ ${#FAILED[@]} -eq 0 ]
