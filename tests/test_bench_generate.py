@@ -68,6 +68,15 @@ def test_llamacpp_engines_only_for_llama_on_cpu(monkeypatch):
     assert not any(e.startswith("llama.cpp") for e in generate.engines("cpu", "float32", False, "gpt2"))
 
 
+def test_cuda_engines_leave_out_the_cpu_only_ones():
+    """On CUDA: no llama.cpp or CTranslate2, and no Hugging Face int8 (torch's dynamic quantization runs on the CPU
+    only); Hugging Face in float32 and bfloat16."""
+    assert generate.engines("cuda", "int8", False, "llama") == ["ours", "ours, compiled", "ours, x 8 bits"]
+    for dtype in ("float32", "bfloat16"):
+        assert generate.engines("cuda", dtype, False, "llama") == ["ours", "ours, compiled", "Hugging Face"]
+    assert "Hugging Face" in generate.engines("cpu", "int8", False, "llama")
+
+
 def test_llama_1b_is_tinyllamas_shape():
     with torch.device("meta"):
         hf = generate.hf_model("llama-1b", "meta", num_hidden_layers=2)

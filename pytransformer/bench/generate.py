@@ -328,14 +328,16 @@ def engines(device, dtype: str, uncached: bool, model: str) -> list[str]:
     """The engines to time in `dtype`: ours, eager and with each decoding step compiled (generate(compile=True); on
     the CPU the warm-up call compiles it, on CUDA every call captures it in a CUDA graph) (and ours without the KV
     cache; int8 also ours with x quantized to 8 bits),
-    Hugging Face's, and on the CPU when their packages are installed CTranslate2's and, for the Llama models,
-    llama.cpp's in each of its GGUF types for `dtype` ("llama.cpp f32", ...)."""
+    Hugging Face's (int8 on the CPU only: torch's dynamic quantization has no CUDA kernels), and on the CPU when their
+    packages are installed CTranslate2's and, for the Llama models, llama.cpp's in each of its GGUF types for `dtype`
+    ("llama.cpp f32", ...)."""
+    cpu = torch.device(device).type == "cpu"
     names = ["ours", "ours, compiled"] + (["ours, no cache"] if uncached else [])
     names += ["ours, x 8 bits"] if dtype == "int8" else []
-    names += ["Hugging Face"]
-    if torch.device(device).type == "cpu" and importlib.util.find_spec("ctranslate2") is not None:
+    names += ["Hugging Face"] if cpu or dtype != "int8" else []
+    if cpu and importlib.util.find_spec("ctranslate2") is not None:
         names.append("CTranslate2")
-    if torch.device(device).type == "cpu" and model in LLAMA_SHAPES and importlib.util.find_spec("llama_cpp"):
+    if cpu and model in LLAMA_SHAPES and importlib.util.find_spec("llama_cpp"):
         names += [f"llama.cpp {t}" for t in llamacpp.GGUF_TYPES[dtype]]
     return names
 
