@@ -171,8 +171,9 @@ def masks(shape, dtype, device):
 # (B, Hq, Hkv, Lq, Lk, D, Dv): Lq = 1, Lk = 1, Lq != Lk both ways, odd D and Dv != D, D = 128, MQA and GQA 4, head
 # dims past the tensor-core limit (SIMT only), lengths spanning several 32-key chunks.
 ATTENTION_SHAPES = [(2, 4, 4, 1, 37, 64, 64), (2, 2, 1, 5, 1, 16, 16), (2, 4, 1, 19, 45, 33, 20),
-                    (2, 8, 2, 70, 40, 128, 128), (1, 4, 1, 100, 260, 64, 64), (2, 4, 4, 257, 257, 80, 80), (1, 2, 2, 33, 65, 256, 256),
-                    (1, 2, 1, 40, 50, 320, 136), (1, 1, 1, 9, 70, 512, 512), (2, 6, 3, 130, 97, 96, 40)]
+                    (2, 8, 2, 70, 40, 128, 128), (1, 4, 1, 100, 260, 64, 64), (2, 4, 4, 257, 257, 80, 80),
+                    (1, 2, 2, 33, 65, 256, 256), (1, 2, 1, 40, 50, 320, 136), (1, 1, 1, 9, 70, 512, 512),
+                    (2, 6, 3, 130, 97, 96, 40)]
 # Quick (the sanitizers, CI's emulator run): tensor-core head dims 32 (D 8, 16, 24), 64 and 128 (the issue's
 # benchmark head dims), 224 (D 136, Dv 200: the backward's split head dim, dS K on 4 warps) and 256 (D 248: on 8);
 # SIMT for D 33 and Dv 264.
@@ -495,7 +496,8 @@ class KernelChecks:
                 expected_k, expected_v = k0.clone(), v0.clone()
                 for i, p in enumerate(positions.tolist()):
                     expected_k[i, :, p:p + t], expected_v[i, :, p:p + t] = k_new[i], v_new[i]
-                for (name, kc), (_, vc), (_, kn), (_, vn) in zip(layouts(k0), layouts(v0), layouts(k_new), layouts(v_new)):
+                for (name, kc), (_, vc), (_, kn), (_, vn) in zip(layouts(k0), layouts(v0), layouts(k_new),
+                                                                 layouts(v_new)):
                     self.ops.kv_cache_append(kc, vc, kn, vn, positions.to(device, torch.int32))
                     ok = torch.equal(kc, expected_k) and torch.equal(vc, expected_v)
                     self.record(f"kv_cache_append [B{b} Hkv{hkv} T{t} D{d} Dv{dv} cap{cap}] {str(dtype)[6:]} {name}",
@@ -517,7 +519,8 @@ class KernelChecks:
                     self.inputs = {"q": q, "k": k, "v": v, "lengths": lengths, "scale": 0.3, "window": window}
                     poison(q)
                     out = self.ops.decode_attention(q, k, v, lengths.to(device), 0.3, window)
-                    tag = f"decode_attention [B{b} Hq{hq} Hkv{hkv} T{t} D{d} Dv{dv} cap{cap} w{window}] {str(dtype)[6:]} {name}"
+                    tag = (f"decode_attention [B{b} Hq{hq} Hkv{hkv} T{t} D{d} Dv{dv} cap{cap} w{window}] "
+                           f"{str(dtype)[6:]} {name}")
                     self.check(tag, out, ref, dtype)
                 # NaN in a query head of row 0 and in the last (visible) key of row 0's last KV head: NaN rows, as
                 # attention gives; NaN in unused cache rows (past the length) changes nothing.
@@ -608,7 +611,8 @@ class KernelChecks:
                     scale = (torch.rand(n, dtype=torch.float64) * 0.02 + 1e-3).to(device, sdtype)
                     bias = None
                     if variant in ("bias", "misaligned"):
-                        bias = torch.randn(n, dtype=torch.float64).to(device, dtype if variant == "bias" else torch.float32)
+                        bias_dtype = dtype if variant == "bias" else torch.float32
+                        bias = torch.randn(n, dtype=torch.float64).to(device, bias_dtype)
                     if variant == "misaligned":
                         x, weight, scale, bias = misaligned(x), misaligned(weight), misaligned(scale), misaligned(bias)
                     x_bits = 8 if variant == "x8" else 16

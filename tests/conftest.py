@@ -13,7 +13,7 @@ import pytransformer  # noqa: F401  registers the ops
 # Compiled decoding steps (models/compiled_step.py) are compiled afresh, into a directory of this run's own.
 os.environ.setdefault("PYTRANSFORMER_CACHE", tempfile.mkdtemp(prefix="pytransformer-tests-"))
 from pytransformer.check import KernelChecks
-from tests.helpers import emulated_capturing
+from tests.helpers import CUDA_MARKS, emulated_capturing
 
 
 def pytest_addoption(parser):
@@ -23,8 +23,7 @@ def pytest_addoption(parser):
     parser.addoption("--cuda-reached", help="where an emulated run writes the kernels each test launched (default: "
                      "build/cuda_emulator/reached.json; separate files let runs go side by side)")
 
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
-    not (torch.cuda.is_available() and pytransformer.with_cuda()), reason="needs a GPU and a CUDA build")])]
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA_MARKS)]
 
 
 @pytest.fixture(params=DEVICES)

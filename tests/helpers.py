@@ -57,11 +57,14 @@ def caches(b, hkv, cap, d, dv, dtype, device):
     return randn(b, hkv, cap, d, dtype=dtype, device=device), randn(b, hkv, cap, dv, dtype=dtype, device=device)
 
 
+# A test's `cuda` mark, and its skip without a GPU and a CUDA build.
+CUDA_MARKS = [pytest.mark.cuda, pytest.mark.skipif(not (torch.cuda.is_available() and pt.with_cuda()),
+                                                   reason="needs a GPU and a CUDA build")]
+
+
 def cuda_only(test):
     """Marks a test `cuda` and skips it without a GPU and a CUDA build."""
-    marks = [pytest.mark.cuda, pytest.mark.skipif(not (torch.cuda.is_available() and pt.with_cuda()),
-                                                  reason="needs a GPU and a CUDA build")]
-    for mark in marks:
+    for mark in CUDA_MARKS:
         test = mark(test)
     return test
 

@@ -7,10 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import pytransformer
 from pytransformer import quantize
 from pytransformer.models import DecoderLM, decoder, gpt2_small
-from tests.helpers import assert_compiled_training_step_matches, emulated_capturing
+from tests.helpers import assert_compiled_training_step_matches, cuda_only, emulated_capturing
 
 V = 64
 
@@ -47,7 +46,8 @@ def test_cached_logits_match_full_forward():
     ids = torch.randint(0, V, (2, 9))
     cache = model.new_cache(2, 9)
     with torch.no_grad():
-        steps = torch.cat([model(ids[:, :4], cache=cache)] + [model(ids[:, t:t + 1], cache=cache) for t in range(4, 9)], 1)
+        steps = [model(ids[:, :4], cache=cache)] + [model(ids[:, t:t + 1], cache=cache) for t in range(4, 9)]
+        steps = torch.cat(steps, 1)
         torch.testing.assert_close(steps, model(ids), atol=1e-5, rtol=1e-5)
 
 
@@ -203,8 +203,7 @@ def test_generate_compiled_equals_eager():
                        int8.generate(prompt, 7, cache_dtype=torch.bfloat16))
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not (torch.cuda.is_available() and pytransformer.with_cuda()), reason="needs a GPU and a CUDA build")
+@cuda_only
 @pytest.mark.parametrize("overrides", [{}, LLAMA_SHAPE], ids=["gpt2", "llama"])
 @torch.no_grad()
 def test_generate_on_cuda_equals_cpu(overrides):
