@@ -69,24 +69,33 @@ def cuda_only(test):
     return test
 
 
-class _NoHostData(TorchDispatchMode):
-    """A tensor made from host data (torch.tensor / torch.as_tensor of Python values) raises RuntimeError."""
+class _NoHostTraffic(TorchDispatchMode):
+    """What a CUDA graph capture refuses on a GPU raises RuntimeError: a tensor made from host data (torch.tensor /
+    torch.as_tensor of Python values: a host-to-device copy) and a tensor's values read on the host (.item(), bool(),
+    int(); and nonzero, masked_select or a boolean index, whose output size is read back: device-to-host copies)."""
+    _READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default,
+              torch.ops.aten.masked_select.default}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.lift_fresh.default:
             raise RuntimeError("a tensor made from host data inside a CUDA graph capture: on a GPU a host-to-device "
                                "copy, which a capture refuses")
+        bool_index = func is torch.ops.aten.index.Tensor and any(
+            i is not None and i.dtype == torch.bool for i in args[1])
+        if func in self._READS or bool_index:
+            raise RuntimeError(f"{func} inside a CUDA graph capture: on a GPU it reads device values back to the "
+                               "host, which a capture refuses")
         return func(*args, **(kwargs or {}))
 
 
 @contextlib.contextmanager
 def emulated_capturing(emu):
     """A CUDA graph capture as the host emulator plays it (`emu`, its op namespace): the emulated glue sees a capturing
-    stream, so its kernels check the lengths themselves, and a tensor made from host data, which on a GPU is a
-    host-to-device copy that a capture refuses, raises RuntimeError."""
+    stream, so its kernels check the lengths themselves, and what a capture refuses on a GPU raises RuntimeError: a
+    tensor made from host data, or a tensor's values read on the host (_NoHostTraffic)."""
     emu.set_capturing(True)
     try:
-        with _NoHostData():
+        with _NoHostTraffic():
             yield
     finally:
         emu.set_capturing(False)

@@ -242,6 +242,20 @@ def emulated_capture(emu):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("host_traffic", [lambda t: torch.tensor([1, 2]), lambda t: t.max().item(),
+                                          lambda t: bool(t.any()), lambda t: t.nonzero(), lambda t: t[t > 0]],
+                         ids=["tensor", "item", "bool", "nonzero", "mask"])
+def test_emulated_capture_refuses_what_a_gpu_capture_does(emu, host_traffic):
+    """Inside emulated_capturing, a tensor made from host data and a tensor's values read on the host raise, as a
+    capture on a GPU refuses them; device work passes."""
+    t = torch.arange(4)
+    with emulated_capturing(emu):
+        (t * 2 + 1).sum()
+        with pytest.raises(RuntimeError, match="CUDA graph capture"):
+            host_traffic(t)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("kwargs", [dict(), dict(beam_size=2), dict(window=4)], ids=["greedy", "beam", "rolling"])
 @torch.no_grad()
 def test_cuda_graphed_step_gives_eager_tokens(emu, monkeypatch, kwargs):
