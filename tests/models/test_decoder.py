@@ -256,28 +256,35 @@ def test_emulated_capture_refuses_what_a_gpu_capture_does(emu, host_traffic):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("shape", ["gpt2", "llama", "llama int8"])
 @pytest.mark.parametrize("kwargs", [dict(), dict(beam_size=2), dict(window=4)], ids=["greedy", "beam", "rolling"])
 @torch.no_grad()
-def test_cuda_graphed_step_gives_eager_tokens(emu, monkeypatch, kwargs):
-    """On CUDA, compile=True captures the decoding step in a CUDA graph (compiled_step._graphed_step): played on the
-    emulated glue, the first step runs as it is, reading the lengths back (two layers, append and decode each; none
-    for a rolling cache), and every replay reads nothing back; the tokens are eager decoding's, through beam search's
-    in-place reordering of the captured cache rows and a rolling cache's wrap."""
+def test_cuda_graphed_step_gives_eager_tokens(emu, monkeypatch, kwargs, shape):
+    """On CUDA, compile=True captures the decoding step in a CUDA graph (compiled_step._graphed_step): played with
+    every op on the emulated glue, the first step runs as it is, reading the lengths back (two layers, append and
+    decode each; none for a rolling cache), and every replay reads nothing back; the tokens are eager decoding's,
+    through beam search's in-place reordering of the captured cache rows and a rolling cache's wrap, for a GPT-2 and a
+    Llama shape (rotary positions, GQA, RMSNorm, SwiGLU), float32 and int8."""
     from pytransformer.models import compiled_step
     window = kwargs.pop("window", None)
-    model = DecoderLM(gpt2_small(n_layers=2, d_model=32, n_heads=4, vocab_size=50, window=window, dropout=0.0)).eval()
-    prompt = torch.randint(0, 50, (2, 5))
+    model = tiny(window=window, **(LLAMA_SHAPE if shape.startswith("llama") else {}))
+    if shape.endswith("int8"):
+        quantize(model)
+    prompt = torch.randint(0, V, (2, 5))
     expected = model.generate(prompt, 8, **kwargs)
-    for op in ("kv_cache_append", "decode_attention"):
+    for op in ("attention", "decode_attention", "int8_linear", "kv_cache_append", "linear", "masked_softmax", "norm"):
         monkeypatch.setattr(sys.modules[f"pytransformer.ops.{op}"], "_ops", emu)
 
     def graphed(model, cache):
         cache.max_length = None  # as compiled_step drops it
         return compiled_step._graphed_step(model, cache, emulated_capture(emu))
     monkeypatch.setattr(decoder, "compiled_step", graphed)
-    emu.synchronizations()
+    emu.synchronizations(), emu.launched_kernels()
     assert torch.equal(model.generate(prompt, 8, compile=True, **kwargs), expected)
     assert emu.synchronizations() == (2 * 2 if window is None else 0)  # a rolling cache's rows always fit
+    launched = " ".join(emu.launched_kernels())
+    kernels = ["attention_simt_fwd", "decode_", "kv_cache_append", "norm_fwd"] + ["int8"] * shape.endswith("int8")
+    assert all(k in launched for k in kernels), launched[:2000]
 
 
 @torch.no_grad()
