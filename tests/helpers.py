@@ -57,6 +57,16 @@ def caches(b, hkv, cap, d, dv, dtype, device):
     return randn(b, hkv, cap, d, dtype=dtype, device=device), randn(b, hkv, cap, dv, dtype=dtype, device=device)
 
 
+def varied(model):
+    """model with its weight matrices redrawn (std 0.5) so that its greedy tokens vary from step to step: a tiny model
+    at its config's initialisation repeats one token, which would hide a step fed a stale token or cache row."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.5)
+    return model
+
+
 # A test's `cuda` mark, and its skip without a GPU and a CUDA build.
 CUDA_MARKS = [pytest.mark.cuda, pytest.mark.skipif(not (torch.cuda.is_available() and pt.with_cuda()),
                                                    reason="needs a GPU and a CUDA build")]

@@ -9,15 +9,15 @@ import torch.nn.functional as F
 
 from pytransformer import quantize
 from pytransformer.models import DecoderLM, decoder, gpt2_small
-from tests.helpers import assert_compiled_training_step_matches, cuda_only, emulated_capturing
+from tests.helpers import assert_compiled_training_step_matches, cuda_only, emulated_capturing, varied
 
 V = 64
 
 
 def tiny(**overrides):
     torch.manual_seed(0)
-    return DecoderLM(gpt2_small(**{"vocab_size": V, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64,
-                                   "max_len": 64, "dropout": 0.0, **overrides})).eval()
+    return varied(DecoderLM(gpt2_small(**{"vocab_size": V, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64,
+                                          "max_len": 64, "dropout": 0.0, **overrides})).eval())
 
 
 LLAMA_SHAPE = {"positional": "rotary", "activation": "swiglu", "norm_type": "rmsnorm", "norm": "pre", "n_kv_heads": 2}
@@ -48,7 +48,7 @@ def test_cached_logits_match_full_forward():
     with torch.no_grad():
         steps = [model(ids[:, :4], cache=cache)] + [model(ids[:, t:t + 1], cache=cache) for t in range(4, 9)]
         steps = torch.cat(steps, 1)
-        torch.testing.assert_close(steps, model(ids), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(steps, model(ids), atol=1e-4, rtol=1e-5)  # logits of size 1 to 10
 
 
 @pytest.mark.parametrize("overrides,padded", [({}, False), ({"positional": "rotary", "window": 5}, False),
@@ -256,24 +256,26 @@ def test_emulated_capture_refuses_what_a_gpu_capture_does(emu, host_traffic):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("shape", ["gpt2", "llama", "llama int8"])
+@pytest.mark.parametrize("shape", ["gpt2", "llama", "llama int8", "llama bfloat16"])
 @pytest.mark.parametrize("kwargs", [dict(), dict(beam_size=2), dict(window=4)], ids=["greedy", "beam", "rolling"])
 @torch.no_grad()
 def test_cuda_graphed_step_gives_eager_tokens(emu, monkeypatch, kwargs, shape):
     """On CUDA, compile=True captures the decoding step in a CUDA graph (compiled_step._graphed_step): played with
     every op on the emulated glue, the first step runs as it is, reading the lengths back (two layers, append and
-    decode each; none for a rolling cache), and every replay reads nothing back; the tokens are eager decoding's,
-    through beam search's in-place reordering of the captured cache rows and a rolling cache's wrap, for a GPT-2 and a
-    Llama shape (rotary positions, GQA, RMSNorm, SwiGLU), float32 and int8."""
+    decode each; none for a rolling cache), and every replay reads nothing back; the tokens are eager decoding's on
+    the same kernels, through beam search's in-place reordering of the captured cache rows and a rolling cache's
+    wrap, for a GPT-2 and a Llama shape (rotary positions, GQA, RMSNorm, SwiGLU), float32, int8 and bfloat16."""
     from pytransformer.models import compiled_step
     window = kwargs.pop("window", None)
     model = tiny(window=window, **(LLAMA_SHAPE if shape.startswith("llama") else {}))
     if shape.endswith("int8"):
         quantize(model)
+    if shape.endswith("bfloat16"):
+        model.to(torch.bfloat16)
     prompt = torch.randint(0, V, (2, 5))
-    expected = model.generate(prompt, 8, **kwargs)
     for op in ("attention", "decode_attention", "int8_linear", "kv_cache_append", "linear", "masked_softmax", "norm"):
         monkeypatch.setattr(sys.modules[f"pytransformer.ops.{op}"], "_ops", emu)
+    expected = model.generate(prompt, 8, **kwargs)
 
     def graphed(model, cache):
         cache.max_length = None  # as compiled_step drops it
@@ -283,7 +285,8 @@ def test_cuda_graphed_step_gives_eager_tokens(emu, monkeypatch, kwargs, shape):
     assert torch.equal(model.generate(prompt, 8, compile=True, **kwargs), expected)
     assert emu.synchronizations() == (2 * 2 if window is None else 0)  # a rolling cache's rows always fit
     launched = " ".join(emu.launched_kernels())
-    kernels = ["attention_simt_fwd", "decode_", "kv_cache_append", "norm_fwd"] + ["int8"] * shape.endswith("int8")
+    attention = "attention_mma_fwd" if shape.endswith("bfloat16") else "attention_simt_fwd"
+    kernels = [attention, "decode_", "kv_cache_append", "norm_fwd"] + ["int8"] * shape.endswith("int8")
     assert all(k in launched for k in kernels), launched[:2000]
 
 

@@ -7,14 +7,16 @@ import torch
 from pytransformer.models import DecoderLM, gpt2_small
 from pytransformer.nn import KVCache, MultiHeadAttention, RotaryEmbedding
 from pytransformer.nn.kv_cache import is_rolling
+from tests.helpers import varied
 
 V = 64
 
 
 def tiny(window, **overrides):
     torch.manual_seed(0)
-    return DecoderLM(gpt2_small(**{"vocab_size": V, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64,
-                                   "max_len": 64, "dropout": 0.0, "window": window, **overrides})).double().eval()
+    model = DecoderLM(gpt2_small(**{"vocab_size": V, "d_model": 32, "n_heads": 4, "n_layers": 2, "d_ff": 64,
+                                    "max_len": 64, "dropout": 0.0, "window": window, **overrides}))
+    return varied(model.double().eval())
 
 
 @pytest.mark.parametrize("window", [1, 3, 5])
