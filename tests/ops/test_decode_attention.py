@@ -8,7 +8,7 @@ import torch
 import pytransformer as pt
 from pytransformer.ops import reference as ref
 from tests.helpers import (CPU_ISA_LEVELS, WHERE, caches, captured_in_cuda_graph, cuda_only, randn, run_under_isa,
-                           skip_unsupported, to_meta, tolerance)
+                           skip_unsupported, to_meta, tolerance, varied)
 from pytransformer import check as kc
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -434,8 +434,8 @@ def test_cuda_generate_reads_no_lengths_back(emu, monkeypatch, window):
     generate, prefill and every token, runs the CUDA KV-cache glue (emulated) without a stream synchronisation, with
     the same tokens as the CPU kernels; without the bound (max_length None) every layer's append and decode reads the
     lengths back (the counter sees it). window=4: the rolling cache (bounds W - 1 and W)."""
-    model = pt.models.DecoderLM(pt.models.gpt2_small(n_layers=2, d_model=32, n_heads=4, vocab_size=50,
-                                                     window=window, dropout=0.0)).eval()
+    model = varied(pt.models.DecoderLM(pt.models.gpt2_small(n_layers=2, d_model=32, n_heads=4, vocab_size=50,
+                                                            window=window, dropout=0.0)).eval())
     prompt = torch.randint(0, 50, (2, 5))
     expected = model.generate(prompt, 6)
     for op in ("kv_cache_append", "decode_attention"):
