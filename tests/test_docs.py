@@ -2,13 +2,14 @@
 the names that its `<!-- names: a, b -->` comment (the line before the block) lists, built by NAMES below; a block
 after `<!-- signatures -->` lists signatures, not code, and is not run. Each `python -m pytransformer ...` line of the
 ```bash, ```sh and ```console blocks (a usage synopsis too: `[--opt X]`) parses: its command's --help lists every
-option the line uses. Each `pt.` or
+option the line uses, and so does each `bash SCRIPT ...` line's script of the repository. Each `pt.` or
 `pytransformer.` name in inline code resolves."""
 import contextlib
 import importlib
 import io
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -62,14 +63,30 @@ def fenced_blocks(languages):
 PYTHON_BLOCKS = [pytest.param(before, code, id=where) for where, before, code in fenced_blocks({"python"})]
 
 
-def cli_lines():
-    """(file:line, argv after `python -m pytransformer`) of every such line of the shell blocks (lines continued with
-    a backslash or by indentation joined; comments and a `$ ` prompt dropped)."""
+def shell_lines():
+    """(file:line, words) of every command line of the shell blocks (lines continued with a backslash or by
+    indentation joined; comments, a `$ ` prompt and leading VAR=value assignments dropped)."""
     for where, _, code in fenced_blocks(SHELL):
         for line in re.sub(r"\n[ \t]+", " ", code.replace("\\\n", " ")).splitlines():
             words = shlex.split(line.removeprefix("$ "), comments=True)
-            if words[:3] == ["python", "-m", "pytransformer"]:
-                yield pytest.param(words[3:], id=f"{where} {' '.join(words[3:5])}")
+            while words and re.match(r"\w+=", words[0]):
+                words = words[1:]
+            yield where, words
+
+
+def cli_lines():
+    """(argv after `python -m pytransformer`) of every such line of the shell blocks."""
+    for where, words in shell_lines():
+        if words[:3] == ["python", "-m", "pytransformer"]:
+            yield pytest.param(words[3:], id=f"{where} {' '.join(words[3:5])}")
+
+
+def script_lines():
+    """(script, its arguments) of every `bash SCRIPT ...` line of the shell blocks whose script is in the
+    repository."""
+    for where, words in shell_lines():
+        if words[:1] == ["bash"] and len(words) > 1 and (ROOT / words[1]).is_file():
+            yield pytest.param(words[1], words[2:], id=f"{where} {words[1]}")
 
 
 @pytest.fixture(scope="module")
@@ -105,11 +122,22 @@ def _help(command: str) -> str:
 
 @pytest.mark.parametrize("argv", list(cli_lines()))
 def test_cli_line_parses(argv):
-    usage = _help(argv[0])
-    options = [w.lstrip("[").split("=")[0].rstrip("]") for w in argv[1:]]
-    unknown = [o for o in options
-               if o.startswith("--") and not re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", usage)]
+    unknown = _unknown_options(argv[1:], _help(argv[0]))
     assert unknown == [], f"options not in `python -m pytransformer {argv[0]} --help`: {unknown}"
+
+
+def _unknown_options(args: list[str], usage: str) -> list[str]:
+    """The options of args (`--opt`, `--opt=X`, `[--opt X]`) that `usage` does not name."""
+    options = [w.lstrip("[").split("=")[0].rstrip("]") for w in args]
+    return [o for o in options if o.startswith("--") and not re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", usage)]
+
+
+@pytest.mark.parametrize("script, args", list(script_lines()))
+def test_script_line_parses(script, args):
+    """A repository script's documented line uses only options its --help lists."""
+    usage = subprocess.run(["bash", str(ROOT / script), "--help"], capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 0, f"bash {script} --help failed: {usage.stderr}"
+    assert _unknown_options(args, usage.stdout) == [], f"options not in `bash {script} --help`"
 
 
 def _resolves(dotted: str) -> bool:
