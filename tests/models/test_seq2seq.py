@@ -122,3 +122,9 @@ def test_copy_task_learns():
     accuracy = (out[:, 1:] == tgt[:, 1:]).float().mean().item()
     print(f"copy task: {step + 1} steps, {time.perf_counter() - start:.1f} s, token accuracy {accuracy:.4f}")
     assert accuracy >= 0.99
+    # A trained model's tokens vary from step to step (a tiny random one repeats one token): cached decoding, greedy
+    # and beam search, equals uncached decoding here, where a stale token or cache row would show.
+    kw = dict(max_new_tokens=length + 1, bos_id=BOS, eos_id=EOS)
+    assert torch.equal(out, model.generate(src, use_cache=False, **kw))
+    beams = model.generate(src[:16], beam_size=3, **kw)
+    assert torch.equal(beams, model.generate(src[:16], beam_size=3, use_cache=False, **kw))
