@@ -58,6 +58,8 @@ gpu_check() {
 }
 
 FAILED=()
+names=(test check racecheck_attention_float32 racecheck_attention_float16 racecheck_attention_bfloat16
+       racecheck_others sanitizers)  # the side-by-side instances, in the order they start
 gpu_check build env build || FAILED+=(build)
 if [ ${#FAILED[@]} -eq 0 ]; then
   workers=${PYTEST_ADDOPTS-}
@@ -66,8 +68,6 @@ if [ ${#FAILED[@]} -eq 0 ]; then
   for op in $("$PYTHON" -c "from pytransformer.check import OPS; print(*OPS)"); do
     [ "$op" = attention ] || others+=(--op "$op")
   done
-  names=(test check racecheck_attention_float32 racecheck_attention_float16 racecheck_attention_bfloat16
-         racecheck_others sanitizers)
   PYTEST_ADDOPTS=$workers gpu_check test test & pids=($!)
   gpu_check check check & pids+=($!)
   for dtype in float32 float16 bfloat16; do
@@ -86,12 +86,11 @@ fi
   [ "$BENCH" = 1 ] || no_bench=" --no-bench"
   echo "- command: bash benchmarks/gpu_check_fast.sh --out $OUT --timeout $TIMEOUT$no_bench"
   echo "- failed instances: ${FAILED[*]:-none}"
-  for summary in "$OUT"/*/summary.md; do
-    [ -f "$summary" ] || continue
+  for name in build "${names[@]}" bench; do
+    [ -f "$OUT/$name/summary.md" ] || continue
     echo
-    echo "## $(basename "$(dirname "$summary")")"
-    echo
-    sed -e 1d -e 's/^#/##/' "$summary"
+    echo "## $name"
+    sed -e 1d -e 's/^#/##/' "$OUT/$name/summary.md"
   done
 } > "$OUT/summary.md"
 cat "$OUT/summary.md"

@@ -185,4 +185,7 @@ def test_gpu_check_fast_runs_the_checks_side_by_side_then_the_benchmarks(tmp_pat
     checks = [i for i, c in enumerate(calls) if "check --device cuda" in c]
     assert builds[0] < min(tests + checks) and max(tests + checks) < min(benches)
     summary = (tmp_path / "out" / "summary.md").read_text()
-    assert "failed instances: none" in summary and "## racecheck_attention_bfloat16" in summary
+    assert "failed instances: none" in summary
+    assert [line[3:] for line in summary.splitlines() if line.startswith("## ")] == [
+        "build", "test", "check", "racecheck_attention_float32", "racecheck_attention_float16",
+        "racecheck_attention_bfloat16", "racecheck_others", "sanitizers", "bench"]  # in the order they ran
