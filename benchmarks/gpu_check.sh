@@ -249,10 +249,10 @@ fi
   echo "- CUDA_HOME: ${CUDA_HOME:-unset}; TORCH_CUDA_ARCH_LIST: $TORCH_CUDA_ARCH_LIST"
   timeout_arg=""
   [ "$TIMEOUT" -eq 0 ] || timeout_arg=" --timeout $TIMEOUT"
-  op_args=""
-  for op in ${OPS_ARG[@]+"${OPS_ARG[@]}"}; do op_args="$op_args --op $op"; done
-  for dtype in ${DTYPES_ARG[@]+"${DTYPES_ARG[@]}"}; do op_args="$op_args --dtype $dtype"; done
-  echo "- command: bash benchmarks/gpu_check.sh --out $LOG_DIR$timeout_arg$op_args ${REQUESTED[*]}"
+  filter_args=""
+  for op in ${OPS_ARG[@]+"${OPS_ARG[@]}"}; do filter_args="$filter_args --op $op"; done
+  for dtype in ${DTYPES_ARG[@]+"${DTYPES_ARG[@]}"}; do filter_args="$filter_args --dtype $dtype"; done
+  echo "- command: bash benchmarks/gpu_check.sh --out $LOG_DIR$timeout_arg$filter_args ${REQUESTED[*]}"
   echo
   echo "| step | result | seconds | log |"
   echo "|---|---|---|---|"

@@ -27,12 +27,12 @@ Exit status: 0 when every instance passed, 1 when one failed, 2 for bad argument
 EOF
 }
 
-OUT="" TIMEOUT=0 BENCH=1
+OUT_DIR="" TIMEOUT=0 BENCH=1
 while [ $# -gt 0 ]; do
   case $1 in
     -h | --help) usage; exit 0 ;;
     -o | --out) [ $# -ge 2 ] && [ -n "$2" ] || { echo "gpu_check_fast.sh: $1 needs a directory" >&2; exit 2; }
-      OUT=$2; shift 2 ;;
+      OUT_DIR=$2; shift 2 ;;
     -t | --timeout) [ $# -ge 2 ] || { echo "gpu_check_fast.sh: $1 needs a number of seconds" >&2; exit 2; }
       TIMEOUT=$2; shift 2 ;;
     --no-bench) BENCH=0; shift ;;
@@ -42,19 +42,19 @@ done
 case $TIMEOUT in
   '' | *[!0-9]*) echo "gpu_check_fast.sh: --timeout expects a whole number of seconds, got '$TIMEOUT'" >&2; exit 2 ;;
 esac
-[ -n "$OUT" ] || OUT=$(cd "$(dirname "$0")/.." && pwd)/gpu_check_out
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
+[ -n "$OUT_DIR" ] || OUT_DIR=$(cd "$(dirname "$0")/.." && pwd)/gpu_check_out
+mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd) || exit 2
 cd "$(dirname "$0")/.." || exit 2
 if [ -z "${PYTHON:-}" ]; then
   if [ -x .venv/bin/python ]; then PYTHON=$PWD/.venv/bin/python; else PYTHON=python3; fi
 fi
 export PYTHON
 
-# gpu_check NAME ARG...: an instance of gpu_check.sh into OUT/NAME, its output in OUT/NAME.out.
+# gpu_check NAME ARG...: an instance of gpu_check.sh into DIR/NAME, its output in DIR/NAME.out.
 gpu_check() {
   local name=$1
   shift
-  bash benchmarks/gpu_check.sh --out "$OUT/$name" --timeout "$TIMEOUT" "$@" > "$OUT/$name.out" 2>&1
+  bash benchmarks/gpu_check.sh --out "$OUT_DIR/$name" --timeout "$TIMEOUT" "$@" > "$OUT_DIR/$name.out" 2>&1
 }
 
 FAILED=()
@@ -84,14 +84,14 @@ fi
   echo
   no_bench=""
   [ "$BENCH" = 1 ] || no_bench=" --no-bench"
-  echo "- command: bash benchmarks/gpu_check_fast.sh --out $OUT --timeout $TIMEOUT$no_bench"
+  echo "- command: bash benchmarks/gpu_check_fast.sh --out $OUT_DIR --timeout $TIMEOUT$no_bench"
   echo "- failed instances: ${FAILED[*]:-none}"
   for name in build "${names[@]}" bench; do
-    [ -f "$OUT/$name/summary.md" ] || continue
+    [ -f "$OUT_DIR/$name/summary.md" ] || continue
     echo
     echo "## $name"
-    sed -e 1d -e 's/^#/##/' "$OUT/$name/summary.md"
+    sed -e 1d -e 's/^#/##/' "$OUT_DIR/$name/summary.md"
   done
-} > "$OUT/summary.md"
-cat "$OUT/summary.md"
+} > "$OUT_DIR/summary.md"
+cat "$OUT_DIR/summary.md"
 [ ${#FAILED[@]} -eq 0 ]

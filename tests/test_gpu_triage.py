@@ -11,9 +11,24 @@ sys.path.insert(0, str(ROOT / "tools" / "gpu_probes"))
 import triage  # noqa: E402
 
 
-def gpu_check(*args):
-    return subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), *args], capture_output=True, text=True,
-                          timeout=60)
+def gpu_check(*args, script="gpu_check.sh", env=None):
+    return subprocess.run(["bash", str(ROOT / "benchmarks" / script), *args], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def stand_ins(tmp_path):
+    """The environment of a GPU machine played by stand-ins: python (which prints three ops when asked for check's),
+    compute-sanitizer and nvidia-smi, the first two logging their arguments to tmp_path/calls.txt (python with
+    PYTEST_ADDOPTS in brackets)."""
+    log, bin_dir = tmp_path / "calls.txt", tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\necho "$* [$PYTEST_ADDOPTS]" >> {log}\ncase "$*" in *"import OPS"*) '
+                                    r'printf "norm\nattention\ndecode_attention\n";; esac' '\n')
+    (bin_dir / "compute-sanitizer").write_text(f'#!/bin/sh\necho "compute-sanitizer $*" >> {log}\n')
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho a GPU\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": str(bin_dir / "python")}  # "import xdist" succeeds
 
 
 def test_gpu_check_help_lists_the_triage_step_and_its_option():
@@ -138,16 +153,11 @@ def test_gpu_check_records_its_ops(tmp_path):
 
 def test_gpu_check_bench_step_times_generation_against_hugging_face(tmp_path):
     """The bench step runs every op benchmark and the generation benchmark (a Llama shape, each dtype, against Hugging
-    Face) on CUDA, each with a record of its own: seen through a stand-in interpreter that logs its arguments."""
-    log = tmp_path / "calls.txt"
-    python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
-    python.chmod(0o755)
-    env = {"PATH": "/usr/bin:/bin", "PYTHON": str(python)}
-    res = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--out", str(tmp_path / "out"), "bench"],
-                         capture_output=True, text=True, timeout=60, env=env)
+    Face) on CUDA, each with a record of its own: seen through stand-ins (stand_ins)."""
+    res = gpu_check("--out", str(tmp_path / "out"), "bench", env=stand_ins(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr
-    benches = [line.split() for line in log.read_text().splitlines() if line.startswith("benchmarks/bench_")]
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
+    benches = [line.split() for line in calls if line.startswith("benchmarks/bench_")]
     names = {f"benchmarks/bench_{n}.py" for n in ("attention", "decode_attention", "generate")}
     assert {b[0] for b in benches} >= names
     generate = next(b for b in benches if b[0] == "benchmarks/bench_generate.py")
@@ -158,20 +168,10 @@ def test_gpu_check_bench_step_times_generation_against_hugging_face(tmp_path):
 def test_gpu_check_fast_runs_the_checks_side_by_side_then_the_benchmarks(tmp_path):
     """gpu_check_fast.sh: the build first; then the CUDA tests, every op's cases, racecheck of attention one dtype an
     instance and of the other ops, and the other sanitizers, each in a directory of its own; the benchmarks after them
-    all. Seen through a stand-in interpreter and compute-sanitizer that log their arguments (and nvidia-smi)."""
-    log, bin_dir = tmp_path / "calls.txt", tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "python").write_text(f'#!/bin/sh\necho "$* [$PYTEST_ADDOPTS]" >> {log}\ncase "$*" in *"import OPS"*) '
-                                    r'printf "norm\nattention\ndecode_attention\n";; esac' '\n')
-    (bin_dir / "compute-sanitizer").write_text(f'#!/bin/sh\necho "compute-sanitizer $*" >> {log}\n')
-    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho a GPU\n")
-    for f in bin_dir.iterdir():
-        f.chmod(0o755)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": str(bin_dir / "python")}  # "import xdist" succeeds
-    res = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check_fast.sh"), "--out", str(tmp_path / "out")],
-                         capture_output=True, text=True, timeout=120, env=env)
+    all. Seen through stand-ins (stand_ins)."""
+    res = gpu_check("--out", str(tmp_path / "out"), script="gpu_check_fast.sh", env=stand_ins(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr
-    calls = log.read_text().splitlines()
+    calls = (tmp_path / "calls.txt").read_text().splitlines()
     sanitized = [c.split() for c in calls if c.startswith("compute-sanitizer") and "--tool" in c]
     race = {(c[c.index("--op") + 1], c[c.index("--dtype") + 1] if "--dtype" in c else None)
             for c in sanitized if "racecheck" in c}
