@@ -35,7 +35,8 @@ Steps (default: env build triage ptx check test sanitizers bandwidth bench):
               by --timeout still names the tests that failed or crashed)
   sanitizers  memcheck, racecheck, synccheck and initcheck, each a step of its own that can also be named alone:
               compute-sanitizer --tool TOOL over each op's kernel cases as in `check` (steps TOOL_OP), with
-              PyTorch's caching allocator off so that every allocation has its exact size
+              PyTorch's caching allocator off so that every allocation has its exact size; racecheck instruments
+              only pytransformer's kernels (the shared-memory hazards of torch's kernels are not ours to check)
   bandwidth   the device-to-device copy bandwidth (2 GiB), the ceiling of the memory-bound kernels
   bench       the op benchmarks on CUDA (norms, masked_softmax, attention, decode, append, int8) and generation (a
               Llama shape against Hugging Face, needs transformers), each recorded as DIR/bench_*.md
@@ -419,7 +420,10 @@ for step in "${STEPS[@]}"; do
           ;;
         memcheck | racecheck | synccheck | initcheck)
           extra=()
-          [ "$step" = racecheck ] && extra=(--racecheck-report analysis)
+          # racecheck instruments only pytransformer's kernels (namespace pytransformer::cuda, which
+          # tools/ptxas_gate.py holds every kernel to): torch's kernels around the cases run unpatched, and theirs are
+          # not this check's hazards.
+          [ "$step" = racecheck ] && extra=(--racecheck-report analysis --kernel-name kns=13pytransformer4cuda)
           for op in $(check_ops); do
             check_op "${step}_$op" "$op" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
               compute-sanitizer --error-exitcode 1 --tool "$step" ${extra[@]+"${extra[@]}"}

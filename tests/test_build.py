@@ -90,13 +90,14 @@ ptxas info    : Used 8 registers, 400 bytes cmem[0]
 def test_ptxas_gate(tmp_path):
     """tools/ptxas_gate.py on a planted report: the sm_90 entry is read (not the sm_75 one), spills or a stack frame in
     an attention kernel fail, a register count above the table fails, equal or fewer pass, a kernel missing from the
-    table fails."""
+    table fails, and so does one outside namespace pytransformer::cuda."""
     from tools import ptxas_gate as gate
     name = "void pytransformer::cuda::attention_mma_fwd_kernel<__half, 64>(pytransformer::AttentionParams)"
     table = {name: 128}
 
-    def failures(frame=0, spills=0, regs=128, known=table):
-        mangled = gate.parse(_PTXAS_LOG.format(frame=frame, spills=spills, regs=regs))
+    def failures(frame=0, spills=0, regs=128, known=table, namespace="4cuda"):
+        log = _PTXAS_LOG.format(frame=frame, spills=spills, regs=regs)
+        mangled = gate.parse(log.replace("13pytransformer4cuda", "13pytransformer" + namespace))
         names = gate.demangle(list(mangled))
         return gate.check({names[m]: k for m, k in mangled.items()}, known)
 
@@ -105,6 +106,9 @@ def test_ptxas_gate(tmp_path):
     assert [f.split(":")[0] for f in failures(frame=16)] == ["local memory"]
     assert failures(regs=130) == [f"registers 128 -> 130: {name}"]
     assert failures(known={})[0].startswith("not in cuda_registers.txt")
+    # a kernel outside namespace pytransformer::cuda (here pytransformer::other), which racecheck would not see
+    assert failures(namespace="5other", known={})[0].startswith("outside namespace pytransformer::cuda: void "
+                                                                 "pytransformer::other::attention_mma_fwd_kernel")
     # the checked-in table lists the kernels of every CUDA source
     recorded = gate.read_table()
     assert name in recorded and any("decode_split_kernel" in n for n in recorded)

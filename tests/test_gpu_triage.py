@@ -178,6 +178,9 @@ def test_gpu_check_fast_runs_the_checks_side_by_side_then_the_benchmarks(tmp_pat
     assert race == {("attention", "float32"), ("attention", "float16"), ("attention", "bfloat16"),
                     ("norm", None), ("decode_attention", None)}
     assert {c[c.index("--tool") + 1] for c in sanitized} == {"memcheck", "racecheck", "synccheck", "initcheck"}
+    # racecheck patches only pytransformer's kernels (tools/ptxas_gate.py holds every kernel to that namespace)
+    assert {("--kernel-name" in c and c[c.index("--kernel-name") + 1], c[c.index("--tool") + 1] == "racecheck")
+            for c in sanitized} == {("kns=13pytransformer4cuda", True), (False, False)}
     builds = [i for i, c in enumerate(calls) if c.startswith("setup.py")]
     tests = [i for i, c in enumerate(calls) if c.startswith("-m pytest tests -m cuda")]
     benches = [i for i, c in enumerate(calls) if c.startswith("benchmarks/bench_")]

@@ -4,7 +4,9 @@ and fails when
 - an attention, decode or append kernel uses local memory (spill stores or loads, or a stack frame): on the GPU
   that is slow per-thread memory traffic in the hottest loops;
 - a kernel uses more registers than tools/cuda_registers.txt records for it (fewer warps fit on a multiprocessor),
-  or is missing from it.
+  or is missing from it;
+- a kernel is outside namespace pytransformer::cuda: benchmarks/gpu_check.sh's racecheck instruments the kernels
+  whose mangled names hold that namespace, and no others.
 
 The table is checked in so that a change that costs registers shows in review; after a deliberate change, rewrite it
 with `--update` and commit it.
@@ -21,6 +23,8 @@ TABLE = Path(__file__).resolve().parent / "cuda_registers.txt"
 ARCH = "sm_90"
 # Kernels that must not touch local memory, by their demangled names.
 NO_LOCAL_MEMORY = re.compile(r"attention|decode|append")
+# The namespace of every kernel, demangled (after the return type).
+NAMESPACE = re.compile(r"^void pytransformer::cuda::")
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -65,6 +69,8 @@ def check(kernels: dict[str, dict[str, int]], table: dict[str, int]) -> list[str
         if NO_LOCAL_MEMORY.search(name) and local:
             failures.append(f"local memory: {k['stack']} bytes stack frame, {k['spill_stores']} bytes spill stores, "
                             f"{k['spill_loads']} bytes spill loads in {name}")
+        if not NAMESPACE.match(name):
+            failures.append(f"outside namespace pytransformer::cuda: {name}")
         if name not in table:
             failures.append(f"not in {TABLE.name} ({k['registers']} registers): {name}")
         elif k["registers"] > table[name]:
