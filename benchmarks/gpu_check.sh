@@ -6,8 +6,8 @@ set -u
 
 usage() {
   cat <<'EOF'
-usage: bash benchmarks/gpu_check.sh [--out DIR] [--timeout SECONDS] [--probes DIR] [--op OP ...] [--dtype DTYPE ...]
-       [STEP ...]
+usage: bash benchmarks/gpu_check.sh [--out DIR] [--timeout SECONDS] [--budget SECONDS] [--probes DIR] [--op OP ...]
+       [--dtype DTYPE ...] [STEP ...]
 
 Builds pytransformer with its CUDA kernels and checks them on this machine's GPU. Run it from a checkout of the
 repository, with a CUDA build of torch, nvcc and pytest installed (compute-sanitizer for the sanitizer steps).
@@ -48,6 +48,9 @@ Options:
   -o, --out DIR          where logs and records go (default: gpu_check_out/ at the top of the repository, which git
                          ignores); created if needed
   -t, --timeout SECONDS  stop a step that runs longer than SECONDS (default 0: no limit)
+  -b, --budget SECONDS   the whole run's limit: a step is stopped when SECONDS have passed since the start, and the
+                         steps left are skipped as out of time (they fail the run); the summary is still written
+                         (default 0: no limit)
   -p, --probes DIR       standalone probe executables that the triage step runs first (each prints its own result)
   --op OP                only this op's cases in the check and sanitizer steps (repeatable; default: every op of
                          python -m pytransformer check)
@@ -90,6 +93,7 @@ is_step() {
 DIR_ARG=""
 PROBES_ARG=""
 TIMEOUT=0
+BUDGET=0
 REQUESTED=()
 OPS_ARG=()
 DTYPES_ARG=()
@@ -113,6 +117,15 @@ while [ $# -gt 0 ]; do
       ;;
     --timeout=*)
       TIMEOUT=${1#--timeout=}
+      shift
+      ;;
+    -b | --budget)
+      [ $# -ge 2 ] || bad_usage "$1 needs a number of seconds"
+      BUDGET=$2
+      shift 2
+      ;;
+    --budget=*)
+      BUDGET=${1#--budget=}
       shift
       ;;
     -p | --probes)
@@ -158,6 +171,9 @@ while [ $# -gt 0 ]; do
 done
 case $TIMEOUT in
   '' | *[!0-9]*) bad_usage "--timeout expects a whole number of seconds, got '$TIMEOUT'" ;;
+esac
+case $BUDGET in
+  '' | *[!0-9]*) bad_usage "--budget expects a whole number of seconds, got '$BUDGET'" ;;
 esac
 for dtype in ${DTYPES_ARG[@]+"${DTYPES_ARG[@]}"}; do
   case $dtype in
@@ -250,6 +266,7 @@ fi
   echo "- CUDA_HOME: ${CUDA_HOME:-unset}; TORCH_CUDA_ARCH_LIST: $TORCH_CUDA_ARCH_LIST"
   timeout_arg=""
   [ "$TIMEOUT" -eq 0 ] || timeout_arg=" --timeout $TIMEOUT"
+  [ "$BUDGET" -eq 0 ] || timeout_arg="$timeout_arg --budget $BUDGET"
   filter_args=""
   for op in ${OPS_ARG[@]+"${OPS_ARG[@]}"}; do filter_args="$filter_args --op $op"; done
   for dtype in ${DTYPES_ARG[@]+"${DTYPES_ARG[@]}"}; do filter_args="$filter_args --dtype $dtype"; done
@@ -259,15 +276,24 @@ fi
   echo "|---|---|---|---|"
 } > "$SUMMARY"
 
-# run_step NAME CMD...: runs CMD with its output on the terminal and in DIR/NAME.log, and records the result.
+# run_step NAME CMD...: runs CMD with its output on the terminal and in DIR/NAME.log, and records the result; within
+# --timeout and what is left of --budget (SECONDS counts from the script's start), or skipped when nothing is left.
 run_step() {
-  local name=$1 log=$LOG_DIR/$1.log start=$SECONDS rc result cmd
+  local name=$1 log=$LOG_DIR/$1.log start=$SECONDS limit=$TIMEOUT rc result cmd
   shift
+  if [ "$BUDGET" -gt 0 ]; then
+    if [ $((BUDGET - SECONDS)) -le 0 ]; then
+      skip_step "$name" "out of time (--budget $BUDGET)"
+      FAILED=$((FAILED + 1))
+      return 124
+    fi
+    [ "$limit" -gt 0 ] && [ "$limit" -le $((BUDGET - SECONDS)) ] || limit=$((BUDGET - SECONDS))
+  fi
   cmd="$*"
   cmd=${cmd//$'\n'/ }
   echo "=== $name: ${cmd:0:200}"
-  if [ "$TIMEOUT" -gt 0 ]; then
-    timeout --kill-after=10 "$TIMEOUT" "$@" 2>&1 | tee "$log"
+  if [ "$limit" -gt 0 ]; then
+    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
   else
     "$@" 2>&1 | tee "$log"
@@ -275,8 +301,8 @@ run_step() {
   fi
   if [ "$rc" -eq 0 ]; then
     result=ok
-  elif [ "$TIMEOUT" -gt 0 ] && { [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; }; then
-    result="TIMEOUT (after $TIMEOUT s)"
+  elif [ "$limit" -gt 0 ] && { [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; }; then
+    result="TIMEOUT (after $limit s)"
   else
     result="FAILED (exit $rc)"
   fi

@@ -7,7 +7,7 @@ set -u
 
 usage() {
   cat <<'EOF'
-usage: bash benchmarks/gpu_check_fast.sh [--out DIR] [--timeout SECONDS] [--no-bench]
+usage: bash benchmarks/gpu_check_fast.sh [--out DIR] [--timeout SECONDS] [--budget SECONDS] [--no-bench]
 
 Runs gpu_check.sh's env and build steps into DIR/build, then side by side: the CUDA tests (DIR/test; with pytest-xdist
 installed, 10 workers unless PYTEST_ADDOPTS says otherwise), every op's kernel cases (DIR/check), racecheck of
@@ -19,6 +19,8 @@ times are not their own; the benchmarks run alone.
 Options:
   -o, --out DIR          where the instances' directories go (default: gpu_check_out/ at the top of the repository)
   -t, --timeout SECONDS  gpu_check.sh's limit for each step (default 0: none)
+  -b, --budget SECONDS   gpu_check.sh's limit for each side-by-side instance as a whole (they start together after
+                         the build, so they all end within SECONDS of it, each with its summary; default 0: none)
   --no-bench             stop after the side-by-side part
   -h, --help             print this help and exit
 
@@ -27,7 +29,7 @@ Exit status: 0 when every instance passed, 1 when one failed, 2 for bad argument
 EOF
 }
 
-OUT_DIR="" TIMEOUT=0 BENCH=1
+OUT_DIR="" TIMEOUT=0 BUDGET=0 BENCH=1
 while [ $# -gt 0 ]; do
   case $1 in
     -h | --help) usage; exit 0 ;;
@@ -35,13 +37,18 @@ while [ $# -gt 0 ]; do
       OUT_DIR=$2; shift 2 ;;
     -t | --timeout) [ $# -ge 2 ] || { echo "gpu_check_fast.sh: $1 needs a number of seconds" >&2; exit 2; }
       TIMEOUT=$2; shift 2 ;;
+    -b | --budget) [ $# -ge 2 ] || { echo "gpu_check_fast.sh: $1 needs a number of seconds" >&2; exit 2; }
+      BUDGET=$2; shift 2 ;;
     --no-bench) BENCH=0; shift ;;
     *) echo "gpu_check_fast.sh: unknown argument: $1 (--help for the usage)" >&2; exit 2 ;;
   esac
 done
-case $TIMEOUT in
-  '' | *[!0-9]*) echo "gpu_check_fast.sh: --timeout expects a whole number of seconds, got '$TIMEOUT'" >&2; exit 2 ;;
-esac
+for value in "$TIMEOUT" "$BUDGET"; do
+  case $value in
+    '' | *[!0-9]*) echo "gpu_check_fast.sh: --timeout and --budget expect a whole number of seconds, got '$value'" >&2
+      exit 2 ;;
+  esac
+done
 [ -n "$OUT_DIR" ] || OUT_DIR=$(cd "$(dirname "$0")/.." && pwd)/gpu_check_out
 mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd) || exit 2
 cd "$(dirname "$0")/.." || exit 2
@@ -56,6 +63,12 @@ gpu_check() {
   shift
   bash benchmarks/gpu_check.sh --out "$OUT_DIR/$name" --timeout "$TIMEOUT" "$@" > "$OUT_DIR/$name.out" 2>&1
 }
+# side NAME ARG...: a side-by-side instance, within --budget.
+side() {
+  local name=$1
+  shift
+  gpu_check "$name" --budget "$BUDGET" "$@"
+}
 
 FAILED=()
 names=(test check racecheck_attention_float32 racecheck_attention_float16 racecheck_attention_bfloat16
@@ -68,13 +81,13 @@ if [ ${#FAILED[@]} -eq 0 ]; then
   for op in $("$PYTHON" -c "from pytransformer.check import OPS; print(*OPS)"); do
     [ "$op" = attention ] || others+=(--op "$op")
   done
-  PYTEST_ADDOPTS=$workers gpu_check test test & pids=($!)
-  gpu_check check check & pids+=($!)
+  PYTEST_ADDOPTS=$workers side test test & pids=($!)
+  side check check & pids+=($!)
   for dtype in float32 float16 bfloat16; do
-    gpu_check "racecheck_attention_$dtype" --op attention --dtype "$dtype" racecheck & pids+=($!)
+    side "racecheck_attention_$dtype" --op attention --dtype "$dtype" racecheck & pids+=($!)
   done
-  gpu_check racecheck_others ${others[@]+"${others[@]}"} racecheck & pids+=($!)
-  gpu_check sanitizers memcheck synccheck initcheck & pids+=($!)
+  side racecheck_others ${others[@]+"${others[@]}"} racecheck & pids+=($!)
+  side sanitizers memcheck synccheck initcheck & pids+=($!)
   for i in "${!pids[@]}"; do wait "${pids[$i]}" || FAILED+=("${names[$i]}"); done
   [ "$BENCH" = 0 ] || gpu_check bench bandwidth bench || FAILED+=(bench)
 fi
@@ -84,7 +97,7 @@ fi
   echo
   no_bench=""
   [ "$BENCH" = 1 ] || no_bench=" --no-bench"
-  echo "- command: bash benchmarks/gpu_check_fast.sh --out $OUT_DIR --timeout $TIMEOUT$no_bench"
+  echo "- command: bash benchmarks/gpu_check_fast.sh --out $OUT_DIR --timeout $TIMEOUT --budget $BUDGET$no_bench"
   echo "- failed instances: ${FAILED[*]:-none}"
   for name in build "${names[@]}" bench; do
     [ -f "$OUT_DIR/$name/summary.md" ] || continue

@@ -2,6 +2,7 @@
 the probes' build commands and the verdict table. The probes themselves need nvcc and a GPU."""
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -165,13 +166,32 @@ def test_gpu_check_bench_step_times_generation_against_hugging_face(tmp_path):
                                              "llama --dtypes float32 bfloat16 int8")
 
 
+def test_gpu_check_budget_stops_the_step_at_hand_and_skips_the_rest(tmp_path):
+    """--budget: a step still running when the budget is spent is stopped, the steps after it are skipped as out of
+    time, the run fails and its summary is written, all within seconds of the budget."""
+    env = stand_ins(tmp_path)
+    (tmp_path / "bin" / "compute-sanitizer").write_text("#!/bin/sh\nsleep 60\n")
+    start = time.monotonic()
+    res = gpu_check("--out", str(tmp_path / "out"), "--budget", "3", "racecheck", env=env)
+    assert time.monotonic() - start < 20
+    rows = [line.split(" | ")[:2] for line in (tmp_path / "out" / "summary.md").read_text().splitlines()
+            if line.startswith("| racecheck_")]
+    assert res.returncode == 1
+    assert rows[0][1].startswith("TIMEOUT (after ") and len(rows) == 3
+    assert all(r[1] == "skipped: out of time (--budget 3)" for r in rows[1:])
+
+
 def test_gpu_check_fast_runs_the_checks_side_by_side_then_the_benchmarks(tmp_path):
     """gpu_check_fast.sh: the build first; then the CUDA tests, every op's cases, racecheck of attention one dtype an
-    instance and of the other ops, and the other sanitizers, each in a directory of its own; the benchmarks after them
-    all. Seen through stand-ins (stand_ins)."""
-    res = gpu_check("--out", str(tmp_path / "out"), script="gpu_check_fast.sh", env=stand_ins(tmp_path))
+    instance and of the other ops, and the other sanitizers, each in a directory of its own, all within --budget; the
+    benchmarks after them all. Seen through stand-ins (stand_ins)."""
+    res = gpu_check("--out", str(tmp_path / "out"), "--budget", "50", script="gpu_check_fast.sh",
+                    env=stand_ins(tmp_path))
     assert res.returncode == 0, res.stdout + res.stderr
     calls = (tmp_path / "calls.txt").read_text().splitlines()
+    commands = {d.name: next(line for line in (d / "summary.md").read_text().splitlines() if "- command:" in line)
+                for d in (tmp_path / "out").iterdir() if d.is_dir()}
+    assert {name for name, c in commands.items() if "--budget 50" in c} == set(commands) - {"build", "bench"}
     sanitized = [c.split() for c in calls if c.startswith("compute-sanitizer") and "--tool" in c]
     race = {(c[c.index("--op") + 1], c[c.index("--dtype") + 1] if "--dtype" in c else None)
             for c in sanitized if "racecheck" in c}
