@@ -14,7 +14,8 @@ repository, with a CUDA build of torch, nvcc and pytest installed (compute-sanit
 With little GPU time, run `env build triage` first: the triage answers the open questions in about 3 minutes.
 
 Steps (default: env build triage ptx check test sanitizers bandwidth bench):
-  env         the GPU, driver, nvcc, torch and compute-sanitizer versions
+  env         the GPU, driver, nvcc, torch and compute-sanitizer versions, and those of the Python packages the
+              other steps use (pytest, pytest-xdist, transformers, ...) or that they are missing
   build       build the extension in place with the CUDA kernels (setup.py build_ext --inplace, FORCE_CUDA=1) and
               check that pytransformer.with_cuda() is True
   triage      one probe a hypothesis about where the GPU and the host emulator disagree, each with a verdict
@@ -38,8 +39,9 @@ Steps (default: env build triage ptx check test sanitizers bandwidth bench):
               PyTorch's caching allocator off so that every allocation has its exact size; racecheck instruments
               only pytransformer's kernels (the shared-memory hazards of torch's kernels are not ours to check)
   bandwidth   the device-to-device copy bandwidth (2 GiB), the ceiling of the memory-bound kernels
-  bench       the op benchmarks on CUDA (norms, masked_softmax, attention, decode, append, int8) and generation (a
-              Llama shape against Hugging Face, needs transformers), each recorded as DIR/bench_*.md
+  bench       the benchmarks on CUDA, each recorded as DIR/bench_*.md: attention against SDPA, decode_attention,
+              generation (a Llama shape against Hugging Face, needs transformers) first, then norms,
+              masked_softmax, append, int8
   alltests    the whole test suite, CPU and CUDA: python -m pytest tests -q (not in the default list)
 
 Every step runs with PYTHONFAULTHANDLER=1, so that a crashed process prints its Python frames.
@@ -385,14 +387,24 @@ print(\"torch\", torch.__version__, \"CUDA\", torch.version.cuda)
 assert torch.cuda.is_available(), \"torch sees no GPU (a CPU-only torch, or no driver)\"
 print(torch.cuda.get_device_name(), \"compute capability\", torch.cuda.get_device_capability())
 " || exit 1
+"$PYTHON" -c "
+from importlib import metadata
+for name in (\"pytest\", \"pytest-xdist\", \"transformers\", \"tokenizers\", \"safetensors\", \"matplotlib\"):
+    try:
+        print(name, metadata.version(name))
+    except metadata.PackageNotFoundError:
+        print(name, \"not installed\")
+"
 compute-sanitizer --version 2>/dev/null | head -3 || true
 command -v compute-sanitizer >/dev/null || echo "compute-sanitizer: not found on PATH (the sanitizer steps need it)"
 '
 
-# The bench scripts with the dtypes recorded for each (bench_int8_linear and bench_quantization have no --dtype).
-BENCHES=("norm float32" "norm bfloat16" "masked_softmax float32" "masked_softmax bfloat16" "attention bfloat16"
-         "decode_attention float32" "decode_attention bfloat16" "kv_cache_append bfloat16" "int8_linear default"
-         "quantization default" "generate default")
+# The bench scripts with the dtypes recorded for each (bench_int8_linear and bench_quantization have no --dtype):
+# attention against SDPA, decode against the copy bandwidth and generation against Hugging Face first, so that a run
+# cut short by --budget has those.
+BENCHES=("attention bfloat16" "decode_attention bfloat16" "generate default" "decode_attention float32"
+         "norm float32" "norm bfloat16" "masked_softmax float32" "masked_softmax bfloat16" "kv_cache_append bfloat16"
+         "int8_linear default" "quantization default")
 
 for step in "${STEPS[@]}"; do
   case $step in
