@@ -43,6 +43,9 @@ struct AttentionParams {
   int64_t window;              // 0: no window
   const int64_t* key_lengths;  // [B] or nullptr
   double scale;
+  // CUDA only (nullptr elsewhere): the tensor-core kernels set *non_finite = 1 when a row they write is not finite;
+  // given it, the SIMT kernels are the fix-up pass after them (cuda/attention_mma.cuh, "Hidden keys and mma.sync").
+  int* non_finite;
 };
 
 // The backward adds the incoming gradient, the saved forward output and the gradients it writes (same conventions;

@@ -101,11 +101,15 @@ void unpad_into(const at::Tensor& out, const at::Tensor& padded) {
 }
 
 // The float32 grad_q accumulator of the tensor-core backward: zeroed [B, Hq, Lq, Dp], or undefined (nullptr for the
-// kernel) in deterministic mode, where a second kernel writes grad_q without atomics. grad_q is then copied from it.
+// kernel) in deterministic mode, where a second kernel writes grad_q without atomics. attention_simt_dq converts it
+// into grad_q.
 at::Tensor mma_dq_accum(const at::Tensor& q, int64_t padded_dim) {
   if (at::globalContext().deterministicAlgorithms()) return at::Tensor();
   return at::zeros({q.size(0), q.size(1), q.size(2), padded_dim}, q.options().dtype(at::kFloat));
 }
+
+// A zeroed int32 flag on q's device, which the tensor-core kernels set when a row they write is not finite.
+at::Tensor non_finite_flag(const at::Tensor& q) { return at::zeros({1}, q.options().dtype(at::kInt)); }
 
 void check_simt_head_dims(const at::Tensor& q, const at::Tensor& v) {
   TORCH_CHECK_VALUE(q.size(3) <= kSimtMaxHeadDim && v.size(3) <= kSimtMaxHeadDim, "q, v: CUDA attention supports head ",
@@ -131,12 +135,14 @@ std::tuple<at::Tensor, at::Tensor> attention_cuda(const at::Tensor& q, const at:
       if (use_mma(q, k, v, /*backward=*/false)) {
         const int64_t Dp = round_up(D, kMmaDimMultiple), Dvp = round_up(Dv, kMmaDimMultiple);
         const at::Tensor q_ = mma_operand(q, Dp), k_ = mma_operand(k, Dp), v_ = mma_operand(v, Dvp);
-        const at::Tensor out_ = padded_output(out, Dvp);
-        const AttentionParams p =
+        const at::Tensor out_ = padded_output(out, Dvp), non_finite = non_finite_flag(q);
+        AttentionParams p =
             make_attention_params(q_, k_, v_, out_, lse, mask_, causal, window, lengths, Dp, Dvp, scale);
+        p.non_finite = non_finite.mutable_data_ptr<int>();
         dispatch_mma_head_dim(mma_head_dim(std::max(Dp, Dvp)), [&](auto head_dim) {
           attention_mma_fwd<T, decltype(head_dim)::value>(p, stream);
         });
+        attention_simt_fwd<T>(p, stream);  // the fix-up pass (attention_mma.cuh, "Hidden keys and mma.sync")
         unpad_into(out, out_);
         return;
       }
@@ -191,14 +197,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
         const at::Tensor go_ = mma_operand(grad_out, Dvp), out_ = mma_operand(out, Dvp);
         const at::Tensor gq_ = padded_output(gq, Dp), gk_ = padded_output(gk, Dp), gv_ = padded_output(gv, Dvp);
         const at::Tensor dq_accum = mma_dq_accum(q, Dp);  // [B, Hq, Lq, Dp] float32, undefined when deterministic
-        run(q_, k_, v_, go_, out_, gq_, gk_, gv_, Dp, Dvp, [&](const AttentionBackwardParams& bp) {
+        const at::Tensor non_finite = non_finite_flag(q);
+        run(q_, k_, v_, go_, out_, gq_, gk_, gv_, Dp, Dvp, [&](AttentionBackwardParams bp) {
+          bp.fwd.non_finite = non_finite.mutable_data_ptr<int>();
+          float* accum = dq_accum.defined() ? dq_accum.mutable_data_ptr<float>() : nullptr;
           dispatch_mma_head_dim(mma_head_dim(std::max(Dp, Dvp)), [&](auto head_dim) {
-            attention_mma_bwd<T, decltype(head_dim)::value>(
-                bp, delta.const_data_ptr<float>(), dq_accum.defined() ? dq_accum.mutable_data_ptr<float>() : nullptr,
-                stream);
+            attention_mma_bwd<T, decltype(head_dim)::value>(bp, delta.const_data_ptr<float>(), accum, stream);
           });
+          // grad_q from the atomic sums, or the fix-up pass of the dQ kernel; then that of the dK/dV kernel
+          // (attention_mma.cuh, "Hidden keys and mma.sync")
+          attention_simt_dq<T>(bp, delta.const_data_ptr<float>(), accum, stream);
+          attention_simt_dkv<T>(bp, delta.const_data_ptr<float>(), stream);
         });
-        if (dq_accum.defined()) gq_.copy_(dq_accum);
         unpad_into(gq, gq_), unpad_into(gk, gk_), unpad_into(gv, gv_);
         return;
       }

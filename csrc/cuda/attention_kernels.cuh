@@ -18,10 +18,20 @@ namespace pytransformer::cuda {
 
 // ---- SIMT: float32, float16, bfloat16; D and Dv up to kSimtMaxHeadDim; rows with a unit last-dim stride ----
 constexpr int kSimtMaxHeadDim = 512;
+// With p.non_finite, each is the fix-up pass after the tensor-core kernel of the same parameters: it writes again the
+// rows whose result is not finite, once the tensor-core kernels set *p.non_finite (attention_mma.cuh, "Hidden keys
+// and mma.sync"). attention_simt_bwd is attention_simt_dq with no dq_accum, then attention_simt_dkv.
 template <typename T>
 void attention_simt_fwd(const AttentionParams& p, cudaStream_t stream);
 template <typename T>
 void attention_simt_bwd(const AttentionBackwardParams& p, const float* delta, cudaStream_t stream);
+// dq_accum: the tensor-core backward's atomic dQ sums (below), converted into grad_q, where a row whose sums are not
+// finite is summed again.
+template <typename T>
+void attention_simt_dq(const AttentionBackwardParams& p, const float* delta, const float* dq_accum,
+                       cudaStream_t stream);
+template <typename T>
+void attention_simt_dkv(const AttentionBackwardParams& p, const float* delta, cudaStream_t stream);
 
 // ---- tensor cores: T = __half or __nv_bfloat16; D and Dv multiples of 8 and at most kHeadDim; every row of q, k,
 // v, out, grad_out, grad_q, grad_k, grad_v 16-byte aligned (base pointers and row strides) ----
@@ -60,7 +70,8 @@ struct MmaTiles {
 template <typename T, int kHeadDim>
 void attention_mma_fwd(const AttentionParams& p, cudaStream_t stream);
 // dq_accum: float32 [B, Hq, Lq, D] contiguous and zeroed; the kernel adds grad_q into it with atomics (the glue
-// converts it into grad_q). nullptr: deterministic mode, a second kernel writes grad_q itself without atomics.
+// converts it into grad_q with attention_simt_dq). nullptr: deterministic mode, a second kernel writes grad_q itself
+// without atomics.
 template <typename T, int kHeadDim>
 void attention_mma_bwd(const AttentionBackwardParams& p, const float* delta, float* dq_accum, cudaStream_t stream);
 

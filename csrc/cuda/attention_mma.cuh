@@ -94,6 +94,13 @@ __device__ __forceinline__ float masked_score(const AttentionParams& p, const vo
   return x;
 }
 
+// ---- Hidden keys and mma.sync ----
+// A hidden key's weight is exactly 0, but inside mma.sync 0 x NaN and 0 x inf are NaN: a NaN or inf in the V row (or
+// the K row, in dS K; or in q or dO) of a hidden key reaches every row that shares its tiles. Such a value always
+// leaves the row's result non-finite, so each kernel notes that a value it writes is not finite (store_tile; then
+// *p.non_finite = 1), and the glue runs the SIMT kernels after it as a fix-up pass over such rows, which keeps hidden
+// keys out (attention_simt.cuh). The atomic dQ, summed across blocks, is checked where it is converted into grad_q.
+
 // A warp's score tile acc [16 rows][kNT * 8 columns] (rows row0.., columns col0..) to log2 units, masked unless
 // `clean`; returns the factor that the caller's exponent still applies: exp2(fmaf(acc, factor, -max)). A clean tile
 // with a positive scale stays raw (factor scale_log2: the scale goes into that FMA, and commutes with a row max);
@@ -198,11 +205,13 @@ __device__ __forceinline__ float quad_max(float v) {
 }
 
 // Writes a warp's tile acc [16][kNT * 8] * scale to rows row0.. (< rows) and columns < cols of a T matrix with row
-// pitch ld (two elements per store: cols is a multiple of 8).
+// pitch ld (two elements per store: cols is a multiple of 8); returns whether a value it wrote is an inf or a NaN (in
+// float32: a finite value that T rounds to inf is not one).
 template <int kNT, typename T>
-__device__ __forceinline__ void store_tile(T* out, int64_t ld, const float (*acc)[4], int64_t row0, int64_t rows,
+__device__ __forceinline__ bool store_tile(T* out, int64_t ld, const float (*acc)[4], int64_t row0, int64_t rows,
                                            int64_t cols, float scale) {
   const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  bool any_non_finite = false;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int64_t row = row0 + g + 8 * r;
@@ -210,11 +219,14 @@ __device__ __forceinline__ void store_tile(T* out, int64_t ld, const float (*acc
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
       const int col = nt * 8 + 2 * t;
-      if (col < cols)
-        *reinterpret_cast<uint32_t*>(out + row * ld + col) =
-            pack2<T>(acc[nt][2 * r] * scale, acc[nt][2 * r + 1] * scale);
+      if (col < cols) {
+        const float a = acc[nt][2 * r] * scale, b = acc[nt][2 * r + 1] * scale;
+        any_non_finite |= non_finite(a) || non_finite(b);
+        *reinterpret_cast<uint32_t*>(out + row * ld + col) = pack2<T>(a, b);
+      }
     }
   }
+  return any_non_finite;
 }
 
 // The backward's statistics of query i of head h: lse in log2 units (+inf for rows past Lq or that saw no key, so
@@ -342,8 +354,11 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kFwdWarps * 32)
           row_sum[i] > 0.f ? (row_max[i] + log2f(row_sum[i])) * kLn2 : -INFINITY;
   }
   T* out = static_cast<T*>(p.out) + b * p.o_stride[0] + h * p.o_stride[1] + m0 * p.o_stride[2];
+  bool non_finite_out = false;  // (see "Hidden keys and mma.sync")
 #pragma unroll
-  for (int rt = 0; rt < kRT; ++rt) store_tile<kDT>(out, p.o_stride[2], o + rt * kDT, row0 + 16 * rt, nq, p.dim_v, 1.f);
+  for (int rt = 0; rt < kRT; ++rt)
+    non_finite_out |= store_tile<kDT>(out, p.o_stride[2], o + rt * kDT, row0 + 16 * rt, nq, p.dim_v, 1.f);
+  if (non_finite_out && p.non_finite) *p.non_finite = 1;
 #endif
 }
 
@@ -593,12 +608,15 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kBwdWarps * 32)
   const int64_t rows = p.len_k - n0;
   T* gk = static_cast<T*>(bp.grad_k) + b * bp.gk_stride[0] + hk * bp.gk_stride[1] + n0 * bp.gk_stride[2] + d_col0;
   T* gv = static_cast<T*>(bp.grad_v) + b * bp.gv_stride[0] + hk * bp.gv_stride[1] + n0 * bp.gv_stride[2] + d_col0;
+  bool non_finite_out = false;  // (see "Hidden keys and mma.sync")
 #pragma unroll
   for (int rt = 0; rt < kRT; ++rt) {
-    store_tile<kDT>(gk, bp.gk_stride[2], dk + rt * kDT, key_row0 + 16 * rt, rows, p.dim - d_col0,
-                    static_cast<float>(p.scale));
-    store_tile<kDT>(gv, bp.gv_stride[2], dv + rt * kDT, key_row0 + 16 * rt, rows, p.dim_v - d_col0, 1.f);
+    non_finite_out |= store_tile<kDT>(gk, bp.gk_stride[2], dk + rt * kDT, key_row0 + 16 * rt, rows, p.dim - d_col0,
+                                      static_cast<float>(p.scale));
+    non_finite_out |=
+        store_tile<kDT>(gv, bp.gv_stride[2], dv + rt * kDT, key_row0 + 16 * rt, rows, p.dim_v - d_col0, 1.f);
   }
+  if (non_finite_out && p.non_finite) *p.non_finite = 1;
 #endif
 }
 
@@ -672,7 +690,9 @@ __global__ void __launch_bounds__(MmaTiles<kHeadDim>::kDqWarps * 32)
     }
   }
   T* gq = static_cast<T*>(bp.grad_q) + b * bp.gq_stride[0] + h * bp.gq_stride[1] + m0 * bp.gq_stride[2];
-  store_tile<kDT>(gq, bp.gq_stride[2], dq, warp * 16, nq, p.dim, static_cast<float>(p.scale));
+  // (see "Hidden keys and mma.sync")
+  if (store_tile<kDT>(gq, bp.gq_stride[2], dq, warp * 16, nq, p.dim, static_cast<float>(p.scale)) && p.non_finite)
+    *p.non_finite = 1;
 #endif
 }
 

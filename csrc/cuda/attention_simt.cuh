@@ -9,6 +9,10 @@
 //   dQ:      a warp per query row; dS = P (dP - delta), dQ = scale * sum_j dS_j k_j.
 //   dK/dV:   a warp per key row of a K/V head, over the query heads of its GQA group and the queries that see it:
 //            dV = sum_i P_i dO_i, dK = scale * sum_i dS_i q_i. Deterministic: every gradient row has one writer.
+// Each kernel also has a fix-up pass (kPass = kFixup) that runs after the tensor-core kernel of the same parameters
+// (attention_mma.cuh, "Hidden keys and mma.sync"): it does nothing unless that kernel set *p.non_finite, and then
+// writes again only the rows whose result is not finite. The dQ kernel's kConvert pass turns the tensor-core
+// backward's atomic dQ sums into grad_q, summing again the rows whose sums are not finite.
 #include "attention_kernels.cuh"
 #include "common.cuh"
 
@@ -95,10 +99,23 @@ __device__ __forceinline__ float mask_term(const AttentionParams& p, int64_t b, 
   return static_cast<const float*>(p.mask)[at];
 }
 
+// The passes of a SIMT kernel: every row; the fix-up after a tensor-core kernel; the conversion of atomic dQ sums.
+enum class SimtPass { kFull, kFixup, kConvert };
+
+// Whether a[0..n) and b[0..m) are all finite (read by the lanes of a warp; every lane gets the answer).
+template <typename T>
+__device__ __forceinline__ bool rows_finite(const T* a, int n, const T* b, int m, int lane) {
+  float bad = 0.f;
+#pragma unroll 1
+  for (int d = lane; d < n || d < m; d += kWarpSize)
+    if ((d < n && non_finite(to_float(a[d]))) || (d < m && non_finite(to_float(b[d])))) bad = 1.f;
+  return warp_max(bad) == 0.f;
+}
+
 // Shared memory of a warp: up to two staged rows and two chunks of weights.
 constexpr int kSimtSmemFloats = 2 * kSimtMaxHeadDim + 2 * kWarpSize;
 
-template <typename T, int kVec, int kIters>
+template <typename T, int kVec, int kIters, SimtPass kPass>
 __global__ void __launch_bounds__(kSimtWarps* kWarpSize) attention_simt_fwd_kernel(AttentionParams p) {
   __shared__ float smem[kSimtWarps][kSimtSmemFloats];
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -106,9 +123,14 @@ __global__ void __launch_bounds__(kSimtWarps* kWarpSize) attention_simt_fwd_kern
   float* ws = smem[warp] + kSimtMaxHeadDim;  // [32] the chunk's exp(s - m)
   const int D = static_cast<int>(p.dim), Dv = static_cast<int>(p.dim_v);
   const int64_t group = p.heads_q / p.heads_kv, rows = p.batch * p.heads_q * p.len_q;
+  if (kPass == SimtPass::kFixup && !*p.non_finite) return;
   // rows in the order [B, Hq, Lq]: the warps of a block mostly share a head, so their K/V reads hit the same lines
   for (int64_t row = int64_t(blockIdx.x) * kSimtWarps + warp; row < rows; row += int64_t(gridDim.x) * kSimtWarps) {
     const int64_t i = row % p.len_q, h = row / p.len_q % p.heads_q, b = row / (p.len_q * p.heads_q);
+    if constexpr (kPass == SimtPass::kFixup) {
+      const T* out = simt_row<T>(p.out, p.o_stride, b, h, i);
+      if (rows_finite(out, Dv, out, 0, lane)) continue;
+    }
     stage_row(qs, simt_row<T>(p.q, p.q_stride, b, h, i), D, static_cast<float>(p.scale), lane);
     __syncwarp();
     const T* k = simt_row<T>(p.k, p.k_stride, b, h / group, 0);
@@ -147,9 +169,9 @@ __global__ void __launch_bounds__(kSimtWarps* kWarpSize) attention_simt_fwd_kern
   }
 }
 
-template <typename T, int kVec, int kIters>
+template <typename T, int kVec, int kIters, SimtPass kPass>
 __global__ void __launch_bounds__(kSimtWarps* kWarpSize)
-    attention_simt_dq_kernel(AttentionBackwardParams bp, const float* delta) {
+    attention_simt_dq_kernel(AttentionBackwardParams bp, const float* delta, const float* dq_accum) {
   __shared__ float smem[kSimtWarps][kSimtSmemFloats];
   const AttentionParams& p = bp.fwd;
   const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -159,10 +181,32 @@ __global__ void __launch_bounds__(kSimtWarps* kWarpSize)
   const int D = static_cast<int>(p.dim), Dv = static_cast<int>(p.dim_v);
   const float scale = static_cast<float>(p.scale);
   const int64_t group = p.heads_q / p.heads_kv, rows = p.batch * p.heads_q * p.len_q;
+  if (kPass == SimtPass::kFixup && !*p.non_finite) return;
   for (int64_t row = int64_t(blockIdx.x) * kSimtWarps + warp; row < rows; row += int64_t(gridDim.x) * kSimtWarps) {
     const int64_t i = row % p.len_q, h = row / p.len_q % p.heads_q, b = row / (p.len_q * p.heads_q);
-    const float lse = static_cast<const float*>(p.lse)[row], dlt = delta[row];
     float dq[kIters] = {};
+    if constexpr (kPass == SimtPass::kFixup) {
+      const T* gq = simt_row<T>(bp.grad_q, bp.gq_stride, b, h, i);
+      if (rows_finite(gq, D, gq, 0, lane)) continue;
+    }
+    if constexpr (kPass == SimtPass::kConvert) {  // dq_accum: [B, Hq, Lq, D] float32 contiguous, scaled
+      float bad = 0.f;
+#pragma unroll
+      for (int t = 0; t < kIters; ++t) {
+        const int d = lane + kWarpSize * t;
+        if (d < D) {
+          dq[t] = dq_accum[row * D + d];
+          if (non_finite(dq[t])) bad = 1.f;
+        }
+      }
+      if (warp_max(bad) == 0.f) {
+        store_row(simt_row<T>(bp.grad_q, bp.gq_stride, b, h, i), dq, 1.f, D, lane);
+        continue;
+      }
+#pragma unroll
+      for (int t = 0; t < kIters; ++t) dq[t] = 0.f;
+    }
+    const float lse = static_cast<const float*>(p.lse)[row], dlt = delta[row];
     if (lse != -INFINITY) {  // a row that saw no key has zero gradient
       stage_row(qs, simt_row<T>(p.q, p.q_stride, b, h, i), D, scale, lane);
       stage_row(gs, simt_row<T>(bp.grad_out, bp.go_stride, b, h, i), Dv, 1.f, lane);
@@ -193,7 +237,7 @@ __global__ void __launch_bounds__(kSimtWarps* kWarpSize)
   }
 }
 
-template <typename T, int kVec, int kIters>
+template <typename T, int kVec, int kIters, SimtPass kPass>
 __global__ void __launch_bounds__(kSimtWarps* kWarpSize)
     attention_simt_dkv_kernel(AttentionBackwardParams bp, const float* delta) {
   __shared__ float smem[kSimtWarps][kSimtSmemFloats];
@@ -206,8 +250,14 @@ __global__ void __launch_bounds__(kSimtWarps* kWarpSize)
   const int D = static_cast<int>(p.dim), Dv = static_cast<int>(p.dim_v);
   const float scale = static_cast<float>(p.scale);
   const int64_t group = p.heads_q / p.heads_kv, rows = p.batch * p.heads_kv * p.len_k;
+  if (kPass == SimtPass::kFixup && !*p.non_finite) return;
   for (int64_t row = int64_t(blockIdx.x) * kSimtWarps + warp; row < rows; row += int64_t(gridDim.x) * kSimtWarps) {
     const int64_t j = row % p.len_k, hk = row / p.len_k % p.heads_kv, b = row / (p.len_k * p.heads_kv);
+    if constexpr (kPass == SimtPass::kFixup) {
+      if (rows_finite(simt_row<T>(bp.grad_k, bp.gk_stride, b, hk, j), D, simt_row<T>(bp.grad_v, bp.gv_stride, b, hk, j),
+                      Dv, lane))
+        continue;
+    }
     float dk[kIters] = {}, dv[kIters] = {};
     const KeyRange queries = visible_queries(p, j);
     if (!p.key_lengths || j < p.key_lengths[b]) {  // padding keys have zero gradient
@@ -256,10 +306,24 @@ inline unsigned simt_grid(int64_t rows) {
   return static_cast<unsigned>(std::min<int64_t>((rows + kSimtWarps - 1) / kSimtWarps, int64_t(1) << 30));
 }
 
+// The grid of a pass over `rows` rows: a block a kSimtWarps rows, but for a fix-up pass a few blocks a multiprocessor,
+// which loop over the rows: with nothing to fix, the pass is one read of the flag a block.
+inline unsigned simt_grid(int64_t rows, SimtPass pass) {
+  const int64_t fixup_blocks = 4 * int64_t(device_attribute(cudaDevAttrMultiProcessorCount));
+  return pass == SimtPass::kFixup ? static_cast<unsigned>(std::min<int64_t>(simt_grid(rows), fixup_blocks))
+                                  : simt_grid(rows);
+}
+
 // Calls f(std::integral_constant<int, kVec>, std::integral_constant<int, kIters>): kVec the pack width when `packs`
 // (else 1), kIters the dims a lane owns for rows of up to `dim` elements (a power of two, 1 .. 16). float16/bfloat16
 // reach these kernels only when a head dim is past the tensor-core limit (attention.cu), a rare case: they get the
 // widest tile alone, which halves the kernels this file instantiates (and the build time).
+// Calls f(kVec, kIters, kPass) as integral constants: dispatch_simt's for kFull; for the other passes, which follow
+// the tensor-core kernels on their operands (float16/bfloat16, every row 16-byte aligned: mma_operand), the one
+// instantiation they need (kConvert only where kWithConvert: the dQ kernel's).
+template <typename T, bool kWithConvert, class F>
+void dispatch_simt_pass(SimtPass pass, int64_t dim, bool packs, F&& f);
+
 template <typename T, class F>
 void dispatch_simt(int64_t dim, bool packs, F&& f) {
   static_assert(kSimtMaxHeadDim == 16 * kWarpSize, "kIters cases below cover 1 .. 16 dims a lane");
@@ -285,40 +349,79 @@ void dispatch_simt(int64_t dim, bool packs, F&& f) {
   }
 }
 
+template <typename T, bool kWithConvert, class F>
+void dispatch_simt_pass(SimtPass pass, int64_t dim, bool packs, F&& f) {
+  using Full = std::integral_constant<SimtPass, SimtPass::kFull>;
+  if constexpr (!std::is_same_v<T, float>) {
+    if (pass != SimtPass::kFull) {
+      TORCH_CHECK(kWithConvert || pass == SimtPass::kFixup, "internal error: a SIMT conversion pass outside dQ");
+      using Vec = std::integral_constant<int, kPackElems<T>>;
+      using Iters = std::integral_constant<int, 16>;
+      if constexpr (kWithConvert) {
+        if (pass == SimtPass::kConvert)
+          return f(Vec{}, Iters{}, std::integral_constant<SimtPass, SimtPass::kConvert>{});
+      }
+      return f(Vec{}, Iters{}, std::integral_constant<SimtPass, SimtPass::kFixup>{});
+    }
+  }
+  TORCH_CHECK(pass == SimtPass::kFull, "internal error: a SIMT fix-up or conversion pass for float32");
+  dispatch_simt<T>(dim, packs, [&](auto vec, auto iters) { f(vec, iters, Full{}); });
+}
+
 template <typename T>
 void attention_simt_fwd(const AttentionParams& p, cudaStream_t stream) {
   const int64_t rows = p.batch * p.heads_q * p.len_q;
   if (rows == 0) return;
+  const SimtPass pass = p.non_finite ? SimtPass::kFixup : SimtPass::kFull;
   // Each lane streams its own rows of K.
-  dispatch_simt<T>(p.dim_v, rows_aligned16(p.k, p.k_stride, sizeof(T)), [&](auto vec, auto iters) {
+  dispatch_simt_pass<T, false>(pass, p.dim_v, rows_aligned16(p.k, p.k_stride, sizeof(T)), [&](auto vec, auto iters,
+                                                                                                auto pass_) {
     constexpr int kVec = decltype(vec)::value, kIters = decltype(iters)::value;
-    attention_simt_fwd_kernel<T, kVec, kIters><<<simt_grid(rows), kSimtWarps * kWarpSize, 0, stream>>>(p);
+    constexpr SimtPass kPass = decltype(pass_)::value;
+    attention_simt_fwd_kernel<T, kVec, kIters, kPass><<<simt_grid(rows, kPass), kSimtWarps * kWarpSize, 0, stream>>>(p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+template <typename T>
+void attention_simt_dq(const AttentionBackwardParams& bp, const float* delta, const float* dq_accum,
+                       cudaStream_t stream) {
+  const AttentionParams& p = bp.fwd;
+  const int64_t rows = p.batch * p.heads_q * p.len_q;
+  if (rows == 0) return;
+  const SimtPass pass = dq_accum ? SimtPass::kConvert : p.non_finite ? SimtPass::kFixup : SimtPass::kFull;
+  // Each lane streams its own rows of K and V.
+  const bool packs = rows_aligned16(p.k, p.k_stride, sizeof(T)) && rows_aligned16(p.v, p.v_stride, sizeof(T));
+  dispatch_simt_pass<T, true>(pass, std::max(p.dim, p.dim_v), packs, [&](auto vec, auto iters, auto pass_) {
+    constexpr int kVec = decltype(vec)::value, kIters = decltype(iters)::value;
+    constexpr SimtPass kPass = decltype(pass_)::value;
+    const unsigned grid = simt_grid(rows, kPass);
+    attention_simt_dq_kernel<T, kVec, kIters, kPass><<<grid, kSimtWarps * kWarpSize, 0, stream>>>(bp, delta, dq_accum);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+template <typename T>
+void attention_simt_dkv(const AttentionBackwardParams& bp, const float* delta, cudaStream_t stream) {
+  const AttentionParams& p = bp.fwd;
+  const int64_t rows = p.batch * p.heads_kv * p.len_k;
+  if (rows == 0) return;
+  const SimtPass pass = p.non_finite ? SimtPass::kFixup : SimtPass::kFull;
+  // Each lane streams its own rows of Q and grad_out.
+  const bool packs = rows_aligned16(p.q, p.q_stride, sizeof(T)) && rows_aligned16(bp.grad_out, bp.go_stride, sizeof(T));
+  dispatch_simt_pass<T, false>(pass, std::max(p.dim, p.dim_v), packs, [&](auto vec, auto iters, auto pass_) {
+    constexpr int kVec = decltype(vec)::value, kIters = decltype(iters)::value;
+    constexpr SimtPass kPass = decltype(pass_)::value;
+    const unsigned grid = simt_grid(rows, kPass);
+    attention_simt_dkv_kernel<T, kVec, kIters, kPass><<<grid, kSimtWarps * kWarpSize, 0, stream>>>(bp, delta);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
 
 template <typename T>
 void attention_simt_bwd(const AttentionBackwardParams& bp, const float* delta, cudaStream_t stream) {
-  const AttentionParams& p = bp.fwd;
-  const int64_t q_rows = p.batch * p.heads_q * p.len_q, k_rows = p.batch * p.heads_kv * p.len_k;
-  const int64_t dim = std::max(p.dim, p.dim_v);
-  if (q_rows > 0) {  // each lane streams its own rows of K and V
-    const bool packs = rows_aligned16(p.k, p.k_stride, sizeof(T)) && rows_aligned16(p.v, p.v_stride, sizeof(T));
-    dispatch_simt<T>(dim, packs, [&](auto vec, auto iters) {
-      constexpr int kVec = decltype(vec)::value, kIters = decltype(iters)::value;
-      attention_simt_dq_kernel<T, kVec, kIters><<<simt_grid(q_rows), kSimtWarps * kWarpSize, 0, stream>>>(bp, delta);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-  }
-  if (k_rows > 0) {  // each lane streams its own rows of Q and grad_out
-    const bool packs =
-        rows_aligned16(p.q, p.q_stride, sizeof(T)) && rows_aligned16(bp.grad_out, bp.go_stride, sizeof(T));
-    dispatch_simt<T>(dim, packs, [&](auto vec, auto iters) {
-      constexpr int kVec = decltype(vec)::value, kIters = decltype(iters)::value;
-      attention_simt_dkv_kernel<T, kVec, kIters><<<simt_grid(k_rows), kSimtWarps * kWarpSize, 0, stream>>>(bp, delta);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    });
-  }
+  attention_simt_dq<T>(bp, delta, nullptr, stream);
+  attention_simt_dkv<T>(bp, delta, stream);
 }
 
 }  // namespace pytransformer::cuda

@@ -127,6 +127,9 @@ struct SumOp {
 // torch, instead of passing for a row with nothing visible.
 __device__ __forceinline__ float max_nan(float a, float b) { return (a > b || a != a) ? a : b; }
 
+// Whether x is an inf or a NaN, read off its exponent bits (integer arithmetic, which fast math leaves alone).
+__device__ __forceinline__ bool non_finite(float x) { return (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u; }
+
 // (max, sum of exp(v - max)) pairs of two parts of a row merged; (-inf, 0) is the empty part. Rounded explicitly
 // (no fma contraction) so that the merge is symmetric and every lane of a butterfly ends with the same value.
 struct MaxSumOp {

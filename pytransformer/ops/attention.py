@@ -91,7 +91,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, ca
     mask gets no gradient), causal (bottom-right), window=W (keys p - W < j <= p, implies causal) and key_lengths
     (int [B]; keys j >= key_lengths[b] are padding). Rows with no visible key give zeros. GQA/MQA: Hq % Hkv == 0.
     A hidden key changes no visible result: NaN or inf in its K or V row reaches only the rows that see it (forward
-    and gradients), except on CUDA's float16/bfloat16 tensor-core kernels (docs/contract.md, `attention`).
+    and gradients), on every device and kernel.
     dropout_p > 0 drops probabilities whenever given (pass 0 in eval), on an unfused path that materialises the
     scores; dropout_p == 0 always runs the fused kernel.
     """

@@ -43,7 +43,7 @@ PT_PROBE_OFFSETS(AttentionParams, OFF(AttentionParams, batch), OFF(AttentionPara
                  OFF(AttentionParams, v_stride), OFF(AttentionParams, out), OFF(AttentionParams, o_stride),
                  OFF(AttentionParams, lse), OFF(AttentionParams, mask_kind), OFF(AttentionParams, mask),
                  OFF(AttentionParams, mask_stride), OFF(AttentionParams, causal), OFF(AttentionParams, window),
-                 OFF(AttentionParams, key_lengths), OFF(AttentionParams, scale))
+                 OFF(AttentionParams, key_lengths), OFF(AttentionParams, scale), OFF(AttentionParams, non_finite))
 PT_PROBE_OFFSETS(AttentionBackwardParams, OFF(AttentionBackwardParams, fwd), OFF(AttentionBackwardParams, grad_out),
                  OFF(AttentionBackwardParams, go_stride), OFF(AttentionBackwardParams, grad_q),
                  OFF(AttentionBackwardParams, grad_k), OFF(AttentionBackwardParams, grad_v),
