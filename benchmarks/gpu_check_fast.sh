@@ -29,12 +29,12 @@ Exit status: 0 when every instance passed, 1 when one failed, 2 for bad argument
 EOF
 }
 
-OUT_DIR="" TIMEOUT=0 BUDGET=0 BENCH=1
+RESULTS_DIR="" TIMEOUT=0 BUDGET=0 BENCH=1
 while [ $# -gt 0 ]; do
   case $1 in
     -h | --help) usage; exit 0 ;;
     -o | --out) [ $# -ge 2 ] && [ -n "$2" ] || { echo "gpu_check_fast.sh: $1 needs a directory" >&2; exit 2; }
-      OUT_DIR=$2; shift 2 ;;
+      RESULTS_DIR=$2; shift 2 ;;
     -t | --timeout) [ $# -ge 2 ] || { echo "gpu_check_fast.sh: $1 needs a number of seconds" >&2; exit 2; }
       TIMEOUT=$2; shift 2 ;;
     -b | --budget) [ $# -ge 2 ] || { echo "gpu_check_fast.sh: $1 needs a number of seconds" >&2; exit 2; }
@@ -49,8 +49,8 @@ for value in "$TIMEOUT" "$BUDGET"; do
       exit 2 ;;
   esac
 done
-[ -n "$OUT_DIR" ] || OUT_DIR=$(cd "$(dirname "$0")/.." && pwd)/gpu_check_out
-mkdir -p "$OUT_DIR" && OUT_DIR=$(cd "$OUT_DIR" && pwd) || exit 2
+[ -n "$RESULTS_DIR" ] || RESULTS_DIR=$(cd "$(dirname "$0")/.." && pwd)/gpu_check_out
+mkdir -p "$RESULTS_DIR" && RESULTS_DIR=$(cd "$RESULTS_DIR" && pwd) || exit 2
 cd "$(dirname "$0")/.." || exit 2
 if [ -z "${PYTHON:-}" ]; then
   if [ -x .venv/bin/python ]; then PYTHON=$PWD/.venv/bin/python; else PYTHON=python3; fi
@@ -61,7 +61,7 @@ export PYTHON
 gpu_check() {
   local name=$1
   shift
-  bash benchmarks/gpu_check.sh --out "$OUT_DIR/$name" --timeout "$TIMEOUT" "$@" > "$OUT_DIR/$name.out" 2>&1
+  bash benchmarks/gpu_check.sh --out "$RESULTS_DIR/$name" --timeout "$TIMEOUT" "$@" > "$RESULTS_DIR/$name.out" 2>&1
 }
 # side NAME ARG...: a side-by-side instance, within --budget.
 side() {
@@ -97,14 +97,14 @@ fi
   echo
   no_bench=""
   [ "$BENCH" = 1 ] || no_bench=" --no-bench"
-  echo "- command: bash benchmarks/gpu_check_fast.sh --out $OUT_DIR --timeout $TIMEOUT --budget $BUDGET$no_bench"
+  echo "- command: bash benchmarks/gpu_check_fast.sh --out $RESULTS_DIR --timeout $TIMEOUT --budget $BUDGET$no_bench"
   echo "- failed instances: ${FAILED[*]:-none}"
   for name in build "${names[@]}" bench; do
-    [ -f "$OUT_DIR/$name/summary.md" ] || continue
+    [ -f "$RESULTS_DIR/$name/summary.md" ] || continue
     echo
     echo "## $name"
-    sed -e 1d -e 's/^#/##/' "$OUT_DIR/$name/summary.md"
+    sed -e 1d -e 's/^#/##/' "$RESULTS_DIR/$name/summary.md"
   done
-} > "$OUT_DIR/summary.md"
-cat "$OUT_DIR/summary.md"
+} > "$RESULTS_DIR/summary.md"
+cat "$RESULTS_DIR/summary.md"
 [ ${#FAILED[@]} -eq 0 ]
