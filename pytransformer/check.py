@@ -192,16 +192,19 @@ def attention_tiles(head_dim: int, gqa: bool) -> tuple:
     return ((2, 3, 1) if gqa else (1, 1, 1)) + (2 * block_m + 3, 3 * block_n + 5, head_dim, head_dim)
 
 
-# (shape, mask, dtype, also in deterministic mode). Several tiles on every tensor-core head-dim family: Lq over 2
-# query tiles and Lk over 3 key tiles (attention_tiles), so that the online softmax rescales across key tiles, the
-# next tiles' K/V are prefetched into the other stage, the barriers that protect the stages matter, and full unmasked
-# tiles take the clean-tile path; masked and not, GQA, and the deterministic dQ kernel. The CI emulator run takes
-# these besides the quick shapes.
+# (shape, mask, dtype, also in deterministic mode[, scale]; default scale D^-0.5). Several tiles on every tensor-core
+# head-dim family: Lq over 2 query tiles and Lk over 3 key tiles (attention_tiles), so that the online softmax rescales
+# across key tiles, the next tiles' K/V are prefetched into the other stage, the barriers that protect the stages
+# matter, and full unmasked tiles take the clean-tile path; masked and not, GQA, and the deterministic dQ kernel; and
+# a negative and a zero scale, with which clean tiles scale their scores before the row max (a positive scale goes
+# into the exponent instead). The CI emulator run takes these besides the quick shapes.
 ATTENTION_TILE_CASES = (
     [(attention_tiles(hd, False), "none", torch.bfloat16, False) for hd in ATTENTION_TILE_HEAD_DIMS] +
     [(attention_tiles(hd, False), "window+float", torch.float16, False) for hd in ATTENTION_TILE_HEAD_DIMS] +
     [(attention_tiles(hd, True), "causal+lengths+bool", torch.bfloat16, hd in (64, 256))
-     for hd in ATTENTION_TILE_HEAD_DIMS])
+     for hd in ATTENTION_TILE_HEAD_DIMS] +
+    [(attention_tiles(64, False), "causal", torch.bfloat16, True, -0.3),
+     (attention_tiles(64, False), "none", torch.float16, False, 0.0)])
 # The deterministic backward (the dQ kernel, and the dK/dV kernel without dQ atomics) of every head-dim family in
 # both 16-bit dtypes, on one tile: with ATTENTION_TILE_CASES, every tensor-core kernel instantiation.
 ATTENTION_DETERMINISTIC_CASES = [((1, 2, 1, 9, 20, hd, hd), "causal", dtype, True)
@@ -441,21 +444,25 @@ class KernelChecks:
                                     self.ops.attention(q, k, v, None, False, None, None, d ** -0.5)[0], nan_rows)
 
     def check_attention_cases(self, cases) -> None:
-        """ATTENTION_TILE_CASES-like (shape, mask, dtype, deterministic too): forward and backward; the backward again
-        in deterministic mode (the dQ kernel without atomics) where marked."""
-        for shape, kind, dtype, deterministic in (c for c in cases if c[2] in self.dtypes):
-            self.attention_case(shape, dtype, kind)
+        """ATTENTION_TILE_CASES-like (shape, mask, dtype, deterministic too[, scale]): forward and backward; the
+        backward again in deterministic mode (the dQ kernel without atomics) where marked."""
+        for shape, kind, dtype, deterministic, *given in (c for c in cases if c[2] in self.dtypes):
+            scale = given[0] if given else None
+            self.attention_case(shape, dtype, kind, scale=scale)
             if deterministic:
                 with deterministic_algorithms(True):
-                    self.attention_case(shape, dtype, kind, tag=DETERMINISTIC_TAG)
+                    self.attention_case(shape, dtype, kind, tag=DETERMINISTIC_TAG, scale=scale)
 
-    def attention_case(self, shape, dtype, kind: str, layout: str = "contiguous", tag: str = "") -> None:
-        """One attention case: forward out and lse, backward grad q/k/v, against float64 references."""
+    def attention_case(self, shape, dtype, kind: str, layout: str = "contiguous", tag: str = "",
+                       scale: float | None = None) -> None:
+        """One attention case: forward out and lse, backward grad q/k/v, against float64 references (scale: D^-0.5
+        if None)."""
         device = self.device
         b, hq, hkv, lq, lk, d, dv = shape
         q, k, v = attention_operands(shape, dtype, device, layout)
         kwargs = attention_kwargs(kind, b, hq, lq, lk, dtype, device)
-        scale = d ** -0.5
+        tag = f"{list(shape)} {str(dtype)[6:]} {kind} {layout}{'' if scale is None else f' scale={scale}'}{tag}"
+        scale = d ** -0.5 if scale is None else scale
         # float64 references of the values the kernels see (inputs rounded to dtype)
         ref_kwargs = {n: (a.double().cpu() if torch.is_tensor(a) and a.is_floating_point() else
                           a.cpu() if torch.is_tensor(a) else a) for n, a in kwargs.items()}
@@ -463,7 +470,6 @@ class KernelChecks:
         ref = reference.attention(qr, kr, vr, scale=scale, **ref_kwargs)
         lse_ref = torch.logsumexp(reference.attention_scores(qr.detach(), kr.detach(), scale=scale,
                                                              **ref_kwargs), -1)
-        tag = f"{list(shape)} {str(dtype)[6:]} {kind} {layout}{tag}"
         args = attention_args(kwargs, scale)
         self.inputs = {"q": q, "k": k, "v": v, **kwargs, "scale": scale}
         poison(q)

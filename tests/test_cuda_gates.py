@@ -2,16 +2,17 @@
 planted reintroduction: a host library call in device code (tools/host_calls_gate.py: std::copy of a register array,
 which nvcc compiles to nothing) and an mma.sync that reads a fragment nothing converted (tools/mma_operands_gate.py:
 the P V products of an attention forward reading Q's registers, as they did when that copy was dropped); and the
-gate of `make cuda-emulate` that every kernel instantiation is reached by an emulated case
-(tools/cuda_emulator/coverage.py)."""
+gate of `make cuda-emulate` that every kernel instantiation and every line of csrc/cuda with code is reached by an
+emulated case (tools/cuda_emulator/coverage.py)."""
 import json
 import os
 import shutil
+import subprocess
 
 import pytest
 
 from tools import host_calls_gate, mma_operands_gate
-from tools.cuda_emulator import coverage
+from tools.cuda_emulator import build, coverage
 
 NVCC = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
 needs_nvcc = pytest.mark.skipif(not shutil.which(NVCC), reason="needs nvcc")
@@ -116,8 +117,49 @@ def test_coverage_counts_kernels_not_their_lambdas():
 def test_coverage_check_fails_on_an_unreached_instantiation(monkeypatch, tmp_path, capsys, reached, status):
     monkeypatch.setattr(coverage, "instantiations", lambda library=coverage.LIBRARY: {NORM_FWD, NORM_FWD_PACKED})
     monkeypatch.setattr(coverage, "demangle", lambda names: names)
+    monkeypatch.setattr(coverage, "line_counts", lambda: {tmp_path / "kernel.cuh": {1: 3}})
+    (tmp_path / "kernel.cuh").write_text("x;\n")
     path = tmp_path / "reached.json"
     path.write_text(json.dumps({name: ["tests/ops/test_norm.py::test_x"] for name in reached}))
     assert coverage.main(["--check", str(path)]) == status
     out = capsys.readouterr().out
     assert (f"{NORM_FWD_PACKED}  UNREACHED" in out) == bool(status)
+
+
+def test_emulator_rewrite_keeps_every_line_in_place():
+    """The emulator compiles each CUDA source rewritten under its own name and line numbers (#line 1): its sanitizers'
+    reports and line coverage point into the original only if the rewrite moves no line."""
+    for source in sorted(coverage.CUDA_SOURCES.glob("*.cu*")):
+        text = source.read_text()
+        assert build.rewrite(text).count("\n") == text.count("\n"), source.name
+
+
+LINES = """#include <cstdio>
+#define TORCH_CHECK(c, m) if (!(c)) std::puts(m)
+int step(int x) {
+  if (x > 0)
+    return x + 1;
+  if (x == 0)
+    TORCH_CHECK(false, "internal error");
+  return x - 1;
+}
+int main(int argc, char**) { return step(argc - 2) > 100; }
+"""
+
+
+@pytest.mark.skipif(not (shutil.which("g++") and shutil.which("gcov")), reason="needs g++ and gcov")
+@pytest.mark.parametrize("args", [[], ["positive"]])
+def test_coverage_finds_an_unreached_line(tmp_path, args):
+    """A program built as the emulator is (--coverage, atomic counters) and run: a line no run took is reported by
+    file and line, unless it only raises (TORCH_CHECK(false, ...)); run with both signs, nothing is."""
+    (tmp_path / "src").mkdir()
+    source = tmp_path / "src" / "step.cpp"
+    source.write_text(LINES)
+    subprocess.run(["g++", "-O1", "--coverage", "-fprofile-update=atomic", "-o", "step", str(source)], cwd=tmp_path,
+                   check=True)
+    subprocess.run([str(tmp_path / "step")], cwd=tmp_path, check=True)  # step(-1): the negative branch
+    for arg in args:
+        subprocess.run([str(tmp_path / "step"), arg, arg], cwd=tmp_path, check=True)  # step(1)
+    counts = coverage.line_counts(tmp_path, tmp_path / "src")
+    assert counts[source][4] >= 1 + len(args) and counts[source][7] == 0
+    assert coverage.unreached_lines(counts) == ([] if args else [(source, 5, "return x + 1;")])

@@ -196,27 +196,34 @@ inline RowConfig row_config(int64_t n, int vec, int max_elems, int max_row_threa
   return {vec, row_threads, next_pow2(iters), row_threads <= 32 ? kSmallRowsBlock : row_threads};
 }
 
+// Calls f(std::integral_constant<int, k>) for the k of {0, 1, 2, 4, 8} within [kMin, kMax] that equals n (chunks a
+// thread, chosen by the launch code within those bounds), instantiating f for those k only. Written as one test a k
+// rather than a switch, so that no code exists for a k outside the bounds (the emulator's line coverage counts none).
+template <int kMin, int kMax, class F>
+void dispatch_chunks(int n, F&& f) {
+  bool called = false;
+  auto one = [&](auto k) {
+    if constexpr (kMin <= decltype(k)::value && decltype(k)::value <= kMax)
+      if (n == decltype(k)::value) {
+        f(k);
+        called = true;
+      }
+  };
+  one(std::integral_constant<int, 0>{});
+  one(std::integral_constant<int, 1>{});
+  one(std::integral_constant<int, 2>{});
+  one(std::integral_constant<int, 4>{});
+  one(std::integral_constant<int, 8>{});
+  TORCH_CHECK(called, "internal error: ", n, " chunks a thread, outside ", kMin, "..", kMax, " or not a power of 2");
+}
+
 // Calls f(std::integral_constant<int, kVec>, std::integral_constant<int, kIters>) for cfg.vec (kPackVec or 1) and
 // cfg.iters, instantiating only the (kVec, kIters) pairs that row_config(..., kMaxElems, ...) can choose.
 template <int kPackVec, int kMaxElems, class F>
 void dispatch_row_config(const RowConfig& cfg, F&& f) {
   auto with_iters = [&](auto vec) {
-    constexpr int kMaxIters = std::max(1, std::min(8, kMaxElems / decltype(vec)::value));
-    auto call = [&](auto iters) {
-      if constexpr (decltype(iters)::value <= kMaxIters) {
-        f(vec, iters);
-      } else {
-        TORCH_CHECK(false, "internal error: ", decltype(iters)::value, " chunks per thread exceed the limit");
-      }
-    };
-    switch (cfg.iters) {
-      case 0: return call(std::integral_constant<int, 0>{});
-      case 1: return call(std::integral_constant<int, 1>{});
-      case 2: return call(std::integral_constant<int, 2>{});
-      case 4: return call(std::integral_constant<int, 4>{});
-      case 8: return call(std::integral_constant<int, 8>{});
-      default: TORCH_CHECK(false, "internal error: unsupported chunks per thread ", cfg.iters);
-    }
+    dispatch_chunks<0, std::max(1, std::min(8, kMaxElems / decltype(vec)::value))>(cfg.iters,
+                                                                                   [&](auto iters) { f(vec, iters); });
   };
   if (cfg.vec == kPackVec) {
     with_iters(std::integral_constant<int, kPackVec>{});

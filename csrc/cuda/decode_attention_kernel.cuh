@@ -280,25 +280,6 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_combine_kernel(const fl
 
 // ---- launch (stream-ordered; the caller has checked the arguments and set the device) ----
 
-// Calls f(std::integral_constant<int, kC>) for c in {1, 2, 4, 8}, instantiating only kC <= kMaxC.
-template <int kMaxC, class F>
-void dispatch_chunks(int c, F&& f) {
-  auto call = [&](auto kc) {
-    if constexpr (decltype(kc)::value <= kMaxC) {
-      f(kc);
-    } else {
-      TORCH_CHECK(false, "internal error: ", decltype(kc)::value, " chunks a thread exceed the limit");
-    }
-  };
-  switch (c) {
-    case 1: return call(std::integral_constant<int, 1>{});
-    case 2: return call(std::integral_constant<int, 2>{});
-    case 4: return call(std::integral_constant<int, 4>{});
-    case 8: return call(std::integral_constant<int, 8>{});
-    default: TORCH_CHECK(false, "internal error: unsupported chunks a thread ", c);
-  }
-}
-
 // `packed`: K and V rows 16-byte aligned (base pointers and row strides) and D, Dv multiples of the pack.
 // alloc_floats(n) returns a float32 device buffer of n elements valid for the work queued on `stream`.
 template <typename T, class Alloc>
@@ -347,11 +328,11 @@ void launch_decode_attention(DecodeArgs<T> a, bool packed, cudaStream_t stream, 
   };
   // Chunks a thread: D, Dv <= kDecodeMaxHeadDim over 32 lanes.
   if (packed) {
-    dispatch_chunks<std::max(1, kDecodeMaxHeadDim / (32 * kPack))>(
+    dispatch_chunks<1, std::max(1, kDecodeMaxHeadDim / (32 * kPack))>(
         kc, [&](auto kchunks) { with_rows(std::integral_constant<int, kPack>{}, kchunks); });
   } else {
-    dispatch_chunks<kDecodeMaxHeadDim / 32>(kc,
-                                            [&](auto kchunks) { with_rows(std::integral_constant<int, 1>{}, kchunks); });
+    dispatch_chunks<1, kDecodeMaxHeadDim / 32>(
+        kc, [&](auto kchunks) { with_rows(std::integral_constant<int, 1>{}, kchunks); });
   }
 }
 

@@ -5,9 +5,10 @@ the primitives' probe ops of tools/ptx_probes.cu, rewritten the same way, as tor
 csrc/cuda/*.cu and *.cuh are rewritten (launches `k<<<g, b, s, st>>>(args)` -> `emu::launcher(k, g, b, s, st)(args)`, no
 device guard or stream, __shared__ arrays as static arrays registered with the sanitizers, `t.data_ptr()` as
 `emu::extent(t, t.data_ptr())`, the fast-math functions as those of fast_math.h, ops registered for the CPU under
-torch.ops.pytransformer_emu with the schemas of csrc/registration.cpp) into build/cuda_emulator and compiled with g++,
--fsanitize=thread (no TSan runtime: sanitizer.cpp takes the instrumentation's calls) and -ftrivial-auto-var-init=pattern
-(a local read before it is written holds garbage, as a GPU register does) against prelude.h (fibers for threads),
+torch.ops.pytransformer_emu with the schemas of csrc/registration.cpp) into build/cuda_emulator, line for line (#line
+names the original), and compiled with g++, -fsanitize=thread (no TSan runtime: sanitizer.cpp takes the
+instrumentation's calls), -ftrivial-auto-var-init=pattern (a local read before it is written holds garbage, as a GPU
+register does) and gcov's line counters for csrc/cuda's code (coverage.py) against prelude.h (fibers for threads),
 sanitizer.cpp and stubs.cpp (which also poisons every fresh CPU allocation: see README.md). The glue, the launch logic
 and the kernels run unchanged; PT_CUDA_EMULATOR swaps only the bodies of the instruction primitives of csrc/cuda/mma.cuh
 (inline PTX) for those of ptx.h here. The CUDA kernel cases of tests/ops run against this namespace with `python -m
@@ -42,7 +43,7 @@ def rewrite(text: str) -> str:
     # CUDA registrations become CPU ones: pytransformer's under pytransformer_emu, the probes' under their own name
     text = re.sub(r"TORCH_LIBRARY_IMPL\(pytransformer(\w*), CUDA, m\)",
                   lambda m: f"TORCH_LIBRARY_IMPL(pytransformer{m.group(1) or '_emu'}, CPU, m)", text)
-    return re.sub(r"#include <c10/cuda/CUDA(Guard|Stream)\.h>\n", "", text)
+    return re.sub(r"#include <c10/cuda/CUDA(Guard|Stream)\.h>\n", "\n", text)
 
 
 def schemas() -> str:
@@ -58,6 +59,12 @@ def schemas() -> str:
     return f"#include <torch/library.h>\n\n{block}\n"
 
 
+def rewritten(source: Path, prelude: bool = False) -> str:
+    """The rewrite of `source`, its lines numbered as the original's (#line): compiler messages, the sanitizers'
+    reports and the line coverage name the original file and line; prelude: prelude.h included first (a .cu file)."""
+    return ('#include "prelude.h"\n' if prelude else "") + f'#line 1 "{source}"\n' + rewrite(source.read_text())
+
+
 def write_if_changed(path: Path, text: str) -> None:
     """Write `text` unless the file already holds it (an unchanged source keeps its timestamp: no recompile)."""
     if not path.exists() or path.read_text() != text:
@@ -69,17 +76,16 @@ def load():
     src = OUT / "src"
     (src / "csrc" / "cuda").mkdir(parents=True, exist_ok=True)
     for header in (ROOT / "csrc").glob("*.h"):
-        write_if_changed(src / "csrc" / header.name, rewrite(header.read_text()))
-    write_if_changed(src / "probes.cpp", rewrite((HERE / "probes.cpp").read_text()))
-    write_if_changed(src / "ptx_probes_cu.cpp",
-                     '#include "prelude.h"\n' + rewrite((HERE.parent / "ptx_probes.cu").read_text()))
+        write_if_changed(src / "csrc" / header.name, rewritten(header))
+    write_if_changed(src / "probes.cpp", rewritten(HERE / "probes.cpp"))
+    write_if_changed(src / "ptx_probes_cu.cpp", rewritten(HERE.parent / "ptx_probes.cu", prelude=True))
     sources = [HERE / "stubs.cpp", HERE / "sanitizer.cpp", src / "probes.cpp", src / "ptx_probes_cu.cpp"]
     for f in sorted((ROOT / "csrc" / "cuda").iterdir()):
         if f.suffix == ".cuh":
-            write_if_changed(src / "csrc" / "cuda" / f.name, rewrite(f.read_text()))
+            write_if_changed(src / "csrc" / "cuda" / f.name, rewritten(f))
         elif f.suffix == ".cu":
             sources.append(src / "csrc" / "cuda" / f"{f.stem}_cu.cpp")
-            write_if_changed(sources[-1], '#include "prelude.h"\n' + rewrite(f.read_text()))
+            write_if_changed(sources[-1], rewritten(f, prelude=True))
     sources.append(src / "schemas.cpp")
     write_if_changed(sources[-1], schemas())
     (OUT / "obj").mkdir(exist_ok=True)
@@ -88,5 +94,7 @@ def load():
          extra_cflags=["-O1", "-std=c++20", "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", "-DPT_CUDA_EMULATOR", "-w",
                       "-fsanitize=thread", "-fsanitize=alignment",
                       "--param=tsan-instrument-func-entry-exit=0",
-                      "-ftrivial-auto-var-init=pattern"], is_python_module=False)
+                      "-ftrivial-auto-var-init=pattern", "--coverage", "-fprofile-update=atomic",
+                      f"-fprofile-filter-files={ROOT / 'csrc' / 'cuda'}/"],
+         extra_ldflags=["--coverage"], is_python_module=False)
     return torch.ops.pytransformer_emu

@@ -46,8 +46,9 @@ inline dim3 blockDim, gridDim;
 namespace emu {
 
 // Runtime functions that kernel code calls are excluded from the sanitizers' instrumentation (see sanitizer.h):
-// their own memory accesses are the emulator's, not the kernel's.
-#define EMU_RUNTIME __attribute__((no_sanitize("thread", "alignment")))
+// their own memory accesses are the emulator's, not the kernel's; and from the line coverage (coverage.py), whose
+// counters would slow them down and which maps the kernels' lines only.
+#define EMU_RUNTIME __attribute__((no_sanitize("thread", "alignment"), no_profile_instrument_function))
 
 struct Barrier {
   int expected, arrived = 0;
