@@ -155,8 +155,7 @@ def test_coverage_finds_an_unreached_line(tmp_path, args):
     (tmp_path / "src").mkdir()
     source = tmp_path / "src" / "step.cpp"
     source.write_text(LINES)
-    subprocess.run(["g++", "-O1", "--coverage", "-fprofile-update=atomic", "-o", "step", str(source)], cwd=tmp_path,
-                   check=True)
+    subprocess.run(["g++", "-O1", *build.COVERAGE_FLAGS, "-o", "step", str(source)], cwd=tmp_path, check=True)
     subprocess.run([str(tmp_path / "step")], cwd=tmp_path, check=True)  # step(-1): the negative branch
     for arg in args:
         subprocess.run([str(tmp_path / "step"), arg, arg], cwd=tmp_path, check=True)  # step(1)

@@ -302,28 +302,18 @@ __global__ void __launch_bounds__(kSimtWarps* kWarpSize)
 
 // ---- host side ----
 
-inline unsigned simt_grid(int64_t rows) {
-  return static_cast<unsigned>(std::min<int64_t>((rows + kSimtWarps - 1) / kSimtWarps, int64_t(1) << 30));
-}
-
 // The grid of a pass over `rows` rows: a block a kSimtWarps rows, but for a fix-up pass a few blocks a multiprocessor,
 // which loop over the rows: with nothing to fix, the pass is one read of the flag a block.
 inline unsigned simt_grid(int64_t rows, SimtPass pass) {
-  const int64_t fixup_blocks = 4 * int64_t(device_attribute(cudaDevAttrMultiProcessorCount));
-  return pass == SimtPass::kFixup ? static_cast<unsigned>(std::min<int64_t>(simt_grid(rows), fixup_blocks))
-                                  : simt_grid(rows);
+  int64_t blocks = std::min<int64_t>((rows + kSimtWarps - 1) / kSimtWarps, int64_t(1) << 30);
+  if (pass == SimtPass::kFixup) blocks = std::min<int64_t>(blocks, 4 * int64_t(multiprocessor_count()));
+  return static_cast<unsigned>(blocks);
 }
 
 // Calls f(std::integral_constant<int, kVec>, std::integral_constant<int, kIters>): kVec the pack width when `packs`
 // (else 1), kIters the dims a lane owns for rows of up to `dim` elements (a power of two, 1 .. 16). float16/bfloat16
 // reach these kernels only when a head dim is past the tensor-core limit (attention.cu), a rare case: they get the
 // widest tile alone, which halves the kernels this file instantiates (and the build time).
-// Calls f(kVec, kIters, kPass) as integral constants: dispatch_simt's for kFull; for the other passes, which follow
-// the tensor-core kernels on their operands (float16/bfloat16, every row 16-byte aligned: mma_operand), the one
-// instantiation they need (kConvert only where kWithConvert: the dQ kernel's).
-template <typename T, bool kWithConvert, class F>
-void dispatch_simt_pass(SimtPass pass, int64_t dim, bool packs, F&& f);
-
 template <typename T, class F>
 void dispatch_simt(int64_t dim, bool packs, F&& f) {
   static_assert(kSimtMaxHeadDim == 16 * kWarpSize, "kIters cases below cover 1 .. 16 dims a lane");
@@ -333,13 +323,7 @@ void dispatch_simt(int64_t dim, bool packs, F&& f) {
     if constexpr (!std::is_same_v<T, float>) {
       return f(vec, std::integral_constant<int, 16>{});
     } else {
-      switch (next_pow2((dim + kWarpSize - 1) / kWarpSize)) {
-        case 1: return f(vec, std::integral_constant<int, 1>{});
-        case 2: return f(vec, std::integral_constant<int, 2>{});
-        case 4: return f(vec, std::integral_constant<int, 4>{});
-        case 8: return f(vec, std::integral_constant<int, 8>{});
-        default: return f(vec, std::integral_constant<int, 16>{});
-      }
+      dispatch_chunks<1, 16>(next_pow2((dim + kWarpSize - 1) / kWarpSize), [&](auto iters) { f(vec, iters); });
     }
   };
   if (packs) {
@@ -349,6 +333,9 @@ void dispatch_simt(int64_t dim, bool packs, F&& f) {
   }
 }
 
+// Calls f(kVec, kIters, kPass) as integral constants: dispatch_simt's for kFull; for the other passes, which follow
+// the tensor-core kernels on their operands (float16/bfloat16, every row 16-byte aligned: mma_operand), the one
+// instantiation they need (kConvert only where kWithConvert: the dQ kernel's).
 template <typename T, bool kWithConvert, class F>
 void dispatch_simt_pass(SimtPass pass, int64_t dim, bool packs, F&& f) {
   using Full = std::integral_constant<SimtPass, SimtPass::kFull>;

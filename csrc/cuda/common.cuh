@@ -196,8 +196,8 @@ inline RowConfig row_config(int64_t n, int vec, int max_elems, int max_row_threa
   return {vec, row_threads, next_pow2(iters), row_threads <= 32 ? kSmallRowsBlock : row_threads};
 }
 
-// Calls f(std::integral_constant<int, k>) for the k of {0, 1, 2, 4, 8} within [kMin, kMax] that equals n (chunks a
-// thread, chosen by the launch code within those bounds), instantiating f for those k only. Written as one test a k
+// Calls f(std::integral_constant<int, k>) for the k of {0, 1, 2, 4, 8, 16} within [kMin, kMax] that equals n (chunks
+// a thread, chosen by the launch code within those bounds), instantiating f for those k only. Written as one test a k
 // rather than a switch, so that no code exists for a k outside the bounds (the emulator's line coverage counts none).
 template <int kMin, int kMax, class F>
 void dispatch_chunks(int n, F&& f) {
@@ -214,6 +214,7 @@ void dispatch_chunks(int n, F&& f) {
   one(std::integral_constant<int, 2>{});
   one(std::integral_constant<int, 4>{});
   one(std::integral_constant<int, 8>{});
+  one(std::integral_constant<int, 16>{});
   TORCH_CHECK(called, "internal error: ", n, " chunks a thread, outside ", kMin, "..", kMax, " or not a power of 2");
 }
 

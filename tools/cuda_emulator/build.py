@@ -26,6 +26,9 @@ OUT = ROOT / "build" / "cuda_emulator"
 LAUNCH = re.compile(r"([A-Za-z_][\w:]*(?:<[^<>;()]*>)?)<<<(.*?)>>>\(", re.S)
 FAST_MATH = re.compile(r"(?<![\w:.])(exp2f|__expf|expf|log2f|logf|rsqrtf)\(")  # see fast_math.h
 RECIPROCAL = re.compile(r"(?<![\w.])1\.f / ([A-Za-z_][\w.]*(?:\[[^\]]*\])*)")  # 1.f / x: rcp.approx
+# gcov's line counters, updated atomically: -fsanitize=thread leaves atomic updates alone, where it would send plain
+# ones through the sanitizers (coverage.py reads the counts)
+COVERAGE_FLAGS = ["--coverage", "-fprofile-update=atomic"]
 DATA_PTR = re.compile(r"\b(\w+)\.(?:const_|mutable_)?data_ptr(?:<[\w:]+>)?\(\)")
 
 
@@ -94,7 +97,7 @@ def load():
          extra_cflags=["-O1", "-std=c++20", "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", "-DPT_CUDA_EMULATOR", "-w",
                       "-fsanitize=thread", "-fsanitize=alignment",
                       "--param=tsan-instrument-func-entry-exit=0",
-                      "-ftrivial-auto-var-init=pattern", "--coverage", "-fprofile-update=atomic",
+                      "-ftrivial-auto-var-init=pattern", *COVERAGE_FLAGS,
                       f"-fprofile-filter-files={ROOT / 'csrc' / 'cuda'}/"],
          extra_ldflags=["--coverage"], is_python_module=False)
     return torch.ops.pytransformer_emu
