@@ -304,7 +304,7 @@ __global__ void __launch_bounds__(kSimtWarps* kWarpSize)
 
 // The grid of a pass over `rows` rows: a block a kSimtWarps rows, but for a fix-up pass a few blocks a multiprocessor,
 // which loop over the rows: with nothing to fix, the pass is one read of the flag a block.
-inline unsigned simt_grid(int64_t rows, SimtPass pass) {
+inline unsigned simt_grid(int64_t rows, SimtPass pass = SimtPass::kFull) {
   int64_t blocks = std::min<int64_t>((rows + kSimtWarps - 1) / kSimtWarps, int64_t(1) << 30);
   if (pass == SimtPass::kFixup) blocks = std::min<int64_t>(blocks, 4 * int64_t(multiprocessor_count()));
   return static_cast<unsigned>(blocks);
