@@ -65,13 +65,17 @@ APPEND_SHAPES_QUICK = [(2, 2, 1, 37, 37, 9), (3, 2, 17, 128, 48, 40), (2, 4, 70,
 # layout of check_decode), reach every instantiation of the split kernel: pack width, chunks a thread, rows a block.
 DECODE_INSTANTIATION_SHAPES = [(1, m, 1, 1, d, d, 20, None) for d in (16, 40, 100, 256) for m in (1, 2)] + [
     (1, 4, 1, 1, d, d, 20, None) for d in (16, 100, 256)]
+# Head dims 80 and 96 (5 and 6 vectors of 16 in a key row: the AVX-512 float32 kernel's instantiations for them);
+# with 3 query rows a cache row and a full cache of 66, the first query row sees two whole blocks of 32 keys and
+# nothing in the third, which the later rows see (a block with no visible key for a row).
+DECODE_HEAD_DIM_SHAPES = [(1, 3, 1, 3, 80, 80, 66, None), (2, 4, 2, 2, 96, 64, 45, None)]
 DECODE_SHAPES = [(2, 4, 4, 1, 64, 64, 50, None), (3, 8, 2, 1, 128, 128, 700, None), (2, 6, 1, 3, 37, 37, 90, None),
                  (2, 8, 2, 2, 128, 64, 300, 40), (2, 2, 2, 1, 256, 256, 200, None), (2, 4, 1, 4, 16, 16, 33, 5),
                  (2, 32, 8, 1, 128, 128, 1100, None), (2, 4, 2, 1, 40, 24, 1500, 700), (1, 1, 1, 1, 37, 37, 300, 260)
-                 ] + DECODE_INSTANTIATION_SHAPES
+                 ] + DECODE_HEAD_DIM_SHAPES + DECODE_INSTANTIATION_SHAPES
 DECODE_SHAPES_QUICK = [(3, 8, 2, 1, 128, 128, 700, None), (2, 6, 1, 3, 37, 37, 90, None),
                        (2, 8, 2, 2, 128, 64, 300, 40), (1, 1, 1, 1, 37, 37, 300, 260),
-                       (2, 2, 1, 1, 16, 24, 40, None)] + DECODE_INSTANTIATION_SHAPES
+                       (2, 2, 1, 1, 16, 24, 40, None)] + DECODE_HEAD_DIM_SHAPES + DECODE_INSTANTIATION_SHAPES
 
 # int8_linear (M, K, N): M reaches each rows-per-block of the GEMV (1, 2, 4, 8, 16) and the tiled GEMM (M > 64); K = 16
 # and 4096 take 16-byte weight loads (4096: several K slices), K = 1, 15 and 4104 byte loads with a tail. The quick
@@ -212,7 +216,7 @@ ATTENTION_DETERMINISTIC_CASES = [((1, 2, 1, 9, 20, hd, hd), "causal", dtype, Tru
 
 
 ATTENTION_MASKS = ["none", "causal", "window", "key_lengths", "bool [B,1,Lq,Lk]", "bool [Lk]", "bool transposed",
-                   "float [B,Hq,Lq,Lk]", "float [Lq,Lk]", "causal+lengths+bool", "window+float"]
+                   "float [B,Hq,Lq,Lk]", "float [Lq,Lk]", "float [B,1,1,Lk]", "causal+lengths+bool", "window+float"]
 # Operand layouts: contiguous, misaligned (data one element past 16 bytes), strided (q a transposed view of
 # [B, Lq, Hq, D], k expanded over the batch, v with a non-unit last-dim stride). The quick check runs every mask
 # contiguous and these (mask, layout) pairs besides.
@@ -229,6 +233,8 @@ def attention_kwargs(kind, b, hq, lq, lk, dtype, device):
     keep[..., 0, :] = False  # a fully removed row
     bias = torch.randn(b, hq, lq, lk, device=device).to(dtype)
     bias[..., -1, : lk // 2] = float("-inf")
+    padding = torch.randn(b, 1, 1, lk, device=device).to(dtype)  # an additive padding mask: -inf at hidden keys
+    padding[torch.rand(b, 1, 1, lk, device=device) < 0.3] = float("-inf")
     return {
         "none": {},
         "causal": {"causal": True},
@@ -239,6 +245,7 @@ def attention_kwargs(kind, b, hq, lq, lk, dtype, device):
         "bool transposed": {"mask": (torch.rand(b, 1, lk, lq, device=device) > 0.3).transpose(-1, -2)},
         "float [B,Hq,Lq,Lk]": {"mask": bias},
         "float [Lq,Lk]": {"mask": torch.randn(lq, lk, device=device).to(dtype)},
+        "float [B,1,1,Lk]": {"mask": padding},
         "causal+lengths+bool": {"causal": True, "key_lengths": lengths, "mask": keep},
         "window+float": {"window": 7, "mask": torch.randn(lq, lk, device=device).to(dtype)},
     }[kind]

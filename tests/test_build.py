@@ -20,11 +20,41 @@ def test_cpu_kernels_are_built_with_openmp():
 def test_every_cpu_kernel_is_registered_at_every_isa_level():
     """Each kernel table holds one function per level (0 baseline, 1 AVX2, 2 AVX-512); a registration whose level came
     from code shared by all levels (one inline function for every unit) would fill a single slot for all of them. The
-    GEMM of int8_linear exists with AVX2 and AVX-512 only (csrc/cpu/gemm.h), its AMX product with AVX-512 only."""
+    GEMM of int8_linear exists with AVX2 only (csrc/cpu/gemm.h: the glue takes it where AVX2 is the best level), its
+    AMX product with AVX-512 only."""
     kernels = ext.cpu_kernels()
     assert len(kernels) >= 10
-    assert {name: levels for name, levels in kernels.items() if levels != [0, 1, 2]} == {"int8_gemm_kernel": [1, 2],
+    assert {name: levels for name, levels in kernels.items() if levels != [0, 1, 2]} == {"int8_gemm_kernel": [1],
                                                                                          "int8_amx_kernel": [2]}
+
+
+def test_no_standard_template_takes_the_kernels_vectors():
+    """No std:: template is instantiated on at::vec's vectors in csrc/cpu (at::vec's reductions take VecPlus,
+    csrc/cpu/vec_util.h, not std::plus<Vec>): the standard headers come before a kernel unit's target pragma
+    (tools/build_config.py), so such a function, where the compiler does not inline it, is baseline code, which
+    returns a vector in memory where the AVX2 and AVX-512 code returns it in registers: built with -O1 -fno-inline,
+    those kernels crashed in attention's backward."""
+    root = Path(__file__).resolve().parents[1] / "csrc" / "cpu"
+    template = re.compile(r"std::[\w:]+<[^<>;]*\b(Vec|Vectorized|VecF)\b")
+    found = [f"{path.name}:{n}: {line.strip()}" for path in sorted(root.glob("*.[ch]*"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if template.search(line.split("//")[0])]
+    assert found == []
+
+
+def test_each_kernel_function_has_one_home():
+    """Each function at namespace scope in csrc/cpu's kernel files and the headers they share is defined in one file:
+    the kernel files share namespace CPU_CAPABILITY (one per level), so two functions of one name and signature in two
+    of them are one symbol, and where they are not inlined the linker keeps one body for both callers (attention's and
+    masked_softmax's `dot` were two such bodies)."""
+    root = Path(__file__).resolve().parents[1] / "csrc" / "cpu"
+    definition = re.compile(r"^[A-Za-z_][\w:<>,\s*&]* [*&]?(\w+)\(")
+    homes = {}
+    for path in sorted(root.glob("*_kernel.cpp")) + sorted(root.glob("*.h")):
+        lines = path.read_text().splitlines()
+        for name in {m.group(1) for line in lines if (m := definition.match(line)) and not line.endswith(";")}:
+            homes.setdefault(name, []).append(path.name)
+    assert len(homes) > 50  # the pattern sees the definitions
+    assert {name: files for name, files in homes.items() if len(files) > 1} == {}
 
 
 def _functions_with(disassembly: str, opcode_bytes) -> dict[str, int]:

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "../attention.h"
+#include "vec_util.h"
 
 namespace pytransformer::cpu {
 
@@ -83,8 +84,8 @@ constexpr auto micro_gemm_table(std::integer_sequence<int, Ms...>, std::integer_
 
 // C[M, N] (+)= A[M, K] B[K, N] with N a multiple of the vector size.
 template <typename T, bool kAccumulate>
-void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_m, int64_t a_k, const T* B, int64_t ldb, T* C,
-          int64_t ldc) {
+void tile_gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t a_m, int64_t a_k, const T* B, int64_t ldb,
+               T* C, int64_t ldc) {
   static constexpr auto table = micro_gemm_table<T, kAccumulate>(std::make_integer_sequence<int, kMR>{},
                                                                  std::make_integer_sequence<int, kNV>{});
   constexpr int64_t kV = Vectorized<T>::size();
@@ -161,30 +162,30 @@ bool rows_finite(const T* B, int64_t ldb, int64_t rows, int64_t n) {
   Vec acc(T(0));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t d = 0; d < n; d += kV) acc = at::vec::fmadd(Vec::loadu(B + r * ldb + d), Vec(T(0)), acc);
-  return !std::isnan(at::vec::vec_reduce_all<T>(std::plus<Vec>(), acc));
+  return !std::isnan(at::vec::vec_reduce_all<T>(VecPlus(), acc));
 }
 
 // C[nq, N] += W^T B over a tile's nk keys: W [nk, kBlockQ] the tile's weights (P, or dS for dQ), B the keys' rows
 // (V, or K for dQ, ldb apart). A hidden key (weight 0) never reaches a query, even with NaN or inf in its row of B:
 // such rows are added one by one to the queries that weigh them (0 * NaN would be NaN), the rows between them by
-// gemm. Tiles that hide nothing, or whose rows of B are finite, take gemm alone.
+// tile_gemm. Tiles that hide nothing, or whose rows of B are finite, take tile_gemm alone.
 template <typename T>
 void add_weighted_keys(const AttentionParams& p, int64_t i0, int64_t nq, int64_t j0, int64_t nk, const T* W,
                        const T* B, int64_t ldb, int64_t N, T* C, int64_t ldc) {
   if (!tile_may_hide(p, i0, nq, j0, nk) || rows_finite(B, ldb, nk, N)) {
-    gemm<T, true>(nq, N, nk, W, 1, kBlockQ, B, ldb, C, ldc);
+    tile_gemm<T, true>(nq, N, nk, W, 1, kBlockQ, B, ldb, C, ldc);
     return;
   }
   int64_t k0 = 0;  // the first key not added yet
   for (int64_t k = 0; k < nk; ++k) {
     if (rows_finite(B + k * ldb, ldb, 1, N)) continue;
-    if (k > k0) gemm<T, true>(nq, N, k - k0, W + k0 * kBlockQ, 1, kBlockQ, B + k0 * ldb, ldb, C, ldc);
+    if (k > k0) tile_gemm<T, true>(nq, N, k - k0, W + k0 * kBlockQ, 1, kBlockQ, B + k0 * ldb, ldb, C, ldc);
     for (int64_t i = 0; i < nq; ++i)
       if (W[k * kBlockQ + i] != T(0))
         for (int64_t d = 0; d < N; ++d) C[i * ldc + d] += W[k * kBlockQ + i] * B[k * ldb + d];
     k0 = k + 1;
   }
-  if (nk > k0) gemm<T, true>(nq, N, nk - k0, W + k0 * kBlockQ, 1, kBlockQ, B + k0 * ldb, ldb, C, ldc);
+  if (nk > k0) tile_gemm<T, true>(nq, N, nk - k0, W + k0 * kBlockQ, 1, kBlockQ, B + k0 * ldb, ldb, C, ldc);
 }
 
 // n rounded up to a multiple of kPadBytes worth of T: the row length of padded operands and buffers.
@@ -259,7 +260,8 @@ void attention_fwd_typed(const AttentionParams& p) {
       std::fill(o.begin(), o.end(), T(0));
       for (int64_t j0 = keys.lo; j0 < keys.hi; j0 += kBlockK) {
         const int64_t nk = std::min(kBlockK, keys.hi - j0);
-        gemm<T, false>(nk, nqv, D, k + j0 * p.k_stride[2], p.k_stride[2], 1, qt.data(), kBlockQ, s.data(), kBlockQ);
+        tile_gemm<T, false>(nk, nqv, D, k + j0 * p.k_stride[2], p.k_stride[2], 1, qt.data(), kBlockQ, s.data(),
+                            kBlockQ);
         mask_tile(p, b, h, i0, nq, j0, nk, s.data());
         // Online softmax, kV queries at a time: new max, rescale factor, exponentials and their sum.
         for (int64_t c = 0; c < nqv; c += kV) {
@@ -292,17 +294,6 @@ void attention_fwd_typed(const AttentionParams& p) {
       }
     }
   });
-}
-
-template <typename T>
-T dot(const T* a, const T* b, int64_t n) {
-  using Vec = Vectorized<T>;
-  constexpr int64_t kV = Vec::size();
-  Vec acc(T(0));
-  int64_t d = 0;
-  for (; d + kV <= n; d += kV) acc = at::vec::fmadd(Vec::loadu(a + d), Vec::loadu(b + d), acc);
-  if (d < n) acc = at::vec::fmadd(Vec::loadu(a + d, n - d), Vec::loadu(b + d, n - d), acc);
-  return at::vec::vec_reduce_all<T>(std::plus<Vec>(), acc);
 }
 
 template <typename T>
@@ -342,7 +333,7 @@ void attention_bwd_typed(const AttentionBackwardParams& bp) {
         for (int64_t j0 = keys.lo; j0 < keys.hi; j0 += kBlockK) {
           const int64_t nk = std::min(kBlockK, keys.hi - j0);
           const T* kj = k + j0 * p.k_stride[2];
-          gemm<T, false>(nk, nqv, D, kj, p.k_stride[2], 1, qt.data(), kBlockQ, s.data(), kBlockQ);
+          tile_gemm<T, false>(nk, nqv, D, kj, p.k_stride[2], 1, qt.data(), kBlockQ, s.data(), kBlockQ);
           mask_tile(p, b, h, i0, nq, j0, nk, s.data());
           for (int64_t j = 0; j < nk; ++j)
             for (int64_t c = 0; c < nqv; c += kV) {
@@ -350,10 +341,10 @@ void attention_bwd_typed(const AttentionBackwardParams& bp) {
               (Vec::loadu(sj) - Vec::loadu(lse + c)).exp_u20().store(sj);
             }
           // dV += P^T dO;  dP^T = V dO^T;  dS = P * (dP - delta);  dK += dS^T Q;  dQ += dS K
-          gemm<T, true>(nk, Dvp, nq, s.data(), kBlockQ, 1, go, bp.go_stride[2], gv + j0 * bp.gv_stride[2],
-                        bp.gv_stride[2]);
-          gemm<T, false>(nk, nqv, Dv, v + j0 * p.v_stride[2], p.v_stride[2], 1, dot_t.data(), kBlockQ, dp.data(),
-                         kBlockQ);
+          tile_gemm<T, true>(nk, Dvp, nq, s.data(), kBlockQ, 1, go, bp.go_stride[2], gv + j0 * bp.gv_stride[2],
+                             bp.gv_stride[2]);
+          tile_gemm<T, false>(nk, nqv, Dv, v + j0 * p.v_stride[2], p.v_stride[2], 1, dot_t.data(), kBlockQ,
+                              dp.data(), kBlockQ);
           // dS = 0 where P = 0 (a hidden entry), whatever dP is: V's row of a hidden key may hold NaN or inf.
           for (int64_t j = 0; j < nk; ++j)
             for (int64_t c = 0; c < nqv; c += kV) {
@@ -361,8 +352,8 @@ void attention_bwd_typed(const AttentionBackwardParams& bp) {
               const Vec pj = Vec::loadu(s.data() + j * kBlockQ + c);
               Vec::blendv(pj * (Vec::loadu(dpj) - Vec::loadu(delta + c)), Vec(T(0)), pj == Vec(T(0))).store(dpj);
             }
-          gemm<T, true>(nk, Dp, nq, dp.data(), kBlockQ, 1, q, p.q_stride[2], gk + j0 * bp.gk_stride[2],
-                        bp.gk_stride[2]);
+          tile_gemm<T, true>(nk, Dp, nq, dp.data(), kBlockQ, 1, q, p.q_stride[2], gk + j0 * bp.gk_stride[2],
+                             bp.gk_stride[2]);
           add_weighted_keys(p, i0, nq, j0, nk, dp.data(), kj, p.k_stride[2], Dp, dq.data(), Dp);
         }
         for (int64_t i = 0; i < nq; ++i)

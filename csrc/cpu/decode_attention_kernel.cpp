@@ -377,7 +377,7 @@ void softmax_update(const acc_t* scores, int64_t M, acc_t* mx, acc_t* sum, acc_t
     const acc_t new_max = max_nan(mx[m], block_max);  // NaN (in q or a visible key) stays NaN
     alpha[m] = std::exp(mx[m] - new_max);              // 0 while the row was empty
     at::vec::map([nm = Vec(new_max)](Vec x) { return (x - nm).exp(); }, pm, s, kBlock);
-    sum[m] = sum[m] * alpha[m] + at::vec::reduce_all<acc_t>(std::plus<Vec>(), pm, kBlock);
+    sum[m] = sum[m] * alpha[m] + at::vec::reduce_all<acc_t>(VecPlus(), pm, kBlock);
     mx[m] = new_max;
   }
 }

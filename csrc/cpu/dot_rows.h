@@ -10,9 +10,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <type_traits>
 #include <utility>
+
+#include "vec_util.h"
 
 namespace pytransformer::cpu {
 inline namespace CPU_CAPABILITY {
@@ -230,7 +231,7 @@ __attribute__((noinline)) void dot_block(const a_t* a_first, int64_t a_step, con
       for (int c = 0; c < C; ++c) {
         const Vec sum = kTwoSets ? acc[r][c] + acc2[r][c] : acc[r][c];
         if constexpr (kLanes) sum.store(out + (r * out_r + c * out_c) * kV);
-        else out[(block * R + r) * out_r + c * out_c] = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), sum);
+        else out[(block * R + r) * out_r + c * out_c] = at::vec::vec_reduce_all<acc_t>(VecPlus(), sum);
       }
   }
 }

@@ -1,8 +1,8 @@
 #pragma once
 // gemm: the many-rows (prefill) product of the linear layers, out [M, N] = (x [M, K] @ w [N, K]^T) * scale [N] + bias
-// [N], shared by linear (x, w, bias and out all float32, bfloat16 or float16; no scale) and int8_linear (float32 x,
-// bias and out, an int8 w with float32 scales). Compiled into each including kernel file's ISA level (namespace
-// CPU_CAPABILITY, see isa.h), with AVX2 or AVX-512 only.
+// [N], shared by linear (x, w, bias and out all float32, bfloat16 or float16; no scale) and, with AVX2, int8_linear
+// (float32 x, bias and out, an int8 w with float32 scales). Compiled into each including kernel file's ISA level
+// (namespace CPU_CAPABILITY, see isa.h), with AVX2 or AVX-512 only.
 //
 // Tiles of kGemmMR rows of x by kGemmNR (two vectors) weight rows, each the sum over K of outer products: the two
 // weight vectors at one k times each of kGemmMR broadcast x values, into 2 * kGemmMR accumulators (AVX-512: 12 x 32, 24

@@ -760,7 +760,7 @@ class GemvRows {
     if (kIntTypes && plan.int_dots) return static_cast<acc_t>(sum_lanes(_mm512_loadu_si512(lanes)) + xs.offset[m]);
 #endif
     using Vec = at::vec::Vectorized<acc_t>;
-    return at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), Vec::loadu(lanes));
+    return at::vec::vec_reduce_all<acc_t>(VecPlus(), Vec::loadu(lanes));
   }
 
 #if defined(CPU_CAPABILITY_AVX512)

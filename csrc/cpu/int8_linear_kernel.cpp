@@ -11,10 +11,11 @@
 // 16 bits typically 1e-5 to 1e-4 of the outputs), the same whatever the number of rows, and the same from both ISA
 // levels; a row with an inf or NaN gives NaN. Otherwise the int8 weight rows are widened to float32 as they are
 // loaded, each dot product times its scale (x_bits 8: x rounded by the glue). Many rows (prefill) with AMX int8
-// tiles: the same quantized x and exact integer sums, by tiles (int8_amx), so the same outputs. Many rows without
-// integer dot products: the product is compute-bound, so blocks of weight rows are dequantized (times scale) into a
-// buffer of 16 MiB and multiplied with ATen's GEMM (widened_mm.h). float16/bfloat16 x is computed in float32, float64
-// in float64.
+// tiles: the same quantized x and exact integer sums, by tiles (int8_amx), so the same outputs. Many rows where AVX2
+// is the best level: the GEMM of outer products (gemm.h) on the weights widened to float32 as they are packed
+// (int8_gemm, AVX2 only: the glue takes it nowhere else). Many rows otherwise: the product is compute-bound, so blocks
+// of weight rows are dequantized (times scale) into a buffer of 16 MiB and multiplied with ATen's GEMM (widened_mm.h).
+// float16/bfloat16 x is computed in float32, float64 in float64.
 #include "isa.h"
 
 #include <ATen/Dispatch.h>
@@ -212,7 +213,7 @@ void int8_amx(const Int8LinearParams& p, const float* x, const int8_t* weight, c
 #pragma GCC pop_options
 #endif
 
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+#if defined(CPU_CAPABILITY_AVX2)
 void int8_gemm(const Int8LinearParams& p, const float* x, const int8_t* weight, const float* scale, const float* bias,
                float* out) {
   gemm(p.rows, p.out_features, p.in_features, x, weight, scale, bias, out);
@@ -225,7 +226,7 @@ PT_REGISTER_CPU_KERNEL(int8_dequantize_kernel, &CPU_CAPABILITY::int8_dequantize)
 #if defined(CPU_CAPABILITY_AVX512)
 PT_REGISTER_CPU_KERNEL(int8_amx_kernel, &CPU_CAPABILITY::int8_amx);
 #endif
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+#if defined(CPU_CAPABILITY_AVX2)
 PT_REGISTER_CPU_KERNEL(int8_gemm_kernel, &CPU_CAPABILITY::int8_gemm);
 #endif
 

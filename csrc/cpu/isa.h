@@ -10,7 +10,9 @@
 //
 // Everything a kernel file defines outside namespace CPU_CAPABILITY exists once per level under the same name, and
 // the linker keeps one copy for all callers: code that differs by level (anything using PT_ISA_LEVEL included) must
-// sit in that namespace or be expanded at the call site, as PT_REGISTER_CPU_KERNEL is.
+// sit in that namespace or be expanded at the call site, as PT_REGISTER_CPU_KERNEL is. That namespace is in turn one
+// per level across all kernel files, so a function belongs in one of them or in a shared header (tests/test_build.py
+// fails a name defined in two).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>

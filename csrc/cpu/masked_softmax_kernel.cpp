@@ -98,7 +98,7 @@ acc_t exp_sum(acc_t* a, acc_t max, int64_t n) {
     e.store(a + j, count);
     s0 += e;
   }
-  return at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), s0 + s1);
+  return at::vec::vec_reduce_all<acc_t>(VecPlus(), s0 + s1);
 }
 
 // out[j] = a[j] * factor for j < n (a is overwritten when T is narrower than acc_t).
@@ -159,24 +159,6 @@ void fwd_typed(const MaskedSoftmaxFwdParams& p) {
       std::memset(o + n, 0, (lk - n) * sizeof(T));
     }
   });
-}
-
-// sum(a * b) over n elements, with four accumulators (one would serialise on the fma latency).
-template <typename acc_t>
-acc_t dot(const acc_t* a, const acc_t* b, int64_t n) {
-  using Vec = Vectorized<acc_t>;
-  constexpr int64_t kV = Vec::size();
-  Vec s0(0), s1(0), s2(0), s3(0);
-  int64_t j = 0;
-  for (; j + 4 * kV <= n; j += 4 * kV) {
-    s0 = at::vec::fmadd(Vec::loadu(a + j), Vec::loadu(b + j), s0);
-    s1 = at::vec::fmadd(Vec::loadu(a + j + kV), Vec::loadu(b + j + kV), s1);
-    s2 = at::vec::fmadd(Vec::loadu(a + j + 2 * kV), Vec::loadu(b + j + 2 * kV), s2);
-    s3 = at::vec::fmadd(Vec::loadu(a + j + 3 * kV), Vec::loadu(b + j + 3 * kV), s3);
-  }
-  for (; j + kV <= n; j += kV) s0 = at::vec::fmadd(Vec::loadu(a + j), Vec::loadu(b + j), s0);
-  if (j < n) s1 += Vec::set(Vec(0), Vec::loadu(a + j, n - j) * Vec::loadu(b + j, n - j), n - j);
-  return at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), (s0 + s1) + (s2 + s3));
 }
 
 // grad = scale * y * (g - sum(g * y)) per row.

@@ -47,8 +47,8 @@ void shifted_sums(const acc_t* a, int64_t n, acc_t shift, acc_t& s1, acc_t& s2) 
     Vec d = Vec::set(k, Vec::loadu(a + i, n - i), n - i) - k;
     v1a += d, v2a = at::vec::fmadd(d, d, v2a);
   }
-  s1 = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), v1a + v1b);
-  s2 = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), v2a + v2b);
+  s1 = at::vec::vec_reduce_all<acc_t>(VecPlus(), v1a + v1b);
+  s2 = at::vec::vec_reduce_all<acc_t>(VecPlus(), v2a + v2b);
 }
 
 template <typename T>
@@ -72,7 +72,7 @@ void norm_fwd_typed(const NormFwdParams& p) {
       const acc_t* a = widen_row(xp + r * n, n, xbuf);
       acc_t mu = 0, var;
       if (center) {
-        const acc_t m = at::vec::reduce_all<acc_t>(std::plus<Vec>(), a, n) / n;
+        const acc_t m = at::vec::reduce_all<acc_t>(VecPlus(), a, n) / n;
         acc_t s1, s2;
         shifted_sums(a, n, m, s1, s2);
         const acc_t d = s1 / n;
@@ -133,8 +133,8 @@ void norm_bwd_typed(const NormBwdParams& p) {
         if (dwp) at::vec::fmadd(gv, xhat, Vec::loadu(dwp + i)).store(dwp + i);
         if (dbp) (Vec::loadu(dbp + i) + gv).store(dbp + i);
       }
-      acc_t sum_gw = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), s_gw);
-      acc_t sum_gwx = at::vec::vec_reduce_all<acc_t>(std::plus<Vec>(), s_gwx);
+      acc_t sum_gw = at::vec::vec_reduce_all<acc_t>(VecPlus(), s_gw);
+      acc_t sum_gwx = at::vec::vec_reduce_all<acc_t>(VecPlus(), s_gwx);
       for (; i < n; ++i) {
         const acc_t xhat = (a[i] - mu) * rs, gw = gr[i] * wv[i];
         sum_gw += gw, sum_gwx += gw * xhat;

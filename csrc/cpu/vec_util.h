@@ -1,5 +1,6 @@
 #pragma once
 // Small at::vec helpers shared by the CPU kernels; compiled per ISA level like the kernels that include them.
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
 #include <type_traits>
@@ -23,6 +24,34 @@ const acc_t* widen_row(const T* row, int64_t n, std::vector<acc_t>& buf) {
     at::vec::convert(row, buf.data(), n);
     return buf.data();
   }
+}
+
+// a + b, the sum of at::vec's reductions (vec_reduce_all, reduce_all) in place of std::plus<Vec>: the standard headers
+// come before a kernel unit's target pragma (tools/build_config.py), so a std::plus<Vec> that the compiler does not
+// inline is baseline code, which returns a vector in memory where this level's code returns it in registers (a crash).
+struct VecPlus {
+  template <typename Vec>
+  Vec operator()(const Vec& a, const Vec& b) const {
+    return a + b;
+  }
+};
+
+// sum(a * b) over n elements, with four accumulators (one would serialise on the fma latency).
+template <typename acc_t>
+acc_t dot(const acc_t* a, const acc_t* b, int64_t n) {
+  using Vec = at::vec::Vectorized<acc_t>;
+  constexpr int64_t kV = Vec::size();
+  Vec s0(0), s1(0), s2(0), s3(0);
+  int64_t j = 0;
+  for (; j + 4 * kV <= n; j += 4 * kV) {
+    s0 = at::vec::fmadd(Vec::loadu(a + j), Vec::loadu(b + j), s0);
+    s1 = at::vec::fmadd(Vec::loadu(a + j + kV), Vec::loadu(b + j + kV), s1);
+    s2 = at::vec::fmadd(Vec::loadu(a + j + 2 * kV), Vec::loadu(b + j + 2 * kV), s2);
+    s3 = at::vec::fmadd(Vec::loadu(a + j + 3 * kV), Vec::loadu(b + j + 3 * kV), s3);
+  }
+  for (; j + kV <= n; j += kV) s0 = at::vec::fmadd(Vec::loadu(a + j), Vec::loadu(b + j), s0);
+  if (j < n) s1 += Vec::set(Vec(0), Vec::loadu(a + j, n - j) * Vec::loadu(b + j, n - j), n - j);
+  return at::vec::vec_reduce_all<acc_t>(VecPlus(), (s0 + s1) + (s2 + s3));
 }
 
 #if defined(CPU_CAPABILITY_AVX512)

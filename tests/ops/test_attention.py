@@ -10,7 +10,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import pytransformer
 from pytransformer.ops import attention, reference
 from pytransformer.ops.visibility import visible_keys
-from tests.helpers import TRACING_ERROR, WHERE, compiled, factory_device, tolerance
+from tests.helpers import CPU_ISA_LEVELS, TRACING_ERROR, WHERE, compiled, factory_device, run_under_isa, tolerance
 from pytransformer import check as kc
 from pytransformer.check import deterministic_algorithms
 
@@ -45,7 +45,8 @@ def _mask_kwargs(kind, b, hq, lq, lk, device):
         "bool_rows_empty": lambda: {"mask": rand_bool(1, 1, lq, 1, p=0.5) & rand_bool(lk)},
         "causal_key_lengths": lambda: {"causal": True, "key_lengths": lengths.to(torch.int32)},
         "window_bool_lengths": lambda: {"window": 7, "mask": rand_bool(b, hq, lq, lk, p=0.8), "key_lengths": lengths},
-        "causal_float_mask": lambda: {"causal": True, "mask": rand_float(b, 1, 1, lk)},
+        "causal_float_mask": lambda: {"causal": True, "mask": rand_float(b, 1, 1, lk).masked_fill(
+            rand_bool(b, 1, 1, lk, p=0.3), float("-inf"))},  # a padding mask: -inf at hidden keys
     }
     return kinds[kind]()
 
@@ -191,6 +192,18 @@ def check_hidden_poison(ops, shape, kind, dtype, device, name, value):
 @pytest.mark.parametrize("shape", POISON_SHAPES, ids=str)
 def test_nan_behind_a_mask_does_not_leak(shape, kind, name, value, device):
     check_hidden_poison(torch.ops.pytransformer, shape, kind, torch.float32, device, name, value)
+
+
+@pytest.mark.parametrize("isa", CPU_ISA_LEVELS)
+def test_nan_behind_a_mask_does_not_leak_at_each_cpu_isa_level(isa):
+    """The same in the CPU kernels of the levels below this processor's (their tiles of other widths), for every kind
+    and poison in float32 and, with NaN in V, float64."""
+    run_under_isa(isa, (
+        "from tests.ops.test_attention import check_hidden_poison, POISONS, POISON_KINDS, POISON_SHAPES\n"
+        "for kind in POISON_KINDS:\n"
+        "  for dtype, poisons in ((torch.float32, POISONS), (torch.float64, POISONS[:1])):\n"
+        "    for name, value in poisons:\n"
+        "      check_hidden_poison(torch.ops.pytransformer, POISON_SHAPES[0], kind, dtype, 'cpu', name, value)"))
 
 
 def test_nan_behind_a_mask_does_not_leak_on_the_dropout_path():

@@ -120,13 +120,14 @@ def test_each_cpu_isa_level_agrees(isa):
     over 2 threads, 8 and 5, two streams of 4, and of 2 and the last row alone; below it blocks of 4, the next one
     prefetched a line at a time) and 7 rows of x (in bfloat16 13: with AVX-512 BF16 dot products blocks of 8, 4 and 1
     rows) reach every block shape, K = 1100 full vectors and a tail, in each weight
-    dtype; 8 float32 rows (x of 35 KiB) go by in chunks of K at AVX-512, and 130 in the GEMM's tiles there. 1 and 2
-    rows below AVX-512 take blocks
+    dtype; 8 float32 rows (x of 35 KiB) go by in chunks of K at AVX-512, and 130 in the GEMM's tiles there; 130
+    bfloat16 rows take AVX2's GEMM, and at the baseline and capped AVX-512 (no BF16 dot products) weight blocks
+    widened to float32 for ATen's GEMM (csrc/cpu/linear.cpp, widened_mm). 1 and 2 rows below AVX-512 take blocks
     prefetched all at once (K 1100), or for long rows (float16 K 5000) a line at a time; their x and weights positive,
     so that a row left out is 100% off."""
     run_under_isa(isa, (
         "for dt, m, tol in ((torch.float32, 7, 2e-5), (torch.float32, 8, 2e-5), (torch.float32, 130, 2e-5),"
-        " (torch.bfloat16, 13, 2e-2), (torch.float16, 7, 2e-3)):\n"
+        " (torch.bfloat16, 13, 2e-2), (torch.bfloat16, 130, 2e-2), (torch.float16, 7, 2e-3)):\n"
         "  w=torch.randn(13,1100).to(dt); b=torch.randn(13).to(dt); x=torch.randn(m,1100).to(dt)\n"
         "  torch.testing.assert_close(pt.ops.linear(x,w,b).double(), ref.linear(x.double(),w.double(),b.double()),"
         " atol=tol*40, rtol=tol)\n"
