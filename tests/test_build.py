@@ -1,8 +1,10 @@
 """How the extension is built: facts a kernel test cannot see."""
+import os
 import platform
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,17 @@ def test_every_cpu_kernel_is_registered_at_every_isa_level():
     assert len(kernels) >= 10
     assert {name: levels for name, levels in kernels.items() if levels != [0, 1, 2]} == {"int8_gemm_kernel": [1],
                                                                                          "int8_amx_kernel": [2]}
+
+
+@pytest.mark.parametrize("value", ["", "avx512_256", "bogus"])
+def test_a_cpu_capability_that_aten_ignores_changes_nothing(value):
+    """ATEN_CPU_CAPABILITY=default|avx2|avx512 caps the CPU kernels (and turns the AVX-512 extensions off); another
+    value, which ATen warns of and ignores, leaves the level and the extensions as they are without it."""
+    code = "import torch, pytransformer._C as c; print(c.cpu_isa(), c.cpu_bf16_dot_products(), c.cpu_amx())"
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    runs = [subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True, check=True).stdout
+            for e in (env, env | {"ATEN_CPU_CAPABILITY": value})]
+    assert runs[1] == runs[0]
 
 
 def test_no_standard_template_takes_the_kernels_vectors():

@@ -29,6 +29,17 @@ namespace pytransformer::cpu {
 
 enum IsaLevel : int { kDefault = 0, kAvx2 = 1, kAvx512 = 2, kNumIsaLevels = 3 };
 
+// The level ATEN_CPU_CAPABILITY caps the kernels at (default, avx2 or avx512); -1 where it is unset or holds another
+// value, which ATen warns of and ignores, and so do the kernels.
+inline int isa_cap() {
+  const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
+  if (!cap) return -1;
+  return !std::strcmp(cap, "default") ? kDefault
+         : !std::strcmp(cap, "avx2")  ? kAvx2
+         : !std::strcmp(cap, "avx512") ? kAvx512
+                                       : -1;
+}
+
 inline IsaLevel detect_isa() {
   int level = kDefault;
 #if defined(__x86_64__) || defined(__i386__)
@@ -38,11 +49,8 @@ inline IsaLevel detect_isa() {
       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
     level = kAvx512;
 #endif
-  if (const char* cap = std::getenv("ATEN_CPU_CAPABILITY")) {
-    int cap_level = !std::strcmp(cap, "default") ? kDefault : !std::strcmp(cap, "avx2") ? kAvx2 : kAvx512;
-    level = cap_level < level ? cap_level : level;
-  }
-  return static_cast<IsaLevel>(level);
+  const int cap = isa_cap();
+  return static_cast<IsaLevel>(cap >= 0 && cap < level ? cap : level);
 }
 
 inline IsaLevel best_isa() {
@@ -61,7 +69,7 @@ inline IsaLevel best_isa() {
 // ATEN_CPU_CAPABILITY does not cap it (any cap excludes the extensions, so that ATEN_CPU_CAPABILITY=avx512 runs the
 // plain AVX-512 code on such a processor).
 inline bool avx512_extension_usable(bool cpu_has) {
-  return cpu_has && best_isa() == kAvx512 && !std::getenv("ATEN_CPU_CAPABILITY");
+  return cpu_has && best_isa() == kAvx512 && isa_cap() < 0;
 }
 
 // AVX-512 BF16 dot products (vdpbf16ps): bfloat16 linear layers.

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 import pytransformer as pt
-from tests.helpers import TRACING_ERROR, WHERE, caches, compiled, randn, skip_unsupported, to_meta
+from tests.helpers import (CPU_ISA_LEVELS, TRACING_ERROR, WHERE, caches, compiled, randn, run_under_isa,
+                           skip_unsupported, to_meta)
 from pytransformer import check as kc
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
@@ -74,6 +75,15 @@ def test_strided_operands(device):
     pt.ops.kv_cache_append(k_cache, v_cache, k_new, v_new, positions)
     pt.ops.kv_cache_append(k_ref, v_ref, k_new.contiguous(), v_new.contiguous(), positions.contiguous())
     assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
+
+
+@pytest.mark.parametrize("isa", CPU_ISA_LEVELS)
+def test_each_cpu_isa_level_writes_rows(isa):
+    """The kernel is compiled per ISA level: at the levels below this processor's, rows of 2-, 4- and 8-byte elements
+    (one block copy) and strided operands (a copy per row, and per element)."""
+    run_under_isa(isa, "from tests.ops import test_kv_cache_append as t\n"
+                       "for dtype in t.DTYPES: t.test_kv_cache_append_writes_rows('cpu', dtype)\n"
+                       "t.test_strided_operands('cpu')")
 
 
 def test_opcheck(device):
