@@ -67,12 +67,14 @@ def test_each_cpu_isa_level_agrees(isa):
     widest; K 1100 spans whole 64-byte lines, a vector and a tail. 20 rows: the GEMM with AVX2, else dequantized
     weights and ATen's GEMM. x as the path at that level sees it (reference.int8_linear_x), and check's bound,
     scaled by the result's magnitude: the GEMM's float32 sums over K 1100 of products up to 127 |x| drift past
-    2e-5 absolute."""
+    2e-5 absolute. float64 x, 1 and 20 rows: the row-by-row kernel in float64, and dequantized float64 weights."""
     run_under_isa(isa, (
         "from tests.ops.test_int8_linear import check, make\n"
         "for k, m in ((1100, 7), (1100, 8), (1000, 8), (1100, 20)):\n"
         "  w, s, b = make(13, k, 'cpu'); x = torch.randn(m, k)\n"
-        "  for x_bits in (16, 8): check(x, w, s, b, x_bits)"))
+        "  for x_bits in (16, 8): check(x, w, s, b, x_bits)\n"
+        "for m in (1, 20):\n"
+        "  w, s, b = make(13, 1100, 'cpu', torch.float64); check(torch.randn(m, 1100, dtype=torch.float64), w, s, b)"))
 
 
 def quantized_x_reference(x, weight, scale, bias, bits=16):
