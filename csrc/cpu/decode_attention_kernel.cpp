@@ -412,16 +412,12 @@ void attend_block_rows(const DecodeInputs<scalar_t>& in, Scratch<scalar_t>& s, c
 // Whether float32 caches of head dim D go through attend_block (AVX-512, D <= 16 * kMaxVectorsD): it takes less time
 // than the blocks above there; float16 and bfloat16 caches, widened a block at a time, keep the blocks above
 // (benchmarks/results/cpu_decode_attention_2026-11-28_named_steps.md).
+#if defined(CPU_CAPABILITY_AVX512)
 template <typename scalar_t>
 bool takes_vector_block(int64_t D) {
-#if defined(CPU_CAPABILITY_AVX512)
   return std::is_same_v<scalar_t, float> && D >= 1 && D <= 16 * kMaxVectorsD;
-#else
-  return false;
-#endif
 }
 
-#if defined(CPU_CAPABILITY_AVX512)
 // One block of n keys from jb for the M query rows by attend_block, which asks for the rows read next line by line:
 // the item's next n_next rows, or else the first block of the thread's next item (next_item < 0: none).
 inline void attend_block_vector(const DecodeInputs<float>& in, Scratch<float>& s, const DecodePlan& plan,
@@ -457,7 +453,9 @@ void attend_item(const DecodeInputs<scalar_t>& in, const DecodePlan& plan, int64
   std::fill(st.acc, st.acc + in.M * in.Dv, acc_t(0));
   const scalar_t* kh = in.k_head(w.b, w.h);
   const scalar_t* vh = in.v_head(w.b, w.h);
+#if defined(CPU_CAPABILITY_AVX512)
   const bool vector_block = takes_vector_block<scalar_t>(in.D);
+#endif
   for (int64_t jb = w.j0; jb < w.j1; jb += kBlock) {
     const int64_t n = std::min(kBlock, w.j1 - jb);
     const int64_t n_next = std::clamp<int64_t>(w.j1 - jb - kBlock, 0, kBlock);  // keys in the next block
