@@ -612,7 +612,9 @@ class GemvRows {
     at::parallel_for(0, items, grain, [&](int64_t i0, int64_t i1) {
       // The sums [M, 4] of a block, or with x in chunks those of a group of blocks, each as kVec partial sums.
       std::vector<acc_t> part(plan.chunked ? kChunkBlocks * M * kGemvBlock * kVec : M * kGemvBlock);
+#if defined(CPU_CAPABILITY_AVX512)
       if (plan.chunked) return read_chunks(i0, i1, part.data());
+#endif
       read_blocks(i0, i1, part.data());
     });
   }
@@ -846,6 +848,7 @@ class GemvRows {
     for (int64_t i = 0; i < pairs; ++i) store<false>(r.r0 + j + i, 2, r.h, part + 2 * i, sums_m);
   }
 
+#if defined(CPU_CAPABILITY_AVX512)  // the one level that plans x in chunks (plan_gemv)
   // Blocks [i0, i1) in groups of kChunkBlocks, each group over x in chunks of K (plan.chunk_bytes of each weight row)
   // whose sums stay vectors in part between chunks, so that a chunk of x is reused from L1 while the weights stream
   // past.
@@ -875,6 +878,7 @@ class GemvRows {
     const bool along = c0 * static_cast<int64_t>(sizeof(w_t)) + kChunkAhead + plan.chunk_bytes <= plan.row_bytes;
     return along ? kChunkAhead : next_group ? kChunkAhead + (blocks * kGemvBlock - 1) * plan.row_bytes : 0;
   }
+#endif
 
   // Blocks [i0, i1) one after the other, the next one coming into L1 while this one is computed, a line of it as each
   // line of this one is read (the dot blocks' prefetch), when the next is a whole block of at most kPrefetchBytes.
