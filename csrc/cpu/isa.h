@@ -34,10 +34,9 @@ enum IsaLevel : int { kDefault = 0, kAvx2 = 1, kAvx512 = 2, kNumIsaLevels = 3 };
 inline int isa_cap() {
   const char* cap = std::getenv("ATEN_CPU_CAPABILITY");
   if (!cap) return -1;
-  return !std::strcmp(cap, "default") ? kDefault
-         : !std::strcmp(cap, "avx2")  ? kAvx2
-         : !std::strcmp(cap, "avx512") ? kAvx512
-                                       : -1;
+  if (!std::strcmp(cap, "default")) return kDefault;
+  if (!std::strcmp(cap, "avx2")) return kAvx2;
+  return !std::strcmp(cap, "avx512") ? kAvx512 : -1;
 }
 
 inline IsaLevel detect_isa() {
