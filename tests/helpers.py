@@ -18,6 +18,10 @@ def tolerance(dtype):
 
 
 CPU_ISA_LEVELS = ["default", "avx2"]  # the levels below the best one, which the other tests run
+# With AVX-512 capped as well, on a processor that has it: an ATEN_CPU_CAPABILITY cap turns its extensions off (BF16
+# and VNNI dot products, AMX; csrc/cpu/isa.h), so the capped AVX-512 code is what an AVX-512 processor without them
+# runs.
+CAPPED_ISA_LEVELS = CPU_ISA_LEVELS + (["avx512"] if pt._C.cpu_isa() == "avx512" else [])
 
 
 def run_under_isa(isa: str, code: str) -> None:

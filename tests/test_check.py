@@ -9,7 +9,7 @@ import pytransformer
 from pytransformer import check
 from pytransformer.ops import reference
 
-from tests.helpers import run_under_isa
+from tests.helpers import CAPPED_ISA_LEVELS, run_under_isa
 
 # (M, K, N): the few-rows kernel at 3 and 16 rows (K 4096: 16-byte weight loads, several K slices), more rows (with
 # AVX-512 VNNI the same kernel 8 rows a call, with AVX2 the GEMM, else dequantized weights and ATen's GEMM).
@@ -69,12 +69,7 @@ def test_int8_linear_cases_pass():
     assert failed_cases(OPS.int8_linear) == set()
 
 
-# The levels below this processor's: on an AVX-512 one, AVX2 (with its integer dot products for int8_linear), and
-# AVX-512 without its extensions (an ATEN_CPU_CAPABILITY cap turns BF16, VNNI and AMX off).
-CAPPED = ["default"] + (["avx2", "avx512"] if pytransformer._C.cpu_isa() == "avx512" else [])
-
-
-@pytest.mark.parametrize("isa", CAPPED)
+@pytest.mark.parametrize("isa", CAPPED_ISA_LEVELS)
 def test_quick_check_passes_capped(isa):
     """Every op's quick cases (`check --quick`, which CI runs at this processor's best level) with the CPU kernels
     capped at a lower ISA level: each level's copy of every kernel, which a user's processor may run, against the

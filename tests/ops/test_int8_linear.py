@@ -11,7 +11,7 @@ import pytransformer
 from pytransformer import ops
 from pytransformer.ops import reference
 
-from tests.helpers import CPU_ISA_LEVELS, TRACING_ERROR, compiled, run_under_isa, skip_unsupported, tolerance
+from tests.helpers import CAPPED_ISA_LEVELS, TRACING_ERROR, compiled, run_under_isa, skip_unsupported, tolerance
 from pytransformer import check as kc
 
 
@@ -58,7 +58,7 @@ def test_matches_reference(device, rows, k, n, bias, x_bits):
 
 # avx512 capped explicitly runs the AVX-512 code that widens the int8 weights to float32 (no VNNI dot products: see
 # csrc/cpu/isa.h), which the uncapped tests use on a processor that has them; avx2 sums in integers (vpmaddwd).
-@pytest.mark.parametrize("isa", CPU_ISA_LEVELS + (["avx512"] if pytransformer._C.cpu_isa() == "avx512" else []))
+@pytest.mark.parametrize("isa", CAPPED_ISA_LEVELS)
 def test_each_cpu_isa_level_agrees(isa):
     """The few-rows kernel is compiled per ISA level, with narrower blocks of x rows below AVX-512: 7 rows of x and
     13 weight rows (AVX-512: over 2 threads, 8 and 5, two streams of 4, and of 2 and the last row alone; below it

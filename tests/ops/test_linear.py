@@ -13,7 +13,7 @@ from pytransformer import check as kc
 from pytransformer import ops
 from pytransformer.ops import reference
 
-from tests.helpers import CPU_ISA_LEVELS, TRACING_ERROR, WHERE, compiled, run_under_isa
+from tests.helpers import CAPPED_ISA_LEVELS, TRACING_ERROR, WHERE, compiled, run_under_isa
 
 # Error of an output element relative to sum_k |x_k w_nk| + |b_n| (the bound of a dot product's rounding error): float32
 # accumulation over K <= a few thousand, plus the rounding of the result to the half types.
@@ -114,7 +114,7 @@ def test_gemm_tiles(dtype, rows, k, n, bias):
 
 # avx512 capped explicitly runs the AVX-512 code without AVX-512 BF16 dot products (csrc/cpu/isa.h: has_avx512_bf16),
 # which the uncapped tests use on a processor that has them.
-@pytest.mark.parametrize("isa", CPU_ISA_LEVELS + (["avx512"] if pytransformer._C.cpu_isa() == "avx512" else []))
+@pytest.mark.parametrize("isa", CAPPED_ISA_LEVELS)
 def test_each_cpu_isa_level_agrees(isa):
     """The kernel is compiled per ISA level (8 or 16 lanes, 2 or 4 rows of x per block): 13 weight rows (AVX-512:
     over 2 threads, 8 and 5, two streams of 4, and of 2 and the last row alone; below it blocks of 4, the next one
