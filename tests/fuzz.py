@@ -27,8 +27,9 @@ from pytransformer.ops import reference
 
 
 def load_checkpoint(path, base: str):
-    """The model of a checkpoint folder made from base folder `base` (BERT: an EncoderModel, else a DecoderLM)."""
-    cls = pt.models.EncoderModel if base == "bert" else pt.models.DecoderLM
+    """The model of a checkpoint folder made from base folder `base` (BERT: an EncoderModel, Marian: a
+    Seq2SeqTransformer, else a DecoderLM)."""
+    cls = {"bert": pt.models.EncoderModel, "marian": pt.models.Seq2SeqTransformer}.get(base, pt.models.DecoderLM)
     return cls.from_pretrained(path)
 
 
@@ -370,11 +371,13 @@ def fuzz(cases_per_op: int, seed: int, ops=OPS, malformed_share: float = 0.2, na
 
 # Checkpoint folders. A mutation is a list [kind, i, j] of small values: i picks a file, tensor or config field (modulo
 # their count), j a variant. Tensor edits keep a sharded folder's weight_map in step, as a careful user would.
-BASES = {"llama": "model.", "gpt2": "transformer.", "bert": "bert."}  # base folder -> the backbone prefix of names
+BASES = {"llama": "model.", "gpt2": "transformer.", "bert": "bert.", "marian": "model."}  # -> the backbone prefix
 FIELDS = ("vocab_size", "hidden_size", "n_embd", "num_attention_heads", "n_head", "num_hidden_layers", "n_layer",
           "intermediate_size", "max_position_embeddings", "n_positions", "num_key_value_heads", "model_type",
           "tie_word_embeddings", "rms_norm_eps", "layer_norm_epsilon", "rope_theta", "hidden_act", "type_vocab_size",
-          "n_inner", "rope_parameters", "head_dim")
+          "n_inner", "rope_parameters", "head_dim", "d_model", "encoder_layers", "decoder_layers",
+          "encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim",
+          "activation_function", "scale_embedding", "share_encoder_decoder_embeddings", "decoder_vocab_size")
 DELETE = "<deleted>"
 VALUES = (DELETE, None, 0, -1, "64", 3e8, 10 ** 10, [1], {}, True, 1.5, "llama", "bert", 16, 2)
 MUTATIONS = {  # kind -> number of variants j
@@ -394,7 +397,7 @@ _BASE_DIRS: dict[str, Path] = {}
 
 def _base_folder(base: str) -> Path:
     """The save_pretrained folder of a tiny random model, built once per process: Llama (untied head, GQA), GPT-2
-    (in several shards) or BERT."""
+    (in several shards), BERT or Marian."""
     if base not in _BASE_DIRS:
         import transformers
         small = {"vocab_size": 50, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
@@ -404,7 +407,11 @@ def _base_folder(base: str) -> Path:
                  "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
                      vocab_size=50, n_embd=16, n_layer=2, n_head=4, n_positions=32, bos_token_id=None,
                      eos_token_id=None)),
-                 "bert": lambda: transformers.BertModel(transformers.BertConfig(**small))}[base]
+                 "bert": lambda: transformers.BertModel(transformers.BertConfig(**small)),
+                 "marian": lambda: transformers.MarianMTModel(transformers.MarianConfig(
+                     vocab_size=50, d_model=16, encoder_layers=2, decoder_layers=1, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
+                     pad_token_id=49, decoder_start_token_id=49, scale_embedding=True))}[base]
         with torch.random.fork_rng():
             torch.manual_seed(0)
             model = model()
@@ -615,10 +622,11 @@ def _checkpoint_case(c: dict, ops) -> str | None:
             return f"loaded although {must_fail[0]} makes the folder wrong"
         try:
             with torch.no_grad():
-                out = model(torch.arange(3)[None] % model.config.vocab_size)
+                ids = torch.arange(min(3, model.config.max_len))[None] % model.config.vocab_size  # Marian: any max_len
+                out = model(ids, ids) if c["base"] == "marian" else model(ids)
         except Exception as e:  # noqa: BLE001
             return f"loaded, but the forward raised {type(e).__name__}: {str(e)[:200]}"
-        return None if out.shape[:2] == (1, 3) else f"loaded, but the forward gave shape {list(out.shape)}"
+        return None if out.shape[:2] == ids.shape else f"loaded, but the forward gave shape {list(out.shape)}"
 
 
 def _signature(failure: str | None) -> str | None:

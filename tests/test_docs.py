@@ -30,6 +30,10 @@ TINY_LLAMA = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "n
               "num_attention_heads": 4, "num_key_value_heads": 2, "bos_token_id": None, "eos_token_id": None}
 TINY_GPT2 = {"vocab_size": 100, "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64, "bos_token_id": None,
              "eos_token_id": None}
+TINY_MARIAN = {"vocab_size": 100, "d_model": 64, "encoder_layers": 2, "decoder_layers": 2,
+               "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 128,
+               "decoder_ffn_dim": 128, "max_position_embeddings": 64, "pad_token_id": 99, "decoder_start_token_id": 99,
+               "eos_token_id": 0, "scale_embedding": True}
 TINY_BERT = {"vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "intermediate_size": 128, "max_position_embeddings": 64}
 
@@ -46,6 +50,8 @@ NAMES = {
         transformers.LlamaConfig(**TINY_LLAMA))),
     "bert_dir": lambda tmp: _saved(tmp, "bert", transformers.BertModel(transformers.BertConfig(**TINY_BERT))),
     "hf_gpt2": lambda tmp: transformers.GPT2LMHeadModel(transformers.GPT2Config(**TINY_GPT2)).eval(),
+    "marian_dir": lambda tmp: _saved(tmp, "marian", transformers.MarianMTModel(
+        transformers.MarianConfig(**TINY_MARIAN))),
 }
 
 

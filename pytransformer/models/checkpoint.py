@@ -23,8 +23,9 @@ a tensor that is missing, unexpected, duplicated (in two shards, under two names
 list it in), not floating-point (integer and bool tensors are refused, never cast), or of the wrong shape. Every check
 reads the config and the files' headers only, before the model is allocated: an absurd size in the config fails
 naming the field and the tensor whose header disagrees. Each part of a fused parameter (q, k, v; gate, up) is checked
-on its own. A tied config (tie_word_embeddings) whose checkpoint also holds an lm_head.weight different from the
-embedding is refused (transformers would warn and untie; set tie_word_embeddings to false to use that head)."""
+on its own. A tied config (tie_word_embeddings) whose checkpoint also holds an lm_head.weight (or, for Marian, an
+encoder/decoder embed_tokens.weight) different from the embedding is refused (transformers would warn and untie; set
+tie_word_embeddings to false to use that head), and so is a Marian final_logits_bias other than zeros."""
 import abc
 import contextlib
 import json
@@ -351,10 +352,11 @@ def _normalized(tensors: Tensors, prefix: str) -> dict[str, str]:
 def _check_names(arch: Architecture, given: dict, tensors: Tensors) -> None:
     """ValueError naming the tensors the plan needs and the checkpoint lacks, or that it holds and the plan does not
     use (nor ignore)."""
-    needed = {n for source in arch.plan.values() for n in source.names}
+    needed = {n for source in arch.plan.values() for n in source.names} | arch.zeros.keys()
     if missing := needed - given.keys():
         raise ValueError(f"{tensors.source}: missing tensors {_list(missing)}")
-    unexpected = {n for n in given.keys() - needed if not any(re.fullmatch(p, n) for p in arch.ignored)}
+    known = needed | arch.copies.keys()
+    unexpected = {n for n in given.keys() - known if not any(re.fullmatch(p, n) for p in arch.ignored)}
     if unexpected:
         raise ValueError(f"{tensors.source}: unexpected tensors {_list(unexpected)}")
 
@@ -385,7 +387,8 @@ def _fields(sizes: dict, needed: list[int], got: list[int]) -> str:
 
 def _check_tensors(arch: Architecture, given: dict, tensors: Tensors, shapes: dict) -> None:
     """ValueError naming the first tensor that is not floating-point or whose header shape does not fit the config
-    (each part of a fused parameter on its own), and a tied head that differs from the embedding."""
+    (each part of a fused parameter on its own), a tied copy that differs from the embedding (Architecture.copies),
+    and a tensor that must hold zeros and does not (Architecture.zeros)."""
     for ours, source in arch.plan.items():
         for name, needed in zip(source.names, _parts(source, shapes[ours])):
             n, where = given[name], tensors.where(given[name])
@@ -395,11 +398,17 @@ def _check_tensors(arch: Architecture, given: dict, tensors: Tensors, shapes: di
             if (got := tensors.shape(n)) != needed:
                 raise ValueError(f"{where}: {n}: shape {got} does not fit {ours} of the config, which needs "
                                  f"{needed}{_fields(arch.sizes, needed, got)}")
-    head, embedding = given.get("lm_head.weight"), given[arch.plan["embed.tok.weight"].names[0]]
-    if arch.config.tie_embeddings and head is not None and not (
-            tensors.shape(head) == tensors.shape(embedding) and torch.equal(tensors[head], tensors[embedding])):
-        raise ValueError(f"{tensors.where(head)}: {head}: differs from the embedding {embedding} while "
-                         "tie_word_embeddings is true (set it to false to use this head)")
+    for copy, original in arch.copies.items():
+        copy, original = given.get(copy), given[original]
+        if copy is not None and not (tensors.shape(copy) == tensors.shape(original)
+                                     and torch.equal(tensors[copy], tensors[original])):
+            hint = " (set it to false to use this head)" if copy.endswith("lm_head.weight") else ""
+            raise ValueError(f"{tensors.where(copy)}: {copy}: differs from the embedding {original} while "
+                             f"tie_word_embeddings is true{hint}")
+    for name, needed in ((given[n], shape) for n, shape in arch.zeros.items()):
+        if not tensors.floating(name) or tensors.shape(name) != needed or torch.count_nonzero(tensors[name]):
+            raise ValueError(f"{tensors.where(name)}: {name}: expected zeros of shape {needed} (pytransformer adds no "
+                             f"such tensor), got {tensors.dtype(name)} {tensors.shape(name)} with other values")
 
 
 def convert(cls, config_class, d, tensors: Mapping, *, dtype: torch.dtype, device, quantize: bool = False,

@@ -15,6 +15,7 @@ class Embeddings(nn.Module):
         d = config.d_model
         self.tok = nn.Embedding(config.vocab_size, d)
         self.pos = {"sinusoidal": lambda: SinusoidalPositionalEncoding(d, config.max_len),
+                    "sinusoidal_halves": lambda: SinusoidalPositionalEncoding(d, config.max_len, halves=True),
                     "learned": lambda: LearnedPositionalEmbedding(config.max_len, d),
                     "rotary": lambda: None}[config.positional]()  # rotary positions are applied inside attention
         self.types = nn.Embedding(type_vocab_size, d) if type_vocab_size else None

@@ -5,7 +5,7 @@ from torch import nn
 
 from ..nn.positional import rope_type
 
-POSITIONALS = ("sinusoidal", "learned", "rotary")
+POSITIONALS = ("sinusoidal", "sinusoidal_halves", "learned", "rotary")
 
 
 @dataclass
@@ -17,10 +17,10 @@ class _Config:
     d_ff: int = 2048
     max_len: int = 1024
     dropout: float = 0.1
-    activation: str = "relu"  # relu | gelu | gelu_tanh | swiglu
+    activation: str = "relu"  # relu | gelu | gelu_tanh | silu | swiglu
     norm: str = "post"  # post | pre | sandwich
     norm_type: str = "layernorm"  # layernorm | rmsnorm
-    positional: str = "sinusoidal"  # sinusoidal | learned | rotary
+    positional: str = "sinusoidal"  # sinusoidal | sinusoidal_halves (sines, then cosines) | learned | rotary
     rope_theta: float = 10000.0  # rotary base
     rope_scaling: dict | None = None  # None or {"rope_type": "llama3", ...} (nn.positional.rope_inv_freq)
     tie_embeddings: bool = True

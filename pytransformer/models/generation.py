@@ -40,6 +40,19 @@ def eos_ids(eos_id, device) -> Tensor | None:
     return torch.tensor(ids, device=device)
 
 
+def suppressor(ids, vocab: int, device):
+    """A function logits [N, V] -> logits with the columns of `ids` (token ids never to generate, as Hugging Face's
+    suppress_tokens) at -inf; the identity for None. ValueError naming suppress_ids unless ids is a list of ints in
+    [0, vocab)."""
+    if ids is None:
+        return lambda logits: logits
+    if not (isinstance(ids, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab
+                                                   for i in ids)):
+        raise ValueError(f"suppress_ids: expected None or a list of token ids in [0, {vocab}), got {ids!r:.80}")
+    index = torch.tensor(ids, dtype=torch.long, device=device)
+    return lambda logits: logits.index_fill(-1, index, float("-inf"))
+
+
 def check_key_lengths(key_lengths, rows: int, length: int, name: str = "key_lengths") -> None:
     """ValueError naming the argument (`name`) unless it is an integer tensor [rows] of prompt lengths in
     [1, length]."""

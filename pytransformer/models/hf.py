@@ -4,34 +4,42 @@ and from_pretrained (a save_pretrained directory: config.json and safetensors fi
 checkpoint.py loads the tensors; transformers itself is never imported.
 
 Supported model_type values: "gpt2" (GPT2LMHeadModel), "llama", "mistral", "qwen2" (their *ForCausalLM) -> DecoderLM;
-"bert" (BertModel, or the encoder and pooler of a BertFor* checkpoint) -> EncoderModel. A config field that would make
+"bert" (BertModel, or the encoder and pooler of a BertFor* checkpoint) -> EncoderModel; "marian" (MarianMTModel, the
+Helsinki-NLP opus-mt translation models) -> Seq2SeqTransformer. A config field that would make
 the Hugging Face model compute something our model does not, or that is missing, of the wrong type or out of range,
 raises ValueError naming the field; nothing here allocates tensors.
 
 Decisions: Hugging Face's q/k/v (and gate/up) projections are concatenated by rows into our fused qkv_proj (and the
 SwiGLU fc1 = gate | up); RoPE needs no permutation (both use the rotate-half layout). Rope types: default and llama3
 (any other rope_type, and partial_rotary_factor != 1, raise). Mistral's sliding_window applies to every layer; Qwen2's
-use_sliding_window only when it makes every layer windowed (a mix raises, naming layer_types). attention_dropout must
-be 0 (our one dropout rate would also act on the residuals). A tied checkpoint's lm_head.weight (present in
-state_dict(), absent from save_pretrained files) is not loaded when it equals the embedding (checkpoint.py refuses a
-different one: set tie_word_embeddings to false to use it); buffers of older versions (GPT-2's attn.bias mask, Llama's
-rotary_emb.inv_freq, BERT's position_ids) and the task heads of BertFor* checkpoints (cls.* of the masked-LM and
-pre-training models, classifier.* of the sequence, token and multiple-choice classifiers, qa_outputs.* of question
-answering) are skipped; any other tensor the plan does not use is an error."""
+use_sliding_window only when it makes every layer windowed (a mix raises, naming layer_types). attention_dropout must be
+0 (our one dropout rate would also act on the residuals). Marian: one table for source and target embeddings and the
+output projection (share_encoder_decoder_embeddings and tie_word_embeddings true), embeddings scaled by sqrt(d_model)
+(scale_embedding true), sinusoidal positions with the sines first ("sinusoidal_halves"), post-norm layers; its
+final_logits_bias buffer must be zeros (checkpoint.py; transformers never trains it), and its positional tables are
+recomputed. A tied checkpoint's copies of the embedding (lm_head.weight, and Marian's encoder/decoder
+embed_tokens.weight: present in state_dict(), absent from save_pretrained files) are not loaded when they equal the
+embedding (checkpoint.py refuses a different one; for lm_head: set tie_word_embeddings to false to use it); buffers of
+older versions (GPT-2's attn.bias mask, Llama's rotary_emb.inv_freq, BERT's position_ids) and the task heads of BertFor*
+checkpoints (cls.* of the masked-LM and pre-training models, classifier.* of the sequence, token and multiple-choice
+classifiers, qa_outputs.* of question answering) are skipped; any other tensor the plan does not use is an error."""
 import math
 from typing import Callable, NamedTuple
 
-from .configs import DecoderConfig, EncoderConfig, bert_base, gpt2_small
+from .configs import DecoderConfig, EncoderConfig, Seq2SeqConfig, bert_base, gpt2_small
 
-_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu"}
+_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu",
+                "silu": "silu", "swish": "silu"}
 
 
 class Architecture(NamedTuple):
     """A checkpoint's architecture in our terms."""
-    config: DecoderConfig | EncoderConfig
+    config: DecoderConfig | EncoderConfig | Seq2SeqConfig
     plan: dict  # our parameter name -> Source
     ignored: tuple[str, ...]  # regular expressions of Hugging Face tensor names that are not loaded
     sizes: dict  # the config fields that set tensor sizes -> their values (named when a tensor's shape disagrees)
+    copies: dict = {}  # Hugging Face names of tied copies -> the tensor each must equal when present (not loaded)
+    zeros: dict = {}  # Hugging Face tensors that must be there and hold zeros (not loaded) -> their shape
 
 
 class Source(NamedTuple):
@@ -120,11 +128,12 @@ def _module(ours: str, theirs: str, bias: bool = True, transpose: bool = False) 
             | ({f"{ours}.bias": Source((f"{theirs}.bias",))} if bias else {}))
 
 
-def _head(plan: dict, tied: bool) -> tuple[str, ...]:
-    """Add the untied LM head to plan; a tied checkpoint may still hold it (as state_dict() does): not loaded."""
+def _head(plan: dict, tied: bool) -> dict:
+    """Add the untied LM head to plan; a tied checkpoint may still hold it (as state_dict() does): Architecture.copies
+    of the embedding."""
     if not tied:
         plan["lm_head.weight"] = Source(("lm_head.weight",))
-    return (r"lm_head\.weight",) if tied else ()
+    return {"lm_head.weight": plan["embed.tok.weight"].names[0]} if tied else {}
 
 
 def gpt2(d: dict, names) -> Architecture:
@@ -150,7 +159,7 @@ def gpt2(d: dict, names) -> Architecture:
                  | _module(f"{p}.self_attn.out_proj", f"{h}.attn.c_proj", transpose=True)
                  | _module(f"{p}.ff.fc1", f"{h}.mlp.c_fc", transpose=True)
                  | _module(f"{p}.ff.fc2", f"{h}.mlp.c_proj", transpose=True))
-    return Architecture(config, plan, _head(plan, tied) + (r"h\.\d+\.attn\.(masked_)?bias",), sizes)  # old masks
+    return Architecture(config, plan, (r"h\.\d+\.attn\.(masked_)?bias",), sizes, _head(plan, tied))  # old masks
 
 
 def _rope(d: dict) -> tuple[float, dict | None]:
@@ -227,7 +236,7 @@ def llama(d: dict, names) -> Architecture:
         if qwen2:
             plan[f"{p}.self_attn.qkv_proj.bias"] = _rows(f"{h}.self_attn.", ("q_proj.bias", "k_proj.bias",
                                                                              "v_proj.bias"), qkv)
-    return Architecture(config, plan, _head(plan, tied) + (r"layers\.\d+\.self_attn\.rotary_emb\.inv_freq",), sizes)
+    return Architecture(config, plan, (r"layers\.\d+\.self_attn\.rotary_emb\.inv_freq",), sizes, _head(plan, tied))
 
 
 def bert(d: dict, names) -> Architecture:
@@ -267,12 +276,58 @@ def bert(d: dict, names) -> Architecture:
                         sizes | {"hidden_size": hidden})
 
 
+def _attention(plan: dict, ours: str, theirs: str, width: int) -> None:
+    """Add an attention block whose q/k/v projections (with biases) become our fused qkv_proj, and its out_proj."""
+    for kind in ("weight", "bias"):
+        plan[f"{ours}.qkv_proj.{kind}"] = _rows(f"{theirs}.", tuple(f"{n}_proj.{kind}" for n in "qkv"), (width,) * 3)
+    plan |= _module(f"{ours}.out_proj", f"{theirs}.out_proj")
+
+
+def marian(d: dict, names) -> Architecture:
+    """MarianMTModel: post-norm encoder-decoder, one embedding table (source, target, output), sinusoidal positions
+    with the sines first, embeddings scaled by sqrt(d_model)."""
+    width, heads, _ = _heads(d, "d_model", "encoder_attention_heads")
+    sizes = {"vocab_size": _integer(d, "vocab_size"), "d_model": width,
+             "encoder_ffn_dim": _integer(d, "encoder_ffn_dim"),
+             "max_position_embeddings": _integer(d, "max_position_embeddings")}
+    _require(d, "decoder_attention_heads", heads)
+    _require(d, "decoder_ffn_dim", sizes["encoder_ffn_dim"])
+    _require(d, "decoder_vocab_size", sizes["vocab_size"], sizes["vocab_size"])
+    for field, default in (("scale_embedding", False), ("share_encoder_decoder_embeddings", True),
+                           ("tie_word_embeddings", True)):
+        _require(d, field, True, default)
+    for field in ("attention_dropout", "activation_dropout", "encoder_layerdrop", "decoder_layerdrop"):
+        _require(d, field, 0.0, 0.0)
+    config = Seq2SeqConfig(vocab_size=sizes["vocab_size"], d_model=width, n_heads=heads, d_ff=sizes["encoder_ffn_dim"],
+                           n_encoder_layers=_layers(d, "encoder_layers", names),
+                           n_decoder_layers=_layers(d, "decoder_layers", names),
+                           max_len=sizes["max_position_embeddings"], dropout=_number(d, "dropout", 0.1, below=1.0),
+                           activation=_activation(d, "activation_function", "gelu"), norm="post",
+                           positional="sinusoidal_halves", tie_embeddings=True, eps=1e-5)
+    plan = {"src_embed.tok.weight": Source(("shared.weight",))}
+    for side, n_layers in (("encoder", config.n_encoder_layers), ("decoder", config.n_decoder_layers)):
+        for i in range(n_layers):
+            p = h = f"{side}.layers.{i}"
+            _attention(plan, f"{p}.self_attn", f"{h}.self_attn", width)
+            plan |= (_module(f"{p}.res_attn.norm" if side == "encoder" else f"{p}.res_self.norm",
+                             f"{h}.self_attn_layer_norm")
+                     | _module(f"{p}.ff.fc1", f"{h}.fc1") | _module(f"{p}.ff.fc2", f"{h}.fc2")
+                     | _module(f"{p}.res_ff.norm", f"{h}.final_layer_norm"))
+            if side == "decoder":
+                _attention(plan, f"{p}.cross_attn", f"{h}.encoder_attn", width)
+                plan |= _module(f"{p}.res_cross.norm", f"{h}.encoder_attn_layer_norm")
+    copies = {name: "shared.weight" for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
+                                                 "lm_head.weight")}
+    return Architecture(config, plan, (r"(encoder|decoder)\.embed_positions\.weight",), sizes, copies,
+                        {"final_logits_bias": [1, config.vocab_size]})
+
+
 # model_type -> (the backbone's prefix in a task model's tensor names, optional in a file; the config class it builds;
 # the architecture)
 ARCHITECTURES: dict[str, tuple[str, type, Callable[[dict, set], Architecture]]] = {
     "gpt2": ("transformer.", DecoderConfig, gpt2), "llama": ("model.", DecoderConfig, llama),
     "mistral": ("model.", DecoderConfig, llama), "qwen2": ("model.", DecoderConfig, llama),
-    "bert": ("bert.", EncoderConfig, bert)}
+    "bert": ("bert.", EncoderConfig, bert), "marian": ("model.", Seq2SeqConfig, marian)}
 
 
 def normalized_name(name: str, prefix: str) -> str:

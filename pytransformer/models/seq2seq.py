@@ -6,7 +6,8 @@ from torch import Tensor, nn
 from ..nn import KVCache, Linear, TransformerDecoder, TransformerEncoder, token_positions
 from .common import Embeddings, float_parameter, rotary_for
 from .configs import Seq2SeqConfig
-from .generation import beam_search, check_generate_args, check_key_lengths, decode, next_token
+from . import checkpoint
+from .generation import beam_search, check_generate_args, check_key_lengths, decode, next_token, suppressor
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -61,13 +62,18 @@ class Seq2SeqTransformer(nn.Module):
                  eos_id: int, beam_size: int = 1, length_penalty: float = 1.0, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                  generator: torch.Generator | None = None, use_cache: bool = True,
-                 cache_dtype: torch.dtype | None = None) -> Tensor:
+                 cache_dtype: torch.dtype | None = None, suppress_ids: list[int] | None = None) -> Tensor:
         """src [B, Ls] -> target tokens [B, 1 + n] starting with bos_id: the encoder runs once, cross-attention K/V
         are cached once, self-attention goes through the KV cache; rows that emitted eos_id continue with eos_id.
         ValueError naming src_key_lengths unless it is an integer tensor [B] of lengths in [1, Ls]. cache_dtype: the
-        KV cache's float dtype (default the model's), as in DecoderLM.generate."""
+        KV cache's float dtype (default the model's), as in DecoderLM.generate. suppress_ids: token ids never
+        generated (their logits -inf), such as a Marian model's pad id, which is also its bos_id."""
         check_generate_args(max_new_tokens, beam_size, do_sample, temperature, top_k, top_p, cache_dtype=cache_dtype,
                             use_cache=use_cache)
+        suppress = suppressor(suppress_ids, self.config.vocab_size, src.device)
+        if self.config.positional != "rotary" and max_new_tokens + 1 > self.config.max_len:
+            raise ValueError(f"max_new_tokens: bos_id + {max_new_tokens} new tokens exceed the model's "
+                             f"{self.config.max_len} target positions (max_len)")
         if src_key_lengths is not None:
             check_key_lengths(src_key_lengths, src.shape[0], src.shape[1], "src_key_lengths")
         n_rows = src.shape[0] * beam_size
@@ -79,18 +85,18 @@ class Seq2SeqTransformer(nn.Module):
             self.decoder.cache_memory(cache, memory, lens)
 
             def step(tok):
-                return self.decode(tok, cache=cache)[:, -1]
+                return suppress(self.decode(tok, cache=cache)[:, -1])
             reorder = cache.reorder
         else:
             def step(tok):
                 nonlocal tgt
                 tgt = torch.cat([tgt, tok], 1)
-                return self.decode(tgt, memory, src_key_lengths=lens)[:, -1]
+                return suppress(self.decode(tgt, memory, src_key_lengths=lens)[:, -1])
 
             def reorder(index):
                 nonlocal tgt
                 tgt = tgt[index]
-        logits = step(tgt) if use_cache else self.decode(tgt, memory, src_key_lengths=lens)[:, -1]
+        logits = step(tgt) if use_cache else suppress(self.decode(tgt, memory, src_key_lengths=lens)[:, -1])
         if beam_size > 1:
             new = beam_search(step, reorder, logits, beam_size, max_new_tokens, eos_id, length_penalty)
         else:
@@ -98,3 +104,20 @@ class Seq2SeqTransformer(nn.Module):
                                                                             generator), eos_id)
         bos = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
         return torch.cat([bos, new], 1)
+
+    @classmethod
+    def from_hf(cls, model) -> "Seq2SeqTransformer":
+        """A Seq2SeqTransformer with the config and weights of a Hugging Face MarianMTModel object (on its device, in
+        its dtype and train/eval mode). See models/hf.py for what is supported; anything else raises ValueError
+        naming the config field. Generate as transformers does with bos_id=config.decoder_start_token_id,
+        eos_id=config.eos_token_id and suppress_ids=[config.pad_token_id]."""
+        return checkpoint.from_hf(cls, Seq2SeqConfig, model)
+
+    @classmethod
+    def from_pretrained(cls, path, dtype: torch.dtype = torch.float32, quantize: bool = False, *, device=None,
+                        mmap: bool = True) -> "Seq2SeqTransformer":
+        """A Seq2SeqTransformer (eval mode) from a local save_pretrained directory of a Marian translation model
+        (config.json with model_type marian; safetensors weights), in `dtype` on `device` (default CPU), without
+        importing transformers; quantize, mmap and errors as DecoderLM.from_pretrained's."""
+        return checkpoint.from_pretrained(cls, Seq2SeqConfig, path, dtype=dtype, device=device, quantize=quantize,
+                                          mmap=mmap)

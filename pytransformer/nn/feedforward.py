@@ -1,4 +1,4 @@
-"""FeedForward: the position-wise MLP of a Transformer layer (ReLU, GELU or SwiGLU)."""
+"""FeedForward: the position-wise MLP of a Transformer layer (ReLU, GELU, SiLU or SwiGLU)."""
 import functools
 
 import torch.nn.functional as F
@@ -6,7 +6,8 @@ from torch import Tensor, nn
 
 from .linear import Linear
 
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh")}
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": functools.partial(F.gelu, approximate="tanh"),
+               "silu": F.silu}
 
 
 class FeedForward(nn.Module):

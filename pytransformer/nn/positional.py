@@ -36,20 +36,25 @@ class _DerivedBuffers(nn.Module):
 
 
 class SinusoidalPositionalEncoding(_DerivedBuffers):
-    """Fixed encodings PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(...); forward(positions) -> [..., d]."""
+    """Fixed encodings PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(...); forward(positions) -> [..., d].
+    halves=True puts the same values in the layout of tensor2tensor, fairseq and Marian checkpoints: every sine
+    first, then every cosine (PE[p, i] = sin, PE[p, ceil(d/2) + i] = cos)."""
 
-    def __init__(self, d_model: int, max_len: int = 5000):
+    def __init__(self, d_model: int, max_len: int = 5000, *, halves: bool = False):
         super().__init__()
-        self.d_model, self.max_len = d_model, max_len
+        self.d_model, self.max_len, self.halves = d_model, max_len, halves
         self._set_buffers(None, torch.float32)
 
     def _derive(self, device, dtype) -> None:
         d = self.d_model
         pos = torch.arange(self.max_len, dtype=torch.float64, device=device)[:, None]  # [max_len, 1]
         freq = torch.exp(torch.arange(0, d, 2, dtype=torch.float64, device=device) * (-math.log(10000.0) / d))
-        pe = torch.zeros(self.max_len, d, dtype=torch.float64, device=device)
-        pe[:, 0::2] = torch.sin(pos * freq)
-        pe[:, 1::2] = torch.cos(pos * freq[: d // 2])
+        sin, cos = torch.sin(pos * freq), torch.cos(pos * freq[: d // 2])
+        if self.halves:
+            pe = torch.cat([sin, cos], 1)
+        else:
+            pe = torch.empty(self.max_len, d, dtype=torch.float64, device=device)
+            pe[:, 0::2], pe[:, 1::2] = sin, cos
         self.register_buffer("pe", pe.to(dtype), persistent=False)  # [max_len, d_model]
 
     def forward(self, positions: Tensor) -> Tensor:

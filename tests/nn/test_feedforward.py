@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from pytransformer.nn import FeedForward
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "swiglu"])
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh", "silu", "swiglu"])
 def test_matches_reference(activation):
     ff = FeedForward(16, 24, activation).double()
     x = torch.randn(2, 5, 16, dtype=torch.float64)
@@ -14,7 +14,8 @@ def test_matches_reference(activation):
     if activation == "swiglu":
         h = F.silu(h[..., :24]) * h[..., 24:]
     else:
-        h = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[activation](h)
+        h = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+             "silu": lambda t: t * torch.sigmoid(t)}[activation](h)
     torch.testing.assert_close(ff(x), F.linear(h, ff.fc2.weight, ff.fc2.bias))
     assert ff.fc1.out_features == (48 if activation == "swiglu" else 24)
 

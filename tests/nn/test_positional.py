@@ -16,6 +16,20 @@ def test_sinusoidal_formula():
     assert len(pe.state_dict()) == 0
 
 
+@pytest.mark.parametrize("d", [10, 11])
+def test_sinusoidal_halves_formula(d):
+    """halves=True: the sines of every frequency, then the cosines (ceil(d/2) sines for an odd d, as Marian's
+    table has)."""
+    pe = SinusoidalPositionalEncoding(d, max_len=50, halves=True)
+    p, n_sin = 17, (d + 1) // 2
+    for i in range(n_sin):
+        assert math.isclose(pe(torch.tensor(p))[i].item(), math.sin(p / 10000 ** (2 * i / d)), abs_tol=1e-6)
+    for i in range(d // 2):
+        assert math.isclose(pe(torch.tensor(p))[n_sin + i].item(), math.cos(p / 10000 ** (2 * i / d)), abs_tol=1e-6)
+    interleaved = SinusoidalPositionalEncoding(d, max_len=50).pe
+    assert torch.equal(pe.pe, torch.cat([interleaved[:, 0::2], interleaved[:, 1::2]], 1))
+
+
 def test_learned_is_a_table():
     pe = LearnedPositionalEmbedding(12, 6)
     assert torch.equal(pe(torch.tensor([3, 0])), pe.weight[[3, 0]])
