@@ -1,4 +1,5 @@
-"""bench-generate's parts: the prefill/decode split of generation time, the engine list and record, the SentencePiece
+"""bench-generate's parts: the prefill/decode split of generation time, the engine list and record, Marian
+translation (our tokens against Hugging Face's and, when ctranslate2 is installed, CTranslate2's), the SentencePiece
 vocabulary written for llama.cpp's converter (pieces "t<i>" at id i, beside the folder's word-level tokenizer, which
 Hugging Face still reads), the q8_0 switch on AMX CPUs, and, when llama-cpp-python is installed, a tiny random Llama
 converted by llama.cpp's converter and generated with batched sequences, against our float32 tokens."""
@@ -30,6 +31,36 @@ def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny_llama")
     generate.save_folder(hf, folder)
     return hf, folder
+
+
+TINY_MARIAN = dict(vocab_size=300, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                   decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64,
+                   pad_token_id=299, decoder_start_token_id=299, init_std=0.3)
+
+
+def test_marian_engines():
+    """Translation: ours eager (compile=True is DecoderLM's), Hugging Face, CTranslate2 when installed; no
+    llama.cpp."""
+    names = generate.engines("cpu", "float32", False, "marian")
+    assert names[:2] == ["ours", "Hugging Face"] and names[2:] in ([], ["CTranslate2"])
+
+
+def test_marian_translations_agree(tmp_path):
+    """A tiny random Marian saved by save_folder: our float32 greedy translation (exactly n tokens after the pad id,
+    never the pad id) equals Hugging Face's, from the folder as the timed engines load it, and CTranslate2's
+    conversion of the folder (its vocabulary without the pad token, its decoder started from a zero embedding, as the
+    pad id's row is) gives the same tokens."""
+    hf = generate.hf_model("marian", "cpu", **TINY_MARIAN)
+    generate.save_folder(hf, tmp_path)
+    ids = generate.prompts(3, 9, 300, "cpu")
+    with torch.no_grad():
+        ours = generate.load_engine("ours", "float32", tmp_path, "cpu", 1, 3, 30)(ids, 12)
+    assert ours.shape == (3, 13) and ours[:, 0].eq(299).all() and not ours[:, 1:].eq(299).any()
+    assert generate.same_tokens(hf, "cpu", [1, 3], 9, 12, {"Hugging Face": generate.hf_generate(hf)}) == {
+        "Hugging Face": {1: None, 3: None}}
+    pytest.importorskip("ctranslate2")
+    theirs = generate.load_engine("CTranslate2", "float32", tmp_path, "cpu", 1, 3, 30)(ids, 12)
+    assert torch.equal(theirs, ours)
 
 
 def test_split_times():

@@ -1,6 +1,7 @@
-"""Generation throughput (greedy tokens/s) of DecoderLM against Hugging Face `generate` and, when their packages are
-installed, CTranslate2's Generator (`ctranslate2`) and llama.cpp (`llama_cpp`, llama-cpp-python; the Llama
-models only), on the same weights, prompts and thread count, timed in turns.
+"""Generation throughput (greedy tokens/s) of DecoderLM (and of Seq2SeqTransformer translating) against Hugging Face
+`generate` and, when their packages are installed, CTranslate2's Generator or Translator (`ctranslate2`) and llama.cpp
+(`llama_cpp`, llama-cpp-python; the Llama models only), on the same weights, prompts and thread count, timed in
+turns.
 
 The model is a random Hugging Face model, float32, saved with save_pretrained to a temporary folder, with a word-level
 vocabulary "t0", "t1", ... (so CTranslate2's token strings map one to one to ids). Each engine loads it from there:
@@ -14,6 +15,11 @@ bfloat16, and every engine loads that folder, so that each can keep the weights 
 - `--model llama`: a Llama shape (124M parameters, GQA 4:1, SwiGLU, untied head).
 - `--model llama-1b`: TinyLlama-1.1B's shape (1.1B parameters, GQA 8:1, SwiGLU, untied head), a size llama.cpp's
   users run, where the weights' read outweighs every fixed cost.
+- `--model marian`: translation with the shape of Helsinki-NLP's opus-mt-en-de (a Marian encoder-decoder, 6+6
+  layers, d_model 512, 74M parameters): the prompt is the source sentence, the new tokens its translation, decoded
+  from the pad id (never generated, as the opus-mt models' bad_words_ids say) and exactly that many (no EOS before:
+  Hugging Face's min_new_tokens, CTranslate2's min_decoding_length, our suppress_ids); ours is
+  Seq2SeqTransformer.from_pretrained, eager (generate(compile=True) is DecoderLM's), CTranslate2 its Translator.
 
 In each of `--dtypes`: float32; bfloat16 (weights and activations; CTranslate2's compute type bfloat16 where its CPU
 build has it); int8 (ours: weight-only int8, and "ours, x 8 bits" with x quantized per row to 8 bits too, x_bits=8;
@@ -43,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from ..models import DecoderLM, count_parameters
+from ..models import DecoderLM, Seq2SeqTransformer, count_parameters
 from ..nn.quantized import quantize
 from . import command_line, device_name, llamacpp, proc_status, sync
 
@@ -59,6 +65,12 @@ LLAMA_SHAPE = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, nu
 LLAMA_SHAPES = {"llama": LLAMA_SHAPE,
                 "llama-1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                                  num_attention_heads=32, num_key_value_heads=4, tie_word_embeddings=False)}
+# Helsinki-NLP/opus-mt-en-de's shape: 6+6 layers, d_model 512, 8 heads, FFN 2048 (SiLU), a vocabulary of 58101 whose
+# last id is the pad id the decoder starts from: 74M parameters.
+MARIAN_SHAPE = dict(vocab_size=58101, d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+                    decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=512,
+                    activation_function="swish", scale_embedding=True, pad_token_id=58100,
+                    decoder_start_token_id=58100, eos_token_id=0, forced_eos_token_id=0)
 CT2_TYPES = {"float32": "float32", "bfloat16": "bfloat16", "int8": "int8_float32"}
 
 
@@ -72,21 +84,42 @@ def timed(fn, device) -> float:
 
 
 def hf_model(name: str, device, **config):
-    """A random Hugging Face GPT2LMHeadModel ("gpt2") or LlamaForCausalLM (a name of LLAMA_SHAPES) (float32, eval);
-    `config` overrides the shape's settings (e.g. num_hidden_layers)."""
+    """A random Hugging Face GPT2LMHeadModel ("gpt2"), MarianMTModel ("marian") or LlamaForCausalLM (a name of
+    LLAMA_SHAPES) (float32, eval); `config` overrides the shape's settings (e.g. num_hidden_layers)."""
     import transformers
     torch.manual_seed(0)
     if name == "gpt2":
         model = transformers.GPT2LMHeadModel(transformers.GPT2Config(pad_token_id=0, **config))
+    elif name == "marian":
+        model = transformers.MarianMTModel(transformers.MarianConfig(**{**MARIAN_SHAPE, **config}))
     else:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA_SHAPES[name], **config}))
     return model.to(device).eval()
 
 
 def hf_generate(hf):
-    """generate(ids, n) of a Hugging Face model: greedy, exactly n new tokens."""
+    """generate(ids, n) of a Hugging Face model: greedy, exactly n new tokens (a Marian model: the translation of
+    source ids, starting with the pad id, which it never generates)."""
+    if hf.config.is_encoder_decoder:
+        return lambda ids, n: hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                                          min_new_tokens=n, do_sample=False, num_beams=1,
+                                          bad_words_ids=[[hf.config.pad_token_id]], forced_eos_token_id=None)
     return lambda ids, n: hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
                                       do_sample=False, pad_token_id=0)
+
+
+def our_generate(model, engine: str, dtype: str, config: dict):
+    """generate(ids, n) of our model as `engine` runs it ("ours", "ours, compiled", "ours, no cache", "ours, x 8
+    bits"): greedy, exactly n new tokens; a Seq2SeqTransformer (Marian) translates as hf_generate does, with the pad
+    and EOS ids of its Hugging Face `config` dict."""
+    cache = {"use_cache": engine != "ours, no cache", "cache_dtype": CACHE_DTYPES.get(dtype)}
+    if isinstance(model, Seq2SeqTransformer):
+        pad, eos = config["pad_token_id"], config["eos_token_id"]
+        return lambda ids, n: model.generate(ids, max_new_tokens=n, bos_id=pad, eos_id=None, suppress_ids=[pad, eos],
+                                             **cache)
+    if engine == "ours, no cache":
+        return lambda ids, n: model.generate(ids, n, use_cache=False)
+    return lambda ids, n: model.generate(ids, n, compile=engine == "ours, compiled", **cache)
 
 
 def save_folder(hf, folder: Path) -> None:
@@ -96,12 +129,17 @@ def save_folder(hf, folder: Path) -> None:
     import transformers
     from tokenizers import Tokenizer, models, pre_tokenizers
     hf.save_pretrained(folder)
-    vocab = hf.config.vocab_size
-    special = {k: f"t{getattr(hf.config, f'{k}_token_id', None) or vocab - 1}" for k in ("bos", "eos")}
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token=special["eos"]))
+    vocab, c = hf.config.vocab_size, hf.config
+    ids = {k: getattr(c, f"{k}_token_id", None) for k in ("bos", "eos")}
+    special = {k: f"t{vocab - 1 if i is None else i}" for k, i in ids.items()}
+    words = {f"t{i}": i for i in range(vocab)}
+    if c.is_encoder_decoder:  # Marian's pad token, which CTranslate2's converter drops from the vocabulary by name
+        words = {**{w: i for w, i in words.items() if i != c.pad_token_id}, "<pad>": c.pad_token_id}
+        special |= {"bos": f"t{ids['eos']}", "pad": "<pad>"}
+    tok = Tokenizer(models.WordLevel(words, unk_token=special["eos"]))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     word = {k: tokenizers.AddedToken(v, single_word=True, special=True) for k, v in special.items()}  # not in "t12"
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=word["bos"], eos_token=word["eos"],
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **{f"{k}_token": w for k, w in word.items()},
                                          unk_token=word["eos"]).save_pretrained(folder)
 
 
@@ -113,6 +151,16 @@ def ct2_folder(folder: Path, dtype: str) -> Path:
         ctranslate2.converters.TransformersConverter(str(folder)).convert(
             str(out), quantization="int8" if dtype == "int8" else dtype)
     return out
+
+
+def ct2_translate(translator, pad: int):
+    """generate(ids, n) of a CTranslate2 Translator: greedy, exactly n new tokens, never the pad token (its
+    Marian vocabulary has none); returns them after the pad id, as Hugging Face's generate does."""
+    def generate(ids, n):
+        results = translator.translate_batch([[f"t{i}" for i in row] for row in ids.tolist()], beam_size=1,
+                                             max_decoding_length=n, min_decoding_length=n)
+        return torch.tensor([[pad] + [int(t[1:]) for t in r.hypotheses[0]] for r in results])
+    return generate
 
 
 def ct2_generate(generator):
@@ -134,25 +182,27 @@ def load_engine(engine: str, dtype: str, folder: Path, device, threads: int, max
     if engine.startswith("llama.cpp"):
         return llamacpp.load(folder, engine.split()[1], threads, max_batch, max_len)
     torch_dtype = torch.float32 if dtype == "int8" else getattr(torch, dtype)
+    config = json.loads((folder / "config.json").read_text())
+    seq2seq = config["model_type"] == "marian"
     if engine.startswith("ours"):
-        model = DecoderLM.from_pretrained(folder, torch_dtype, quantize=dtype == "int8", device=device)
+        model = (Seq2SeqTransformer if seq2seq else DecoderLM).from_pretrained(folder, torch_dtype,
+                                                                             quantize=dtype == "int8", device=device)
         if engine == "ours, x 8 bits":
             quantize(model, x_bits=8)
-        if engine == "ours, no cache":
-            return lambda ids, n: model.generate(ids, n, use_cache=False)
-        return lambda ids, n: model.generate(ids, n, compile=engine == "ours, compiled",
-                                             cache_dtype=CACHE_DTYPES.get(dtype))
+        return our_generate(model, engine, dtype, config)
     if engine == "Hugging Face":
         import transformers
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype).to(device).eval()
+        auto = transformers.AutoModelForSeq2SeqLM if seq2seq else transformers.AutoModelForCausalLM
+        model = auto.from_pretrained(folder, dtype=torch_dtype).to(device).eval()
         if dtype == "int8":
             model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
         return hf_generate(model)
     if engine != "CTranslate2":
         raise ValueError(f"engine: no engine is named {engine!r}")
     import ctranslate2
-    return ct2_generate(ctranslate2.Generator(str(ct2_folder(folder, dtype)), device="cpu",
-                                              compute_type=CT2_TYPES[dtype], intra_threads=threads))
+    kind = ctranslate2.Translator if seq2seq else ctranslate2.Generator
+    loaded = kind(str(ct2_folder(folder, dtype)), device="cpu", compute_type=CT2_TYPES[dtype], intra_threads=threads)
+    return ct2_translate(loaded, config["pad_token_id"]) if seq2seq else ct2_generate(loaded)
 
 
 def prompts(batch: int, prompt_len: int, vocab: int, device) -> torch.Tensor:
@@ -325,14 +375,15 @@ def measure(calls: dict, dtype, folder: Path, device, batch_sizes, prompt_len, v
 
 
 def engines(device, dtype: str, uncached: bool, model: str) -> list[str]:
-    """The engines to time in `dtype`: ours, eager and with each decoding step compiled (generate(compile=True); on
-    the CPU the warm-up call compiles it, on CUDA every call captures it in a CUDA graph) (and ours without the KV
+    """The engines to time in `dtype`: ours, eager and (a decoder) with each decoding step compiled
+    (generate(compile=True); on the CPU the warm-up call compiles it, on CUDA every call captures it in a CUDA graph)
+    (and ours without the KV
     cache; int8 also ours with x quantized to 8 bits),
     Hugging Face's (int8 on the CPU only: torch's dynamic quantization has no CUDA kernels), and on the CPU when their
     packages are installed CTranslate2's and, for the Llama models, llama.cpp's in each of its GGUF types for `dtype`
     ("llama.cpp f32", ...)."""
     cpu = torch.device(device).type == "cpu"
-    names = ["ours", "ours, compiled"] + (["ours, no cache"] if uncached else [])
+    names = ["ours"] + (["ours, compiled"] if model != "marian" else []) + (["ours, no cache"] if uncached else [])
     names += ["ours, x 8 bits"] if dtype == "int8" else []
     names += ["Hugging Face"] if cpu or dtype != "int8" else []
     if cpu and importlib.util.find_spec("ctranslate2") is not None:
@@ -349,15 +400,19 @@ def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
 
 
 def same_tokens(hf, device, batch_sizes, prompt_len, new_tokens, others) -> dict[str, dict[int, int | None]]:
-    """Per engine of `others` ({name: generate(ids, n)}, each returning the ids and the new tokens) and batch size:
-    the first position where our float32 greedy tokens differ from that engine's (None: equal)."""
-    ours, result = DecoderLM.from_hf(hf), {name: {} for name in others}
+    """Per engine of `others` ({name: generate(ids, n)}, each returning the new tokens after the ids, or after a
+    Marian model's pad id) and batch size: the first position where our float32 greedy tokens differ from that
+    engine's (None: equal)."""
+    seq2seq = hf.config.is_encoder_decoder
+    ours = our_generate((Seq2SeqTransformer if seq2seq else DecoderLM).from_hf(hf), "ours", "float32",
+                        hf.config.to_dict())
+    result, skip = {name: {} for name in others}, 1 if seq2seq else prompt_len
     for batch in batch_sizes:
         ids = prompts(batch, prompt_len, hf.config.vocab_size, device)
         with torch.no_grad():
-            a = ours.generate(ids, new_tokens)
+            a = ours(ids, new_tokens)[:, skip:]
             for name, generate in others.items():
-                result[name][batch] = first_difference(a[:, prompt_len:], generate(ids, new_tokens)[:, prompt_len:])
+                result[name][batch] = first_difference(a, generate(ids, new_tokens)[:, skip:])
     return result
 
 
@@ -422,9 +477,14 @@ def markdown(rows, memory, device, command, model_desc, runs, tokens=None, not_r
 
 
 def check_tokens(hf, folder: Path, args) -> dict[str, dict[int, int | None]]:
-    """same_tokens against Hugging Face and, when it is among the float32 engines, llama.cpp f32 (its conversion of
-    the saved folder, loaded in this process after the timed runs)."""
+    """same_tokens against Hugging Face and, when it is among the float32 engines, llama.cpp f32 or (Marian)
+    CTranslate2 (their conversions of the saved folder, loaded in this process after the timed runs)."""
     others = {"Hugging Face": hf_generate(hf)}
+    if args.model == "marian" and "CTranslate2" in engines(args.device, "float32", False, args.model):
+        import ctranslate2
+        others["CTranslate2"] = ct2_translate(ctranslate2.Translator(
+            str(ct2_folder(folder, "float32")), device="cpu", intra_threads=torch.get_num_threads()),
+            hf.config.pad_token_id)
     llama = "llama.cpp f32" in engines(args.device, "float32", False, args.model)
     if llama:
         others["llama.cpp f32"] = llamacpp.load(folder, "f32", torch.get_num_threads(), max(args.batch_sizes),
@@ -439,8 +499,9 @@ def check_tokens(hf, folder: Path, args) -> dict[str, dict[int, int | None]]:
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m pytransformer bench-generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=["gpt2", *LLAMA_SHAPES], default="gpt2",
-                   help="gpt2: GPT-2 small's shape; llama: a Llama of that size; llama-1b: TinyLlama-1.1B's shape")
+    p.add_argument("--model", choices=["gpt2", *LLAMA_SHAPES, "marian"], default="gpt2",
+                   help="gpt2: GPT-2 small's shape; llama: a Llama of that size; llama-1b: TinyLlama-1.1B's shape; "
+                        "marian: translation, opus-mt-en-de's shape")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "int8"], default=["float32", "int8"])
@@ -462,7 +523,8 @@ def main(argv=None):
         hf = hf_model(args.model, args.device)
     except ImportError:
         p.error("the generation benchmark needs transformers and tokenizers (pip install transformers tokenizers)")
-    shape = "GPT-2 small shape" if args.model == "gpt2" else f"Llama shape ({LLAMA_SHAPES[args.model]})"
+    shape = {"gpt2": "GPT-2 small shape", "marian": f"Marian translation, opus-mt-en-de's shape ({MARIAN_SHAPE})"}.get(
+        args.model) or f"Llama shape ({LLAMA_SHAPES[args.model]})"
     desc = f"{shape}, {count_parameters(hf) / 1e6:.1f}M parameters, random weights"
     print(f"device: {device_name(args.device)}\n| batch | prompt | variant | dtype | new tokens | tokens/s |\n"
           "|---|---|---|---|---|---|", flush=True)
