@@ -45,22 +45,29 @@ def test_marian_engines():
     assert names[:2] == ["ours", "Hugging Face"] and names[2:] in ([], ["CTranslate2"])
 
 
-def test_marian_translations_agree(tmp_path):
-    """A tiny random Marian saved by save_folder: our float32 greedy translation (exactly n tokens after the pad id,
-    never the pad id) equals Hugging Face's, from the folder as the timed engines load it, and CTranslate2's
-    conversion of the folder (its vocabulary without the pad token, its decoder started from a zero embedding, as the
-    pad id's row is) gives the same tokens."""
+@pytest.mark.parametrize("beams", [1, 4])
+def test_marian_translations_agree(tmp_path, beams):
+    """A tiny random Marian saved by save_folder: our float32 translation, greedy or by beam search (exactly n tokens
+    after the pad id, never the pad id), equals Hugging Face's, from the folder as the timed engines load it, and
+    CTranslate2's conversion of the folder (its vocabulary without the pad token, its decoder started from a zero
+    embedding, as the pad id's row is) gives the same tokens."""
     hf = generate.hf_model("marian", "cpu", **TINY_MARIAN)
     generate.save_folder(hf, tmp_path)
     ids = generate.prompts(3, 9, 300, "cpu")
     with torch.no_grad():
-        ours = generate.load_engine("ours", "float32", tmp_path, "cpu", 1, 3, 30)(ids, 12)
+        ours = generate.load_engine("ours", "float32", tmp_path, "cpu", 1, 3, 30, beams)(ids, 12)
     assert ours.shape == (3, 13) and ours[:, 0].eq(299).all() and not ours[:, 1:].eq(299).any()
-    assert generate.same_tokens(hf, "cpu", [1, 3], 9, 12, {"Hugging Face": generate.hf_generate(hf)}) == {
-        "Hugging Face": {1: None, 3: None}}
+    assert generate.same_tokens(hf, "cpu", [1, 3], 9, 12, {"Hugging Face": generate.hf_generate(hf, beams)},
+                                beams) == {"Hugging Face": {1: None, 3: None}}
     pytest.importorskip("ctranslate2")
-    theirs = generate.load_engine("CTranslate2", "float32", tmp_path, "cpu", 1, 3, 30)(ids, 12)
+    theirs = generate.load_engine("CTranslate2", "float32", tmp_path, "cpu", 1, 3, 30, beams)(ids, 12)
     assert torch.equal(theirs, ours)
+
+
+def test_beams_only_for_translation(capsys):
+    with pytest.raises(SystemExit):
+        generate.main(["--model", "llama", "--beams", "4"])
+    assert "--beams: at least 1, and more only with --model marian" in capsys.readouterr().err
 
 
 def test_split_times():

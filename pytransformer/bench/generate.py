@@ -97,18 +97,18 @@ def hf_model(name: str, device, **config):
     return model.to(device).eval()
 
 
-def hf_generate(hf):
+def hf_generate(hf, beams: int = 1):
     """generate(ids, n) of a Hugging Face model: greedy, exactly n new tokens (a Marian model: the translation of
-    source ids, starting with the pad id, which it never generates)."""
+    source ids, starting with the pad id, which it never generates; beam search with `beams` > 1)."""
     if hf.config.is_encoder_decoder:
         return lambda ids, n: hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                                          min_new_tokens=n, do_sample=False, num_beams=1,
+                                          min_new_tokens=n, do_sample=False, num_beams=beams,
                                           bad_words_ids=[[hf.config.pad_token_id]], forced_eos_token_id=None)
     return lambda ids, n: hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
                                       do_sample=False, pad_token_id=0)
 
 
-def our_generate(model, engine: str, dtype: str, config: dict):
+def our_generate(model, engine: str, dtype: str, config: dict, beams: int = 1):
     """generate(ids, n) of our model as `engine` runs it ("ours", "ours, compiled", "ours, no cache", "ours, x 8
     bits"): greedy, exactly n new tokens; a Seq2SeqTransformer (Marian) translates as hf_generate does, with the pad
     and EOS ids of its Hugging Face `config` dict."""
@@ -116,7 +116,7 @@ def our_generate(model, engine: str, dtype: str, config: dict):
     if isinstance(model, Seq2SeqTransformer):
         pad, eos = config["pad_token_id"], config["eos_token_id"]
         return lambda ids, n: model.generate(ids, max_new_tokens=n, bos_id=pad, eos_id=None, suppress_ids=[pad, eos],
-                                             **cache)
+                                             beam_size=beams, **cache)
     if engine == "ours, no cache":
         return lambda ids, n: model.generate(ids, n, use_cache=False)
     return lambda ids, n: model.generate(ids, n, compile=engine == "ours, compiled", **cache)
@@ -153,11 +153,11 @@ def ct2_folder(folder: Path, dtype: str) -> Path:
     return out
 
 
-def ct2_translate(translator, pad: int):
-    """generate(ids, n) of a CTranslate2 Translator: greedy, exactly n new tokens, never the pad token (its
-    Marian vocabulary has none); returns them after the pad id, as Hugging Face's generate does."""
+def ct2_translate(translator, pad: int, beams: int = 1):
+    """generate(ids, n) of a CTranslate2 Translator: greedy (or beam search), exactly n new tokens, never the pad
+    token (its Marian vocabulary has none); returns them after the pad id, as Hugging Face's generate does."""
     def generate(ids, n):
-        results = translator.translate_batch([[f"t{i}" for i in row] for row in ids.tolist()], beam_size=1,
+        results = translator.translate_batch([[f"t{i}" for i in row] for row in ids.tolist()], beam_size=beams,
                                              max_decoding_length=n, min_decoding_length=n)
         return torch.tensor([[pad] + [int(t[1:]) for t in r.hypotheses[0]] for r in results])
     return generate
@@ -173,12 +173,14 @@ def ct2_generate(generator):
     return generate
 
 
-def load_engine(engine: str, dtype: str, folder: Path, device, threads: int, max_batch: int, max_len: int):
+def load_engine(engine: str, dtype: str, folder: Path, device, threads: int, max_batch: int, max_len: int,
+                beams: int = 1):
     """generate(ids, n) of an engine loaded from the saved folder in `dtype`: "ours" (DecoderLM.from_pretrained;
     int8: quantize=True, and a bfloat16 KV cache: CACHE_DTYPES), "ours, compiled" (the same, generate(compile=True)),
     "ours, x 8 bits" (int8 with x_bits=8), "ours, no cache", "Hugging Face" (from_pretrained;
     int8: torch's dynamic quantization of its nn.Linear layers), "CTranslate2" (its conversion of the folder, on
-    the CPU) or "llama.cpp <GGUF type>" (its conversion, with a context for max_batch sequences of max_len tokens)."""
+    the CPU) or "llama.cpp <GGUF type>" (its conversion, with a context for max_batch sequences of max_len tokens);
+    a Marian folder's engines translate, with beam search when `beams` > 1."""
     if engine.startswith("llama.cpp"):
         return llamacpp.load(folder, engine.split()[1], threads, max_batch, max_len)
     torch_dtype = torch.float32 if dtype == "int8" else getattr(torch, dtype)
@@ -189,20 +191,20 @@ def load_engine(engine: str, dtype: str, folder: Path, device, threads: int, max
                                                                              quantize=dtype == "int8", device=device)
         if engine == "ours, x 8 bits":
             quantize(model, x_bits=8)
-        return our_generate(model, engine, dtype, config)
+        return our_generate(model, engine, dtype, config, beams)
     if engine == "Hugging Face":
         import transformers
         auto = transformers.AutoModelForSeq2SeqLM if seq2seq else transformers.AutoModelForCausalLM
         model = auto.from_pretrained(folder, dtype=torch_dtype).to(device).eval()
         if dtype == "int8":
             model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
-        return hf_generate(model)
+        return hf_generate(model, beams)
     if engine != "CTranslate2":
         raise ValueError(f"engine: no engine is named {engine!r}")
     import ctranslate2
     kind = ctranslate2.Translator if seq2seq else ctranslate2.Generator
     loaded = kind(str(ct2_folder(folder, dtype)), device="cpu", compute_type=CT2_TYPES[dtype], intra_threads=threads)
-    return ct2_translate(loaded, config["pad_token_id"]) if seq2seq else ct2_generate(loaded)
+    return ct2_translate(loaded, config["pad_token_id"], beams) if seq2seq else ct2_generate(loaded)
 
 
 def prompts(batch: int, prompt_len: int, vocab: int, device) -> torch.Tensor:
@@ -257,7 +259,7 @@ def worker(spec: str) -> None:
     sampler = threading.Thread(target=sample, daemon=True)  # daemon: a failed load still ends the process
     sampler.start()
     generate = load_engine(s["engine"], s["dtype"], Path(s["folder"]), s["device"], s["threads"],
-                           max(s["batch_sizes"]), s["prompt_len"] + s["new_tokens"])
+                           max(s["batch_sizes"]), s["prompt_len"] + s["new_tokens"], s["beams"])
     after_load = proc_status("RssAnon")
     busy.clear()
     reply("loaded")
@@ -318,7 +320,7 @@ class Engine:
             self.stderr.close()
 
 
-def measure(calls: dict, dtype, folder: Path, device, batch_sizes, prompt_len, vocab):
+def measure(calls: dict, dtype, folder: Path, device, batch_sizes, prompt_len, vocab, beams: int = 1):
     """The engines of `calls` ({engine: (new tokens, timed runs)}) in `dtype`, each in a process of its own
     (Engine), all loaded at once and timed in turns: per batch size an untimed first call each, generate(ids, n) with
     its memory sampled (a compiled engine compiles then), then round after round one generate(ids, n) and one
@@ -328,7 +330,7 @@ def measure(calls: dict, dtype, folder: Path, device, batch_sizes, prompt_len, v
     "middle_half": their interquartile range over the median; after-load, peak anonymous and peak total resident
     bytes)}, or for an engine that cannot run the reason (a string)."""
     spec = dict(dtype=dtype, folder=str(folder), device=str(device), threads=torch.get_num_threads(),
-                batch_sizes=batch_sizes, prompt_len=prompt_len, vocab=vocab)
+                batch_sizes=batch_sizes, prompt_len=prompt_len, vocab=vocab, beams=beams)
     running, failed, times = {}, {}, {}
     for engine, (n, _) in calls.items():
         try:
@@ -399,13 +401,14 @@ def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
     return None if diff.numel() == 0 else int(diff[0])
 
 
-def same_tokens(hf, device, batch_sizes, prompt_len, new_tokens, others) -> dict[str, dict[int, int | None]]:
+def same_tokens(hf, device, batch_sizes, prompt_len, new_tokens, others, beams: int = 1
+                ) -> dict[str, dict[int, int | None]]:
     """Per engine of `others` ({name: generate(ids, n)}, each returning the new tokens after the ids, or after a
     Marian model's pad id) and batch size: the first position where our float32 greedy tokens differ from that
     engine's (None: equal)."""
     seq2seq = hf.config.is_encoder_decoder
     ours = our_generate((Seq2SeqTransformer if seq2seq else DecoderLM).from_hf(hf), "ours", "float32",
-                        hf.config.to_dict())
+                        hf.config.to_dict(), beams)
     result, skip = {name: {} for name in others}, 1 if seq2seq else prompt_len
     for batch in batch_sizes:
         ids = prompts(batch, prompt_len, hf.config.vocab_size, device)
@@ -432,12 +435,13 @@ def llamacpp_notes(names) -> list[str]:
     return notes
 
 
-def markdown(rows, memory, device, command, model_desc, runs, tokens=None, not_run=()) -> str:
+def markdown(rows, memory, device, command, model_desc, runs, tokens=None, not_run=(), decoding="greedy") -> str:
     """The record: rows (batch, prompt length, engine, dtype, new tokens, split_times), memory (engine, dtype, prompt
-    length, after-load, peak and peak total bytes), the token checks and what could not run."""
+    length, after-load, peak and peak total bytes), the token checks and what could not run; `decoding` names the
+    search ("greedy", or "beam search (4 beams)")."""
     lines = [f"- device: {device_name(device)}", f"- torch: {torch.__version__}",
              f"- date: {datetime.date.today().isoformat()}", f"- command: `{command}`",
-             f"- model: {model_desc}; greedy, median of {runs} runs",
+             f"- model: {model_desc}; {decoding}, median of {runs} runs",
              "- each engine and dtype runs in a process of its own (in one process, a loaded CTranslate2 slowed "
              "PyTorch's generation by about 15%), with the same thread count; the engines of a dtype take turns, one "
              f"timed call each, round after round, each call {PAUSE_S} s after the last ended; tokens/s counts the "
@@ -458,7 +462,7 @@ def markdown(rows, memory, device, command, model_desc, runs, tokens=None, not_r
               for b, L, name, dtype, n, r in rows for o in [ours[b, L, dtype]]]
     lines += [f"\nNot run: {what}: {why}" for what, why in not_run]
     for name, result in (tokens or {}).items():
-        lines += ["", f"Greedy float32 tokens against {name}'s: " + "; ".join(
+        lines += ["", f"{decoding.capitalize()} float32 tokens against {name}'s: " + "; ".join(
             f"batch {b}: {'identical' if pos is None else f'first difference at new token {pos}'}"
             for b, pos in result.items())]
     if memory:
@@ -479,18 +483,19 @@ def markdown(rows, memory, device, command, model_desc, runs, tokens=None, not_r
 def check_tokens(hf, folder: Path, args) -> dict[str, dict[int, int | None]]:
     """same_tokens against Hugging Face and, when it is among the float32 engines, llama.cpp f32 or (Marian)
     CTranslate2 (their conversions of the saved folder, loaded in this process after the timed runs)."""
-    others = {"Hugging Face": hf_generate(hf)}
+    others = {"Hugging Face": hf_generate(hf, args.beams)}
     if args.model == "marian" and "CTranslate2" in engines(args.device, "float32", False, args.model):
         import ctranslate2
         others["CTranslate2"] = ct2_translate(ctranslate2.Translator(
             str(ct2_folder(folder, "float32")), device="cpu", intra_threads=torch.get_num_threads()),
-            hf.config.pad_token_id)
+            hf.config.pad_token_id, args.beams)
     llama = "llama.cpp f32" in engines(args.device, "float32", False, args.model)
     if llama:
         others["llama.cpp f32"] = llamacpp.load(folder, "f32", torch.get_num_threads(), max(args.batch_sizes),
                                                 args.prompt_len[0] + args.new_tokens)
     try:
-        return same_tokens(hf, args.device, args.batch_sizes, args.prompt_len[0], args.new_tokens, others)
+        return same_tokens(hf, args.device, args.batch_sizes, args.prompt_len[0], args.new_tokens, others,
+                           args.beams)
     finally:
         if llama:
             others["llama.cpp f32"].close()
@@ -515,10 +520,14 @@ def main(argv=None):
     p.add_argument("--engines", nargs="+", metavar="NAME",
                    help="time only these engines, named as in the table (\"ours, compiled\", \"Hugging Face\", "
                         "\"llama.cpp f32\", ...); ours always runs, as every ratio is to it")
+    p.add_argument("--beams", type=int, default=1,
+                   help="beam search with this many beams (--model marian only; the opus-mt models use 4 to 6)")
     p.add_argument("--record", help="write the table as markdown to this file")
     args = p.parse_args(argv)
     if args.new_tokens < 2 or (args.uncached_new_tokens or 2) < 2:
         p.error("--new-tokens and --uncached-new-tokens: at least 2 (the prefill and decode split needs them)")
+    if args.beams < 1 or (args.beams > 1 and args.model != "marian"):
+        p.error("--beams: at least 1, and more only with --model marian")
     try:
         hf = hf_model(args.model, args.device)
     except ImportError:
@@ -542,7 +551,7 @@ def main(argv=None):
                      for e in names if not args.engines or e == "ours" or e in args.engines}
             for prompt_len in args.prompt_len:
                 results = measure(calls, dtype, folders[dtype], args.device, args.batch_sizes, prompt_len,
-                                  hf.config.vocab_size)
+                                  hf.config.vocab_size, args.beams)
                 for engine, result in results.items():
                     if isinstance(result, str):
                         not_run.append((f"{engine} {dtype}", result))
@@ -558,11 +567,12 @@ def main(argv=None):
                         memory.append((engine, dtype, prompt_len, after_load, peak, peak_total))
         tokens = check_tokens(hf, folder, args)
     rows.sort(key=lambda r: r[:2])  # by batch size and prompt length, engines and dtypes in the order run
-    print(markdown([], memory, args.device, "", desc, args.runs, tokens, not_run), flush=True)
+    decoding = "greedy" if args.beams == 1 else f"beam search ({args.beams} beams)"
+    print(markdown([], memory, args.device, "", desc, args.runs, tokens, not_run, decoding), flush=True)
     if args.record:
         with open(args.record, "w") as f:
             f.write("# Generation benchmark\n\n" + markdown(rows, memory, args.device, command_line(),
-                                                           desc, args.runs, tokens, not_run))
+                                                           desc, args.runs, tokens, not_run, decoding))
 
 
 if __name__ == "__main__":

@@ -109,11 +109,11 @@ def decode(step, logits: Tensor, max_new_tokens: int, pick, eos_id: int | list[i
 
 
 def beam_search(step, reorder, logits: Tensor, beam_size: int, max_new_tokens: int,
-                eos_id: int | list[int] | None = None, length_penalty: float = 1.0) -> Tensor:
+                eos_id: int | list[int] | None = None, length_penalty: float = 1.0, suppress=None) -> Tensor:
     """Beam search over N = B * beam_size rows (beams of one input adjacent, all starting from the same state):
     tokens [B, n] of each input's best beam by log-probability / length ** length_penalty, where length counts the
     tokens up to and including EOS (any of eos_id's; a finished beam continues with the first). `reorder(index [N])`
-    makes row i continue from row index[i]."""
+    makes row i continue from row index[i]. suppress (suppressor): applied to each step's log-probabilities."""
     n_rows, vocab = logits.shape
     batch, k = n_rows // beam_size, beam_size
     device = logits.device
@@ -128,7 +128,8 @@ def beam_search(step, reorder, logits: Tensor, beam_size: int, max_new_tokens: i
         eos_only[eos[0]] = 0.0
     rows = torch.arange(batch, device=device)[:, None] * k  # [B, 1]
     for i in range(max_new_tokens):
-        logp = torch.log_softmax(logits.float(), -1).view(batch, k, vocab)
+        logp = torch.log_softmax(logits.float(), -1)
+        logp = (logp if suppress is None else suppress(logp)).view(batch, k, vocab)
         logp = torch.where(finished[..., None], eos_only, logp)
         scores, flat = (scores[..., None] + logp).view(batch, k * vocab).topk(k, -1)  # [B, K]
         beam, tok = flat // vocab, flat % vocab

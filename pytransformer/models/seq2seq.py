@@ -4,9 +4,9 @@ import torch
 from torch import Tensor, nn
 
 from ..nn import KVCache, Linear, TransformerDecoder, TransformerEncoder, token_positions
+from . import checkpoint
 from .common import Embeddings, float_parameter, rotary_for
 from .configs import Seq2SeqConfig
-from . import checkpoint
 from .generation import beam_search, check_generate_args, check_key_lengths, decode, next_token, suppressor
 
 
@@ -67,7 +67,9 @@ class Seq2SeqTransformer(nn.Module):
         are cached once, self-attention goes through the KV cache; rows that emitted eos_id continue with eos_id.
         ValueError naming src_key_lengths unless it is an integer tensor [B] of lengths in [1, Ls]. cache_dtype: the
         KV cache's float dtype (default the model's), as in DecoderLM.generate. suppress_ids: token ids never
-        generated (their logits -inf), such as a Marian model's pad id, which is also its bos_id."""
+        generated, such as a Marian model's pad id, which is also its bos_id: as transformers' suppress_tokens and
+        bad_words_ids, their logits are -inf before sampling's softmax, and their log-probabilities -inf in beam
+        search (whose scores stay those of the model's distribution, not renormalised)."""
         check_generate_args(max_new_tokens, beam_size, do_sample, temperature, top_k, top_p, cache_dtype=cache_dtype,
                             use_cache=use_cache)
         suppress = suppressor(suppress_ids, self.config.vocab_size, src.device)
@@ -85,23 +87,23 @@ class Seq2SeqTransformer(nn.Module):
             self.decoder.cache_memory(cache, memory, lens)
 
             def step(tok):
-                return suppress(self.decode(tok, cache=cache)[:, -1])
+                return self.decode(tok, cache=cache)[:, -1]
             reorder = cache.reorder
         else:
             def step(tok):
                 nonlocal tgt
                 tgt = torch.cat([tgt, tok], 1)
-                return suppress(self.decode(tgt, memory, src_key_lengths=lens)[:, -1])
+                return self.decode(tgt, memory, src_key_lengths=lens)[:, -1]
 
             def reorder(index):
                 nonlocal tgt
                 tgt = tgt[index]
-        logits = step(tgt) if use_cache else suppress(self.decode(tgt, memory, src_key_lengths=lens)[:, -1])
+        logits = step(tgt) if use_cache else self.decode(tgt, memory, src_key_lengths=lens)[:, -1]
         if beam_size > 1:
-            new = beam_search(step, reorder, logits, beam_size, max_new_tokens, eos_id, length_penalty)
+            new = beam_search(step, reorder, logits, beam_size, max_new_tokens, eos_id, length_penalty, suppress)
         else:
-            new = decode(step, logits, max_new_tokens, lambda x: next_token(x, do_sample, temperature, top_k, top_p,
-                                                                            generator), eos_id)
+            new = decode(step, logits, max_new_tokens, lambda x: next_token(suppress(x), do_sample, temperature, top_k,
+                                                                            top_p, generator), eos_id)
         bos = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
         return torch.cat([bos, new], 1)
 

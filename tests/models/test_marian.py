@@ -83,17 +83,22 @@ def _until_eos(row: list[int]) -> list[int]:
 
 
 @pytest.mark.parametrize("beams", [1, 4])
-def test_generation_matches(saved, beams):
+@pytest.mark.parametrize("banned", [0, 3])
+def test_generation_matches(saved, beams, banned):
     """Greedy and beam-search tokens equal transformers' generate with Marian's settings: decoding starts at the pad
     id, which is never generated (the opus-mt models' bad_words_ids; ours suppress_ids). transformers also forces EOS
-    as the last of max_new_tokens, so it runs one token longer."""
+    as the last of max_new_tokens, so it runs one token longer. With the `banned` tokens the model prefers suppressed
+    too, beam search scores the suppressed distribution as transformers does (log-probabilities of the whole
+    vocabulary, the suppressed ones -inf, not renormalised)."""
     hf, path = saved
-    n = 12
+    ours = Seq2SeqTransformer.from_pretrained(path)
+    n, kwargs = 12, {"bos_id": PAD, "eos_id": EOS}
+    free = ours.generate(SRC, LENS, max_new_tokens=n, **kwargs, suppress_ids=[PAD])[:, 1:].flatten().tolist()
+    suppressed = [PAD] + sorted(set(free), key=free.count)[-banned:] if banned else [PAD]
     expected = hf.generate(input_ids=SRC, attention_mask=MASK, max_new_tokens=n + 1, num_beams=beams,
-                           bad_words_ids=[[PAD]])[:, :n + 1]
-    got = Seq2SeqTransformer.from_pretrained(path).generate(SRC, LENS, max_new_tokens=n, bos_id=PAD, eos_id=EOS,
-                                                            beam_size=beams, suppress_ids=[PAD])
-    assert got[:, 0].eq(PAD).all() and not got[:, 1:].eq(PAD).any()
+                           bad_words_ids=[[i] for i in suppressed])[:, :n + 1]
+    got = ours.generate(SRC, LENS, max_new_tokens=n, beam_size=beams, suppress_ids=suppressed, **kwargs)
+    assert got[:, 0].eq(PAD).all() and not torch.isin(got[:, 1:], torch.tensor(suppressed)).any()
     assert [_until_eos(r) for r in got.tolist()] == [_until_eos(r) for r in expected.tolist()]
 
 
