@@ -132,9 +132,12 @@ class KVCache:
             self.max_length += most if most is not None else n if isinstance(n, int) else int(n.max())
 
     def reorder(self, index: Tensor) -> None:
-        """Make row i a copy of row index[i] (beam search), in place; cross-attention rows are left as they are."""
-        for t in self.k + self.v + [self.lengths]:
-            t.copy_(t.index_select(0, index))
+        """Make row i a copy of row index[i] (beam search), in place; cross-attention rows are left as they are. Only
+        the positions written so far are copied (max_length of them, when known), not the whole capacity."""
+        held = self.capacity if self.max_length is None else min(self.max_length, self.capacity)
+        for t in self.k + self.v:
+            t[:, :, :held].copy_(t[:, :, :held].index_select(0, index))
+        self.lengths.copy_(self.lengths.index_select(0, index))
 
     def reset(self) -> None:
         """Empty every row (the stored K/V are simply overwritten later)."""

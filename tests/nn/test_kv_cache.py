@@ -58,12 +58,19 @@ def test_cache_over_existing_tensors():
 
 
 def test_reorder_and_reset():
+    """reorder copies the rows' positions written so far (max_length of them; the whole capacity when unknown)."""
     cache = KVCache(2, 3, 1, 2, 4)
     for i, t in enumerate(cache.k):
         t.copy_(torch.arange(3.0)[:, None, None, None] + 10 * i)
     cache.lengths.copy_(torch.tensor([1, 2, 3]))
+    cache.max_length = 3
     cache.reorder(torch.tensor([2, 2, 0]))
-    assert cache.lengths.tolist() == [3, 3, 1] and cache.k[1][:, 0, 0, 0].tolist() == [12.0, 12.0, 10.0]
+    assert cache.lengths.tolist() == [3, 3, 1] and cache.k[1][:, 0, :3, 0].tolist() == [[12.0] * 3, [12.0] * 3,
+                                                                                        [10.0] * 3]
+    assert cache.k[1][:, 0, 3, 0].tolist() == [10.0, 11.0, 12.0]  # not written yet: not copied
+    cache.max_length = None
+    cache.reorder(torch.tensor([2, 0, 1]))
+    assert cache.k[1][:, 0, :, 0].tolist() == [[10.0] * 3 + [12.0], [12.0] * 3 + [10.0], [12.0] * 3 + [11.0]]
     address = cache.k[0].data_ptr()
     cache.reset()
     assert cache.lengths.tolist() == [0, 0, 0] and cache.k[0].data_ptr() == address
