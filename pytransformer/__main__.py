@@ -106,8 +106,8 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)  # tiny sizes: a smoke test
 
     sub.add_parser("bench-generate", add_help=False,
-                   help="generation tokens/s of a GPT-2 or Llama shape against Hugging Face and CTranslate2 (its "
-                        "options: bench-generate --help)")
+                   help="generation tokens/s of a GPT-2, Llama or Marian shape against Hugging Face, CTranslate2 "
+                        "and llama.cpp (its options: bench-generate --help)")
 
     count = sub.add_parser("count", help="parameters by component and KV-cache bytes per token of the named configs")
     count.add_argument("--config", choices=[*CONFIGS, "all"], default="all", help="a named config (default: all)")

@@ -187,3 +187,17 @@ def test_more_target_tokens_than_positions_is_refused(saved):
     with pytest.raises(ValueError, match=r"max_new_tokens: bos_id \+ 64 new tokens exceed the model's 64 target "
                                          r"positions \(max_len\)"):
         ours.generate(SRC[:1], max_new_tokens=64, bos_id=PAD, eos_id=EOS)
+
+
+def test_legacy_fields_of_the_published_configs(saved, tmp_path):
+    """The opus-mt models' config.json files (converted with transformers 4.x) carry BART-era fields that
+    transformers' Marian ignores; so does the loader, and the logits stay Hugging Face's."""
+    hf, _ = saved
+    legacy = {"normalize_before": False, "normalize_embedding": False, "static_position_embeddings": True,
+              "add_bias_logits": False, "add_final_layer_norm": False, "extra_pos_embeddings": V,
+              "bad_words_ids": [[PAD]], "num_beams": 4, "max_length": 512, "bos_token_id": 0,
+              "classif_dropout": 0.0, "id2label": {"0": "LABEL_0"}, "transformers_version": "4.22.0.dev0"}
+    tgt = torch.randint(1, PAD, (3, 5))
+    with torch.no_grad():
+        got = Seq2SeqTransformer.from_pretrained(_copy(saved, tmp_path, **legacy))(SRC, tgt, src_key_lengths=LENS)
+    torch.testing.assert_close(got, _hf_logits(hf, tgt), atol=1e-4, rtol=1e-4)
