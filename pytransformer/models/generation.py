@@ -130,7 +130,8 @@ def beam_search(step, reorder, logits: Tensor, beam_size: int, max_new_tokens: i
     for i in range(max_new_tokens):
         logp = torch.log_softmax(logits.float(), -1)
         logp = (logp if suppress is None else suppress(logp)).view(batch, k, vocab)
-        logp = torch.where(finished[..., None], eos_only, logp)
+        if eos is not None:  # only an EOS finishes a beam
+            logp = torch.where(finished[..., None], eos_only, logp)
         scores, flat = (scores[..., None] + logp).view(batch, k * vocab).topk(k, -1)  # [B, K]
         beam, tok = flat // vocab, flat % vocab
         seqs = torch.cat([seqs.gather(1, beam[..., None].expand(-1, -1, i)), tok[..., None]], -1)

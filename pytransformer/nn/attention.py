@@ -74,7 +74,11 @@ class MultiHeadAttention(nn.Module):
         if cache is not None and mask is not None:
             raise ValueError("mask: not supported with a cache (cached attention is causal over the cached rows)")
         if cache is not None and cache.static:  # cross-attention over the K/V computed once
-            y = ops.attention(_as(self._project_q(x), cache.k.dtype), cache.k, cache.v, key_lengths=cache.lengths)
+            q = _as(self._project_q(x), cache.k.dtype)
+            if x.shape[1] == 1:  # a decoding step: the one query sees its row's memory, as decode_attention's does
+                y = ops.decode_attention(q, cache.k, cache.v, cache.lengths, max_length=cache.k.shape[2])
+            else:
+                y = ops.attention(q, cache.k, cache.v, key_lengths=cache.lengths)
         elif cache is not None:  # self-attention over the cached rows plus the L new ones, in the cache's dtype
             q, k, v = (_as(t, cache.k.dtype) for t in self._qkv(x, context, cache.positions))
             if is_rolling(cache.k.shape[2], self.window):
