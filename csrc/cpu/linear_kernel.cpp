@@ -23,9 +23,12 @@ constexpr int64_t kRowBlock = 32;
 
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 // The fewest rows that take the GEMM (gemm.h): with fewer, gemv_rows measured as fast with the weights read from
-// memory, as in decoding. With AVX2 (an EPYC Zen 3) every type from 24 rows; with AVX-512 float32 from 48 rows
-// (cpu_kernel_notes_2026-12-02_zen3_gemm.md).
-constexpr int64_t kGemmRows = kGemmLanes == 8 ? 24 : 48;
+// memory, as in decoding. With AVX2 (an EPYC Zen 3) every type from 24 rows (cpu_kernel_notes_2026-12-02_zen3_gemm.md);
+// with AVX-512 float32 once the rows need a second pass of the streaming kernel over the weights (more than kRowBlock):
+// on an AVX-512 Xeon, with weights read from memory, the GEMM took 0.67-0.93x its time at 40 and 47 rows, and at 24 and
+// 32 rows 0.88-1.07x, depending on the layer (cpu_linear_rows_2026-12-05_xeon.md); on a Zen 5 the streaming kernel
+// took 1.10 ms at 47 rows where the GEMM took 0.94 at 48 (cpu_linear_2026-12-02_zen5_gemm.md).
+constexpr int64_t kGemmRows = kGemmLanes == 8 ? 24 : kRowBlock + 1;
 // Which types take the GEMM: float32 at both levels, the 16-bit types with AVX2 only (not measured with AVX-512, where
 // the glue gives bfloat16 with AVX-512 BF16 dot products to ATen from 29 rows).
 template <typename T>

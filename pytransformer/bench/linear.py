@@ -34,9 +34,9 @@ ROWS = (1, 8)
 DTYPES = ("float32", "bfloat16", "int8", "int8-x8")  # int8-x8: int8_linear with x_bits=8
 # The crossovers: rows of x at a layer shape around the CPU's switch from the kernel to a GEMM (csrc/cpu/linear.cpp),
 # as (shape, dtypes, rows). GPT-2's MLP up: bfloat16 with AVX-512 BF16 takes ATen's GEMM above 28 rows at this K;
-# float32 with AVX-512 takes the kernel at every row count, above 32 in calls of 32, and its GEMM from 48. With AVX2
-# both take the kernel at every row count, its GEMM from 24 rows. At the baseline level
-# they take the kernel up to 64 rows, then ATen's GEMM (bfloat16: on widened weight blocks).
+# float32 with AVX-512 takes the kernel up to 32 rows and its GEMM from 33 (cpu_linear_rows_2026-12-05_xeon.md). With
+# AVX2 both take the kernel at every row count, its GEMM from 24 rows. At the baseline level they take the kernel up to
+# 64 rows, then ATen's GEMM (bfloat16: on widened weight blocks).
 # The 7B MLP down projection (K 11008) and the Llama-124M MLP at prefill lengths: the GEMMs against ATen's (int8: with
 # AVX2 the GEMM on the widened weight, with AVX-512 VNNI integer dot products 8 rows a call; csrc/cpu/int8_linear.cpp).
 CROSSOVERS = [(("gpt2", "mlp up", 3072, 768), ("float32", "bfloat16"),
