@@ -379,9 +379,7 @@ def measure(calls: dict, dtype, folder: Path, device, batch_sizes, prompt_len, v
 def engines(device, dtype: str, uncached: bool, model: str) -> list[str]:
     """The engines to time in `dtype`: ours, eager and (a decoder) with each decoding step compiled
     (generate(compile=True); on the CPU the warm-up call compiles it, on CUDA every call captures it in a CUDA graph)
-    (and ours without the KV
-    cache; int8 also ours with x quantized to 8 bits),
-    Hugging Face's (int8 on the CPU only: torch's dynamic quantization has no CUDA kernels), and on the CPU when their
+    (and ours without the KV cache; int8 also ours with x quantized to 8 bits), Hugging Face's (int8 on the CPU only: torch's dynamic quantization has no CUDA kernels), and on the CPU when their
     packages are installed CTranslate2's and, for the Llama models, llama.cpp's in each of its GGUF types for `dtype`
     ("llama.cpp f32", ...)."""
     cpu = torch.device(device).type == "cpu"
@@ -404,8 +402,8 @@ def first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
 def same_tokens(hf, device, batch_sizes, prompt_len, new_tokens, others, beams: int = 1
                 ) -> dict[str, dict[int, int | None]]:
     """Per engine of `others` ({name: generate(ids, n)}, each returning the new tokens after the ids, or after a
-    Marian model's pad id) and batch size: the first position where our float32 greedy tokens differ from that
-    engine's (None: equal)."""
+    Marian model's pad id) and batch size: the first position where our float32 tokens (greedy, or beam search with
+    `beams`) differ from that engine's (None: equal)."""
     seq2seq = hf.config.is_encoder_decoder
     ours = our_generate((Seq2SeqTransformer if seq2seq else DecoderLM).from_hf(hf), "ours", "float32",
                         hf.config.to_dict(), beams)

@@ -122,6 +122,13 @@ def _rows(prefix: str, names: tuple[str, ...], rows: tuple[int, ...]) -> Source:
     return Source(tuple(f"{prefix}{n}" for n in names), rows=rows)
 
 
+def _fused_qkv(ours: str, prefix: str, names: tuple[str, str, str], rows: tuple[int, ...], bias: bool) -> dict:
+    """Our fused `ours`.qkv_proj weight (and bias) from the query, key and value projections prefix + names[i],
+    concatenated by rows."""
+    kinds = ("weight", "bias") if bias else ("weight",)
+    return {f"{ours}.qkv_proj.{k}": _rows(prefix, tuple(f"{n}.{k}" for n in names), rows) for k in kinds}
+
+
 def _module(ours: str, theirs: str, bias: bool = True, transpose: bool = False) -> dict:
     """The weight (transposed if asked) and bias of a Linear or norm."""
     return ({f"{ours}.weight": Source((f"{theirs}.weight",), transpose)}
@@ -227,15 +234,11 @@ def llama(d: dict, names) -> Architecture:
         p, h = f"decoder.layers.{i}", f"layers.{i}"
         plan |= (_module(f"{p}.res_self.norm", f"{h}.input_layernorm", bias=False)
                  | _module(f"{p}.res_ff.norm", f"{h}.post_attention_layernorm", bias=False)
-                 | {f"{p}.self_attn.qkv_proj.weight": _rows(f"{h}.self_attn.", ("q_proj.weight", "k_proj.weight",
-                                                                                 "v_proj.weight"), qkv)}
+                 | _fused_qkv(f"{p}.self_attn", f"{h}.self_attn.", ("q_proj", "k_proj", "v_proj"), qkv, qwen2)
                  | _module(f"{p}.self_attn.out_proj", f"{h}.self_attn.o_proj", bias=False)
                  | {f"{p}.ff.fc1.weight": _rows(f"{h}.mlp.", ("gate_proj.weight", "up_proj.weight"),
                                                 (config.d_ff, config.d_ff))}
                  | _module(f"{p}.ff.fc2", f"{h}.mlp.down_proj", bias=False))
-        if qwen2:
-            plan[f"{p}.self_attn.qkv_proj.bias"] = _rows(f"{h}.self_attn.", ("q_proj.bias", "k_proj.bias",
-                                                                             "v_proj.bias"), qkv)
     return Architecture(config, plan, (r"layers\.\d+\.self_attn\.rotary_emb\.inv_freq",), sizes, _head(plan, tied))
 
 
@@ -264,23 +267,13 @@ def bert(d: dict, names) -> Architecture:
         plan |= _module("pooler", "pooler.dense")
     for i in range(config.n_layers):
         p, h = f"encoder.layers.{i}", f"encoder.layer.{i}"
-        a = f"{h}.attention.self."
-        plan |= ({f"{p}.self_attn.qkv_proj.weight": _rows(a, ("query.weight", "key.weight", "value.weight"),
-                                                          (hidden,) * 3),
-                  f"{p}.self_attn.qkv_proj.bias": _rows(a, ("query.bias", "key.bias", "value.bias"), (hidden,) * 3)}
+        plan |= (_fused_qkv(f"{p}.self_attn", f"{h}.attention.self.", ("query", "key", "value"), (hidden,) * 3, True)
                  | _module(f"{p}.self_attn.out_proj", f"{h}.attention.output.dense")
                  | _module(f"{p}.res_attn.norm", f"{h}.attention.output.LayerNorm")
                  | _module(f"{p}.ff.fc1", f"{h}.intermediate.dense") | _module(f"{p}.ff.fc2", f"{h}.output.dense")
                  | _module(f"{p}.res_ff.norm", f"{h}.output.LayerNorm"))
     return Architecture(config, plan, (r"embeddings\.position_ids", r"(cls|classifier|qa_outputs)\..*"),
                         sizes | {"hidden_size": hidden})
-
-
-def _attention(plan: dict, ours: str, theirs: str, width: int) -> None:
-    """Add an attention block whose q/k/v projections (with biases) become our fused qkv_proj, and its out_proj."""
-    for kind in ("weight", "bias"):
-        plan[f"{ours}.qkv_proj.{kind}"] = _rows(f"{theirs}.", tuple(f"{n}_proj.{kind}" for n in "qkv"), (width,) * 3)
-    plan |= _module(f"{ours}.out_proj", f"{theirs}.out_proj")
 
 
 def marian(d: dict, names) -> Architecture:
@@ -306,16 +299,18 @@ def marian(d: dict, names) -> Architecture:
                            positional="sinusoidal_halves", tie_embeddings=True, eps=1e-5)
     plan = {"src_embed.tok.weight": Source(("shared.weight",))}
     for side, n_layers in (("encoder", config.n_encoder_layers), ("decoder", config.n_decoder_layers)):
+        # (our attention, its residual, Hugging Face's attention, whose layer norm is <name>_layer_norm)
+        blocks = [("self_attn", "res_attn" if side == "encoder" else "res_self", "self_attn")]
+        blocks += [("cross_attn", "res_cross", "encoder_attn")] if side == "decoder" else []
         for i in range(n_layers):
-            p = h = f"{side}.layers.{i}"
-            _attention(plan, f"{p}.self_attn", f"{h}.self_attn", width)
-            plan |= (_module(f"{p}.res_attn.norm" if side == "encoder" else f"{p}.res_self.norm",
-                             f"{h}.self_attn_layer_norm")
-                     | _module(f"{p}.ff.fc1", f"{h}.fc1") | _module(f"{p}.ff.fc2", f"{h}.fc2")
-                     | _module(f"{p}.res_ff.norm", f"{h}.final_layer_norm"))
-            if side == "decoder":
-                _attention(plan, f"{p}.cross_attn", f"{h}.encoder_attn", width)
-                plan |= _module(f"{p}.res_cross.norm", f"{h}.encoder_attn_layer_norm")
+            p = f"{side}.layers.{i}"  # the same path in both
+            for ours, residual, theirs in blocks:
+                plan |= (_fused_qkv(f"{p}.{ours}", f"{p}.{theirs}.", ("q_proj", "k_proj", "v_proj"), (width,) * 3,
+                                    True)
+                         | _module(f"{p}.{ours}.out_proj", f"{p}.{theirs}.out_proj")
+                         | _module(f"{p}.{residual}.norm", f"{p}.{theirs}_layer_norm"))
+            plan |= (_module(f"{p}.ff.fc1", f"{p}.fc1") | _module(f"{p}.ff.fc2", f"{p}.fc2")
+                     | _module(f"{p}.res_ff.norm", f"{p}.final_layer_norm"))
     copies = {name: "shared.weight" for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
                                                  "lm_head.weight")}
     return Architecture(config, plan, (r"(encoder|decoder)\.embed_positions\.weight",), sizes, copies,
