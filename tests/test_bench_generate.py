@@ -103,6 +103,7 @@ def test_llamacpp_engines_only_for_llama_on_cpu(monkeypatch):
     assert generate.engines("cpu", "bfloat16", False, "llama")[-2:] == ["llama.cpp bf16", "llama.cpp f16"]
     assert generate.engines("cpu", "int8", False, "llama")[-1] == "llama.cpp q8_0"
     assert generate.engines("cpu", "float32", False, "llama-1b")[-1] == "llama.cpp f32"
+    assert generate.engines("cpu", "float32", False, "qwen3-0.6b")[-1] == "llama.cpp f32"
     assert not any(e.startswith("llama.cpp") for e in generate.engines("cpu", "float32", False, "gpt2"))
 
 
@@ -122,6 +123,17 @@ def test_llama_1b_is_tinyllamas_shape():
     assert (c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads) == (2048, 5632, 32, 4)
     per_layer = 2 * 2048 * 2048 + 2 * 2048 * 256 + 3 * 2048 * 5632 + 2 * 2048
     assert sum(p.numel() for p in hf.parameters()) == 2 * per_layer + 2 * 32000 * 2048 + 2048
+
+
+def test_qwen3_is_qwen3_0_6bs_shape():
+    with torch.device("meta"):
+        hf = generate.hf_model("qwen3-0.6b", "meta")
+    c = hf.config
+    assert type(hf).__name__ == "Qwen3ForCausalLM" and c.tie_word_embeddings
+    assert (c.hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (
+        1024, 3072, 16, 8, 128)
+    per_layer = 2 * 1024 * 2048 + 2 * 1024 * 1024 + 3 * 1024 * 3072 + 2 * 1024 + 2 * 128
+    assert sum(p.numel() for p in hf.parameters()) == 28 * per_layer + 151936 * 1024 + 1024  # 596M
 
 
 def test_q8_0_leaves_extra_buffer_types_off_on_amx(monkeypatch):

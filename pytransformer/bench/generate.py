@@ -1,6 +1,6 @@
 """Generation throughput (greedy tokens/s) of DecoderLM (and of Seq2SeqTransformer translating) against Hugging Face
 `generate` and, when their packages are installed, CTranslate2's Generator or Translator (`ctranslate2`) and llama.cpp
-(`llama_cpp`, llama-cpp-python; the Llama models only), on the same weights, prompts and thread count, timed in
+(`llama_cpp`, llama-cpp-python; the Llama and Qwen3 models), on the same weights, prompts and thread count, timed in
 turns.
 
 The model is a random Hugging Face model, float32, saved with save_pretrained to a temporary folder, with a word-level
@@ -15,6 +15,9 @@ bfloat16, and every engine loads that folder, so that each can keep the weights 
 - `--model llama`: a Llama shape (124M parameters, GQA 4:1, SwiGLU, untied head).
 - `--model llama-1b`: TinyLlama-1.1B's shape (1.1B parameters, GQA 8:1, SwiGLU, untied head), a size llama.cpp's
   users run, where the weights' read outweighs every fixed cost.
+- `--model qwen3-0.6b`: Qwen3-0.6B's shape (596M parameters, a quarter of them the tied vocabulary of 151936; 28
+  layers of 16 query heads of 128 sharing 8 KV heads, wider than d_model 1024; q/k norms), a model llama.cpp's users
+  run.
 - `--model marian`: translation with the shape of Helsinki-NLP's opus-mt-en-de (a Marian encoder-decoder, 6+6
   layers, d_model 512, 74M parameters): the prompt is the source sentence, the new tokens its translation, decoded
   from the pad id (never generated, as the opus-mt models' bad_words_ids say) and exactly that many (no EOS before:
@@ -59,12 +62,18 @@ CACHE_DTYPES = {"int8": torch.bfloat16}
 # 12 layers, d_model 768, 12 query heads sharing 3 KV heads, SwiGLU 2048, vocabulary 32000: 124M parameters
 LLAMA_SHAPE = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                    num_attention_heads=12, num_key_value_heads=3, tie_word_embeddings=False)
-# The Llama shapes of --model: "llama" (GPT-2 small's size) and "llama-1b", TinyLlama-1.1B's shape (22 layers,
-# d_model 2048, 32 query heads sharing 4 KV heads, SwiGLU 5632, vocabulary 32000: 1.1B parameters), a size that
-# llama.cpp's users run.
-LLAMA_SHAPES = {"llama": LLAMA_SHAPE,
-                "llama-1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-                                 num_attention_heads=32, num_key_value_heads=4, tie_word_embeddings=False)}
+# The decoder shapes of --model besides gpt2, each with its transformers family: "llama" (GPT-2 small's size),
+# "llama-1b", TinyLlama-1.1B's shape (22 layers, d_model 2048, 32 query heads sharing 4 KV heads, SwiGLU 5632,
+# vocabulary 32000: 1.1B parameters), and "qwen3-0.6b", Qwen3-0.6B's (28 layers, d_model 1024, 16 query heads of 128
+# sharing 8 KV heads, q/k norms, SwiGLU 3072, a tied vocabulary of 151936: 596M parameters), sizes that llama.cpp's
+# users run.
+DECODER_SHAPES = {
+    "llama": ("Llama", LLAMA_SHAPE),
+    "llama-1b": ("Llama", dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                               num_attention_heads=32, num_key_value_heads=4, tie_word_embeddings=False)),
+    "qwen3-0.6b": ("Qwen3", dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+                                 max_position_embeddings=40960))}
 # Helsinki-NLP/opus-mt-en-de's shape: 6+6 layers, d_model 512, 8 heads, FFN 2048 (SiLU), a vocabulary of 58101 whose
 # last id is the pad id the decoder starts from: 74M parameters.
 MARIAN_SHAPE = dict(vocab_size=58101, d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
@@ -84,8 +93,9 @@ def timed(fn, device) -> float:
 
 
 def hf_model(name: str, device, **config):
-    """A random Hugging Face GPT2LMHeadModel ("gpt2"), MarianMTModel ("marian") or LlamaForCausalLM (a name of
-    LLAMA_SHAPES) (float32, eval); `config` overrides the shape's settings (e.g. num_hidden_layers)."""
+    """A random Hugging Face GPT2LMHeadModel ("gpt2"), MarianMTModel ("marian") or LlamaForCausalLM or
+    Qwen3ForCausalLM (a name of DECODER_SHAPES) (float32, eval); `config` overrides the shape's settings (e.g.
+    num_hidden_layers)."""
     import transformers
     torch.manual_seed(0)
     if name == "gpt2":
@@ -93,7 +103,9 @@ def hf_model(name: str, device, **config):
     elif name == "marian":
         model = transformers.MarianMTModel(transformers.MarianConfig(**{**MARIAN_SHAPE, **config}))
     else:
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**LLAMA_SHAPES[name], **config}))
+        family, shape = DECODER_SHAPES[name]
+        settings = getattr(transformers, f"{family}Config")(**{**shape, **config})
+        model = getattr(transformers, f"{family}ForCausalLM")(settings)
     return model.to(device).eval()
 
 
@@ -380,7 +392,7 @@ def engines(device, dtype: str, uncached: bool, model: str) -> list[str]:
     """The engines to time in `dtype`: ours, eager and (a decoder) with each decoding step compiled
     (generate(compile=True); on the CPU the warm-up call compiles it, on CUDA every call captures it in a CUDA graph)
     (and ours without the KV cache; int8 also ours with x quantized to 8 bits), Hugging Face's (int8 on the CPU only: torch's dynamic quantization has no CUDA kernels), and on the CPU when their
-    packages are installed CTranslate2's and, for the Llama models, llama.cpp's in each of its GGUF types for `dtype`
+    packages are installed CTranslate2's and, for DECODER_SHAPES, llama.cpp's in each of its GGUF types for `dtype`
     ("llama.cpp f32", ...)."""
     cpu = torch.device(device).type == "cpu"
     names = ["ours"] + (["ours, compiled"] if model != "marian" else []) + (["ours, no cache"] if uncached else [])
@@ -388,7 +400,7 @@ def engines(device, dtype: str, uncached: bool, model: str) -> list[str]:
     names += ["Hugging Face"] if cpu or dtype != "int8" else []
     if cpu and importlib.util.find_spec("ctranslate2") is not None:
         names.append("CTranslate2")
-    if cpu and model in LLAMA_SHAPES and importlib.util.find_spec("llama_cpp"):
+    if cpu and model in DECODER_SHAPES and importlib.util.find_spec("llama_cpp"):
         names += [f"llama.cpp {t}" for t in llamacpp.GGUF_TYPES[dtype]]
     return names
 
@@ -502,9 +514,9 @@ def check_tokens(hf, folder: Path, args) -> dict[str, dict[int, int | None]]:
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m pytransformer bench-generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=["gpt2", *LLAMA_SHAPES, "marian"], default="gpt2",
+    p.add_argument("--model", choices=["gpt2", *DECODER_SHAPES, "marian"], default="gpt2",
                    help="gpt2: GPT-2 small's shape; llama: a Llama of that size; llama-1b: TinyLlama-1.1B's shape; "
-                        "marian: translation, opus-mt-en-de's shape")
+                        "qwen3-0.6b: Qwen3-0.6B's shape; marian: translation, opus-mt-en-de's shape")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "int8"], default=["float32", "int8"])
@@ -531,7 +543,7 @@ def main(argv=None):
     except ImportError:
         p.error("the generation benchmark needs transformers and tokenizers (pip install transformers tokenizers)")
     shape = {"gpt2": "GPT-2 small shape", "marian": f"Marian translation, opus-mt-en-de's shape ({MARIAN_SHAPE})"}.get(
-        args.model) or f"Llama shape ({LLAMA_SHAPES[args.model]})"
+        args.model) or "{} shape ({})".format(*DECODER_SHAPES[args.model])
     desc = f"{shape}, {count_parameters(hf) / 1e6:.1f}M parameters, random weights"
     print(f"device: {device_name(args.device)}\n| batch | prompt | variant | dtype | new tokens | tokens/s |\n"
           "|---|---|---|---|---|---|", flush=True)

@@ -27,6 +27,8 @@ class _Config:
     eps: float = 1e-5
     bias: bool = True  # biases of the linear layers and LayerNorms
     qkv_bias: bool | None = None  # the Q|K|V projection's bias (None: `bias`)
+    d_head: int | None = None  # each head's width (None: d_model // n_heads); head_dim is the width in use
+    qk_norm: bool = False  # RMSNorm over each head of q and of k before rotary (Qwen3)
 
     def __post_init__(self):
         if self.positional not in POSITIONALS:
@@ -35,13 +37,14 @@ class _Config:
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+        return self.d_model // self.n_heads if self.d_head is None else self.d_head
 
     def layer_kwargs(self) -> dict:
         """Keyword arguments shared by every encoder/decoder layer of the model."""
         return {"d_model": self.d_model, "n_heads": self.n_heads, "d_ff": self.d_ff, "dropout": self.dropout,
                 "activation": self.activation, "norm": self.norm, "eps": self.eps, "bias": self.bias,
-                "n_kv_heads": self.n_kv_heads, "norm_type": self.norm_type, "qkv_bias": self.qkv_bias}
+                "n_kv_heads": self.n_kv_heads, "norm_type": self.norm_type, "qkv_bias": self.qkv_bias,
+                "d_head": self.d_head, "qk_norm": self.qk_norm}
 
 
 @dataclass

@@ -3,26 +3,27 @@ parameters. Both DecoderLM/EncoderModel.from_hf (a transformers model in memory:
 and from_pretrained (a save_pretrained directory: config.json and safetensors files) go through `architecture`, and
 checkpoint.py loads the tensors; transformers itself is never imported.
 
-Supported model_type values: "gpt2" (GPT2LMHeadModel), "llama", "mistral", "qwen2" (their *ForCausalLM) -> DecoderLM;
-"bert" (BertModel, or the encoder and pooler of a BertFor* checkpoint) -> EncoderModel; "marian" (MarianMTModel, the
-Helsinki-NLP opus-mt translation models) -> Seq2SeqTransformer. A config field that would make
-the Hugging Face model compute something our model does not, or that is missing, of the wrong type or out of range,
-raises ValueError naming the field; nothing here allocates tensors.
+Supported model_type values: "gpt2" (GPT2LMHeadModel), "llama", "mistral", "qwen2", "qwen3" (their *ForCausalLM) ->
+DecoderLM; "bert" (BertModel, or the encoder and pooler of a BertFor* checkpoint) -> EncoderModel; "marian"
+(MarianMTModel, the Helsinki-NLP opus-mt translation models) -> Seq2SeqTransformer. A config field that would make the
+Hugging Face model compute something our model does not, or that is missing, of the wrong type or out of range, raises
+ValueError naming the field; nothing here allocates tensors.
 
 Decisions: Hugging Face's q/k/v (and gate/up) projections are concatenated by rows into our fused qkv_proj (and the
 SwiGLU fc1 = gate | up); RoPE needs no permutation (both use the rotate-half layout). Rope types: default and llama3
 (any other rope_type, and partial_rotary_factor != 1, raise). Mistral's sliding_window applies to every layer; Qwen2's
-use_sliding_window only when it makes every layer windowed (a mix raises, naming layer_types). attention_dropout must be
-0 (our one dropout rate would also act on the residuals). Marian: one table for source and target embeddings and the
-output projection (share_encoder_decoder_embeddings and tie_word_embeddings true), embeddings scaled by sqrt(d_model)
-(scale_embedding true), sinusoidal positions with the sines first ("sinusoidal_halves"), post-norm layers; its
-final_logits_bias buffer must be zeros (checkpoint.py; transformers never trains it), and its positional tables are
-recomputed. A tied checkpoint's copies of the embedding (lm_head.weight, and Marian's encoder/decoder
-embed_tokens.weight: present in state_dict(), absent from save_pretrained files) are not loaded when they equal the
-embedding (checkpoint.py refuses a different one; for lm_head: set tie_word_embeddings to false to use it); buffers of
-older versions (GPT-2's attn.bias mask, Llama's rotary_emb.inv_freq, BERT's position_ids) and the task heads of BertFor*
-checkpoints (cls.* of the masked-LM and pre-training models, classifier.* of the sequence, token and multiple-choice
-classifiers, qa_outputs.* of question answering) are skipped; any other tensor the plan does not use is an error."""
+and Qwen3's use_sliding_window only when it makes every layer windowed (a mix raises, naming layer_types).
+attention_dropout must be 0 (our one dropout rate would also act on the residuals). Marian: one table for source and
+target embeddings and the output projection (share_encoder_decoder_embeddings and tie_word_embeddings true), embeddings
+scaled by sqrt(d_model) (scale_embedding true), sinusoidal positions with the sines first ("sinusoidal_halves"),
+post-norm layers; its final_logits_bias buffer must be zeros (checkpoint.py; transformers never trains it), and its
+positional tables are recomputed. A tied checkpoint's copies of the embedding (lm_head.weight, and Marian's
+encoder/decoder embed_tokens.weight: present in state_dict(), absent from save_pretrained files) are not loaded when
+they equal the embedding (checkpoint.py refuses a different one; for lm_head: set tie_word_embeddings to false to use
+it); buffers of older versions (GPT-2's attn.bias mask, Llama's rotary_emb.inv_freq, BERT's position_ids) and the task
+heads of BertFor* checkpoints (cls.* of the masked-LM and pre-training models, classifier.* of the sequence, token and
+multiple-choice classifiers, qa_outputs.* of question answering) are skipped; any other tensor the plan does not use is
+an error."""
 import math
 from typing import Callable, NamedTuple
 
@@ -89,12 +90,14 @@ def _flag(d: dict, field: str, default: bool) -> bool:
     return value
 
 
-def _heads(d: dict, width: str, heads: str, kv_heads: str | None = None) -> tuple[int, int, int]:
-    """(width, heads, key/value heads) of the config: the width a multiple of the heads, the heads of the key/value
-    heads; ValueError naming the field otherwise."""
+def _heads(d: dict, width: str, heads: str, kv_heads: str | None = None, *,
+           head_width: bool = False) -> tuple[int, int, int]:
+    """(width, heads, key/value heads) of the config: the width a multiple of the heads (unless head_width and the
+    config sets head_dim, each head's own width), the heads of the key/value heads; ValueError naming the field
+    otherwise."""
     w, h = _integer(d, width), _integer(d, heads)
     kv = _integer(d, kv_heads, h) if kv_heads else h
-    if w % h:
+    if w % h and not (head_width and d.get("head_dim") is not None):
         raise ValueError(f"{heads}: {h} does not divide {width} {w}")
     if h % kv:
         raise ValueError(f"{kv_heads}: {kv} does not divide {heads} {h}")
@@ -200,35 +203,36 @@ def _window(d: dict, n_layers: int) -> int | None:
     kinds = set(types or ["full_attention" if i < _integer(d, "max_window_layers", n_layers, least=0)
                           else "sliding_attention" for i in range(n_layers)])
     if len(kinds) > 1:
-        raise ValueError("layer_types: Qwen2 with use_sliding_window and max_window_layers mixes full and sliding-window"
-                         " attention layers, which is not supported (one window for all layers)")
+        raise ValueError(f"layer_types: {d['model_type']} with use_sliding_window and max_window_layers mixes full and"
+                         " sliding-window attention layers, which is not supported (one window for all layers)")
     return _integer(d, "sliding_window") if kinds == {"sliding_attention"} else None
 
 
 def llama(d: dict, names) -> Architecture:
-    """LlamaForCausalLM, MistralForCausalLM (sliding window) and Qwen2ForCausalLM (Q/K/V biases): pre-RMSNorm,
-    rotary (rotate-half, as ours: no permutation), SwiGLU (fc1 rows = gate_proj | up_proj), GQA."""
-    hidden, heads, kv_heads = _heads(d, "hidden_size", "num_attention_heads", "num_key_value_heads")
+    """LlamaForCausalLM, MistralForCausalLM (sliding window), Qwen2ForCausalLM (Q/K/V biases) and Qwen3ForCausalLM
+    (an RMSNorm over each head of q and k before rotary): pre-RMSNorm, rotary (rotate-half, as ours: no permutation),
+    SwiGLU (fc1 rows = gate_proj | up_proj), GQA, heads of head_dim (default hidden_size // num_attention_heads)."""
+    hidden, heads, kv_heads = _heads(d, "hidden_size", "num_attention_heads", "num_key_value_heads", head_width=True)
+    head_dim = _integer(d, "head_dim", hidden // heads)
     n_layers = _layers(d, "num_hidden_layers", names)
     _require(d, "hidden_act", "silu", "silu")
-    if d.get("head_dim") not in (None, hidden // heads) or hidden % heads:
-        raise ValueError(f"head_dim: {d.get('head_dim')!r} is not supported (only hidden_size // num_attention_heads = "
-                         f"{hidden // heads})")
     for field in ("attention_bias", "mlp_bias"):
         _require(d, field, False, False)
     _require(d, "attention_dropout", 0.0, 0.0)
-    qwen2 = d["model_type"] == "qwen2"
+    qwen2, qwen3 = d["model_type"] == "qwen2", d["model_type"] == "qwen3"
     theta, scaling = _rope(d)
     tied = _flag(d, "tie_word_embeddings", False)
     sizes = {"vocab_size": _integer(d, "vocab_size"), "hidden_size": hidden,
-             "intermediate_size": _integer(d, "intermediate_size")}
+             "intermediate_size": _integer(d, "intermediate_size"), "head_dim": head_dim,
+             "num_attention_heads * head_dim": heads * head_dim, "num_key_value_heads * head_dim": kv_heads * head_dim}
     config = DecoderConfig(vocab_size=sizes["vocab_size"], d_model=hidden, n_heads=heads, n_kv_heads=kv_heads,
                            d_ff=sizes["intermediate_size"], n_layers=n_layers,
                            max_len=_integer(d, "max_position_embeddings", 2048), dropout=0.0, activation="swiglu",
                            norm="pre", norm_type="rmsnorm", positional="rotary", rope_theta=theta, rope_scaling=scaling,
                            tie_embeddings=tied, eps=_number(d, "rms_norm_eps", 1e-6), bias=False, qkv_bias=qwen2,
-                           window=_window(d, n_layers))
-    qkv = (hidden, kv_heads * (hidden // heads), kv_heads * (hidden // heads))
+                           window=_window(d, n_layers), d_head=None if head_dim * heads == hidden else head_dim,
+                           qk_norm=qwen3)
+    qkv = (sizes["num_attention_heads * head_dim"], *[sizes["num_key_value_heads * head_dim"]] * 2)
     plan = {"embed.tok.weight": Source(("embed_tokens.weight",)), **_module("decoder.norm", "norm", bias=False)}
     for i in range(n_layers):
         p, h = f"decoder.layers.{i}", f"layers.{i}"
@@ -239,6 +243,9 @@ def llama(d: dict, names) -> Architecture:
                  | {f"{p}.ff.fc1.weight": _rows(f"{h}.mlp.", ("gate_proj.weight", "up_proj.weight"),
                                                 (config.d_ff, config.d_ff))}
                  | _module(f"{p}.ff.fc2", f"{h}.mlp.down_proj", bias=False))
+        if qwen3:
+            plan |= (_module(f"{p}.self_attn.q_norm", f"{h}.self_attn.q_norm", bias=False)
+                     | _module(f"{p}.self_attn.k_norm", f"{h}.self_attn.k_norm", bias=False))
     return Architecture(config, plan, (r"layers\.\d+\.self_attn\.rotary_emb\.inv_freq",), sizes, _head(plan, tied))
 
 
@@ -322,6 +329,7 @@ def marian(d: dict, names) -> Architecture:
 ARCHITECTURES: dict[str, tuple[str, type, Callable[[dict, set], Architecture]]] = {
     "gpt2": ("transformer.", DecoderConfig, gpt2), "llama": ("model.", DecoderConfig, llama),
     "mistral": ("model.", DecoderConfig, llama), "qwen2": ("model.", DecoderConfig, llama),
+    "qwen3": ("model.", DecoderConfig, llama),
     "bert": ("bert.", EncoderConfig, bert), "marian": ("model.", Seq2SeqConfig, marian)}
 
 

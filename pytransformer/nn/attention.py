@@ -7,6 +7,7 @@ from ..ops import _checks
 from ..ops.visibility import visible_keys
 from .kv_cache import AttentionCache, is_rolling, rolling_attention
 from .linear import Linear
+from .norm import RMSNorm
 from .positional import RotaryEmbedding
 from .quantized import linear_rows
 
@@ -14,25 +15,34 @@ from .quantized import linear_rows
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with GQA/MQA (`n_kv_heads`), one fused Q|K|V projection, optional rotary positions and
     sliding window. Self-attention when `context` is None, cross-attention over `context` otherwise. `bias` is the
-    output projection's; `qkv_bias` (default: `bias`) the Q|K|V projection's."""
+    output projection's; `qkv_bias` (default: `bias`) the Q|K|V projection's. Each head is `d_head` wide (default
+    d_model // n_heads; another width, as Qwen3's 128 at d_model 1024 with 16 heads, makes the projections
+    d_model -> n_heads * d_head -> d_model). `qk_norm` adds an RMSNorm over each head's width of q and of k (weights
+    [d_head] in q_norm and k_norm, eps `qk_norm_eps`) after the projection and before rotary, as Qwen3's."""
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, dropout: float = 0.0,
                  bias: bool = True, *, qkv_bias: bool | None = None, rotary: RotaryEmbedding | None = None,
-                 window: int | None = None, device=None, dtype=None):
+                 window: int | None = None, d_head: int | None = None, qk_norm: bool = False,
+                 qk_norm_eps: float = 1e-6, device=None, dtype=None):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         _checks.positive_window(window)
-        if d_model % n_heads:
-            raise ValueError(f"n_heads: d_model={d_model} must be divisible by n_heads={n_heads}")
+        if d_head is None and d_model % n_heads:
+            raise ValueError(f"n_heads: d_model={d_model} must be divisible by n_heads={n_heads} (or give d_head)")
+        if d_head is not None and (not isinstance(d_head, int) or d_head < 1):
+            raise ValueError(f"d_head: expected a positive int, got {d_head!r}")
         if n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads: n_heads={n_heads} must be divisible by n_kv_heads={n_kv_heads}")
-        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads if d_head is None else d_head
         self.dropout, self.rotary, self.window = dropout, rotary, window
-        self.q_dim, self.kv_dim = d_model, n_kv_heads * self.head_dim
+        self.q_dim, self.kv_dim = n_heads * self.head_dim, n_kv_heads * self.head_dim
         factory = {"device": device, "dtype": dtype}
         self.qkv_proj = Linear(d_model, self.q_dim + 2 * self.kv_dim, bias=bias if qkv_bias is None else qkv_bias,
                                **factory)  # rows: Q | K | V
-        self.out_proj = Linear(d_model, d_model, bias=bias, **factory)
+        self.out_proj = Linear(self.q_dim, d_model, bias=bias, **factory)
+        self.q_norm = RMSNorm(self.head_dim, qk_norm_eps, **factory) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, qk_norm_eps, **factory) if qk_norm else None
 
     def _heads(self, x: Tensor, n: int) -> Tensor:
         return x.unflatten(-1, (n, self.head_dim)).transpose(1, 2)  # [B, L, n*D] -> [B, n, L, D]
@@ -40,10 +50,12 @@ class MultiHeadAttention(nn.Module):
     def project_kv(self, context: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values [B, Hkv, Lk, D] of `context` [B, Lk, d_model] (what a cross-attention cache holds)."""
         k, v = linear_rows(self.qkv_proj, context, slice(self.q_dim, None)).split(self.kv_dim, -1)
-        return self._heads(k, self.n_kv_heads), self._heads(v, self.n_kv_heads)
+        k = self._heads(k, self.n_kv_heads)
+        return k if self.k_norm is None else self.k_norm(k), self._heads(v, self.n_kv_heads)
 
     def _project_q(self, x: Tensor) -> Tensor:
-        return self._heads(linear_rows(self.qkv_proj, x, slice(self.q_dim)), self.n_heads)
+        q = self._heads(linear_rows(self.qkv_proj, x, slice(self.q_dim)), self.n_heads)
+        return q if self.q_norm is None else self.q_norm(q)
 
     def _qkv(self, x: Tensor, context: Tensor | None, positions: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         if context is not None:  # cross-attention
@@ -52,6 +64,13 @@ class MultiHeadAttention(nn.Module):
         # in fewer torch calls (each a microsecond or so, per layer per decoded token); q and k rotated together
         heads = (self.n_heads, self.n_kv_heads, self.n_kv_heads)
         qkv = self._heads(self.qkv_proj(x), sum(heads))
+        if self.q_norm is not None:  # q and k normed apart (each its own weights), then rotated alike
+            q, k, v = qkv.split(heads, 1)
+            q, k = self.q_norm(q), self.k_norm(k)
+            if self.rotary is None:
+                return q, k, v
+            cos, sin = self.rotary.cos_sin_of(q, positions)
+            return self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin), v
         if self.rotary is not None:
             qk = self.rotary(qkv[:, :self.n_heads + self.n_kv_heads], positions)
             return (*qk.split(heads[:2], 1), qkv[:, self.n_heads + self.n_kv_heads:])

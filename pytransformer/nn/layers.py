@@ -41,11 +41,12 @@ class TransformerEncoderLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int = 2048, dropout: float = 0.1, activation: str = "relu",
                  norm: str = "post", eps: float = 1e-5, bias: bool = True, n_kv_heads: int | None = None, *,
                  rotary=None, window: int | None = None, norm_type: str = "layernorm", qkv_bias: bool | None = None,
-                 device=None, dtype=None):
+                 d_head: int | None = None, qk_norm: bool = False, device=None, dtype=None):
         super().__init__()
         factory = {"device": device, "dtype": dtype}
-        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, dropout, bias, qkv_bias=qkv_bias,
-                                            rotary=rotary, window=window, **factory)
+        heads = {"qkv_bias": qkv_bias, "d_head": d_head, "qk_norm": qk_norm, "qk_norm_eps": eps}
+        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, dropout, bias, rotary=rotary, window=window,
+                                            **heads, **factory)
         self.ff = FeedForward(d_model, d_ff, activation, dropout, bias, **factory)
         self.res_attn = Residual(d_model, norm, dropout, eps, bias, **factory, norm_type=norm_type)
         self.res_ff = Residual(d_model, norm, dropout, eps, bias, **factory, norm_type=norm_type)
@@ -68,13 +69,15 @@ class TransformerDecoderLayer(nn.Module):
     def __init__(self, d_model: int, n_heads: int, d_ff: int = 2048, dropout: float = 0.1, activation: str = "relu",
                  norm: str = "post", eps: float = 1e-5, bias: bool = True, n_kv_heads: int | None = None, *,
                  cross_attention: bool = True, rotary=None, window: int | None = None, norm_type: str = "layernorm",
-                 qkv_bias: bool | None = None, device=None, dtype=None):
+                 qkv_bias: bool | None = None, d_head: int | None = None, qk_norm: bool = False, device=None,
+                 dtype=None):
         super().__init__()
         factory = {"device": device, "dtype": dtype}
-        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, dropout, bias, qkv_bias=qkv_bias,
-                                            rotary=rotary, window=window, **factory)
+        heads = {"qkv_bias": qkv_bias, "d_head": d_head, "qk_norm": qk_norm, "qk_norm_eps": eps}
+        self.self_attn = MultiHeadAttention(d_model, n_heads, n_kv_heads, dropout, bias, rotary=rotary, window=window,
+                                            **heads, **factory)
         self.res_self = Residual(d_model, norm, dropout, eps, bias, **factory, norm_type=norm_type)
-        self.cross_attn = (MultiHeadAttention(d_model, n_heads, n_kv_heads, dropout, bias, qkv_bias=qkv_bias, **factory)
+        self.cross_attn = (MultiHeadAttention(d_model, n_heads, n_kv_heads, dropout, bias, **heads, **factory)
                            if cross_attention else None)
         self.res_cross = (Residual(d_model, norm, dropout, eps, bias, **factory, norm_type=norm_type)
                           if cross_attention else None)

@@ -134,8 +134,12 @@ class RotaryEmbedding(_DerivedBuffers):
     def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
         """x [B, H, L, D] at positions [L] or [B, L] (default 0..L-1) -> rotated x [B, H, L, D]. Rotate q and k
         together where they are adjacent heads of one tensor: one set of ops instead of two."""
+        return self.rotate(x, *self.cos_sin_of(x, positions))
+
+    def cos_sin_of(self, x: Tensor, positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """cos_sin for x [B, H, L, D] at positions [L] or [B, L] (default 0..L-1), in x's dtype."""
         positions = torch.arange(x.shape[-2], device=x.device) if positions is None else positions
-        return self.rotate(x, *self.cos_sin(positions, x.dtype))
+        return self.cos_sin(positions, x.dtype)
 
     @staticmethod
     def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

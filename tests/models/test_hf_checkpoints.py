@@ -1,5 +1,6 @@
 """Hugging Face checkpoints without a download: tiny random Llama (tied; llama3 rope scaling with an untied head),
-Mistral (sliding window shorter than the sequence: the rolling cache wraps), Qwen2 (Q/K/V biases), GPT-2 and BERT
+Mistral (sliding window shorter than the sequence: the rolling cache wraps), Qwen2 (Q/K/V biases), Qwen3 (q/k norms,
+heads wider than hidden_size / heads), GPT-2 and BERT
 built with transformers and saved with save_pretrained (one sharded), loaded by from_hf and from_pretrained: logits
 and greedy tokens equal Hugging Face's (batch 1, and batch 3 padded), torch.compile, bfloat16, int8, errors."""
 import contextlib
@@ -29,6 +30,8 @@ DECODERS = {
                                                                              tie_word_embeddings=False)),
     "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**COMMON, sliding_window=8)),
     "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON)),
+    "qwen3": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**COMMON, head_dim=24,
+                                                                           tie_word_embeddings=True)),
     "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_positions=256, initializer_range=0.3, bos_token_id=None,
         eos_token_id=None, pad_token_id=0)),
@@ -90,6 +93,13 @@ def test_config_translation(saved):
     attn = qwen2.decoder.layers[0].self_attn
     assert attn.qkv_proj.bias is not None and attn.out_proj.bias is None and qwen2.decoder.layers[0].ff.fc1.bias is None
     assert llama.new_cache(1, 100).k[0].shape[1] == 2  # GQA: K/V heads are not copied
+    assert llama.config.d_head is None and llama.decoder.layers[0].self_attn.q_norm is None
+    qwen3 = DecoderLM.from_pretrained(saved["qwen3"][1])
+    attn = qwen3.decoder.layers[1].self_attn
+    assert qwen3.config.d_head == 24 and qwen3.config.qk_norm and attn.qkv_proj.bias is None
+    assert attn.qkv_proj.weight.shape == (8 * 24, 64) and attn.out_proj.weight.shape == (64, 4 * 24)
+    assert attn.q_norm.weight.shape == attn.k_norm.weight.shape == (24,) and attn.q_norm.eps == 1e-6
+    assert qwen3.new_cache(1, 100).k[0].shape == (1, 2, 100, 24)
 
 
 @pytest.mark.parametrize("name", list(DECODERS))
@@ -117,7 +127,7 @@ def test_gpt2_greedy_256_tokens_match_generate(batch):
     assert torch.equal(DecoderLM.from_hf(hf).generate(ids, 256), expected)
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "gpt2"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "qwen3", "gpt2"])
 def test_padded_batch_matches_generate(saved, name):
     """Our right-padded prompts (key_lengths) against Hugging Face's left-padded ones (attention_mask)."""
     hf, path = saved[name]
@@ -138,8 +148,9 @@ def test_mistral_rolling_cache_wraps(saved):
     assert cache.capacity == ours.config.window == 8  # a rolling buffer: 71 tokens through 8 rows
 
 
-def test_compiled_forward(saved):
-    hf, path = saved["qwen2"]
+@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+def test_compiled_forward(saved, name):
+    hf, path = saved[name]
     ours = DecoderLM.from_pretrained(path)
     ids = torch.randint(1, V, (2, 9))
     with torch.no_grad():
@@ -168,7 +179,7 @@ def test_bfloat16_and_int8(saved):
     assert int8.generate(ids, 5).shape == (2, 17)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama3"])  # tied and untied LM head
+@pytest.mark.parametrize("name", ["gpt2", "llama3", "qwen3"])  # tied and untied LM head, q/k norms
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int8_load_quantizes_as_it_reads(saved, name, dtype):
     """from_pretrained(quantize=True) quantizes each weight as it is read: the same int8 model, to the bit, as
@@ -228,7 +239,9 @@ def test_missing_files(saved, tmp_path):
     ({"model_type": "falcon"}, "model_type: 'falcon' is not supported"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "rope_type 'yarn'"),
     ({"rope_parameters": None, "rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_type 'linear'"),
-    ({"head_dim": 32}, "head_dim"),
+    ({"head_dim": 24}, r"q_proj.weight: shape \[64, 64\] does not fit decoder.layers.0.self_attn.qkv_proj.weight of the "
+                       r"config, which needs \[96, 64\] \(num_attention_heads \* head_dim = 96\)"),
+    ({"head_dim": 10 ** 9}, "head_dim: 1000000000 is larger than any tensor"),
     ({"attention_bias": True}, "attention_bias"),
     ({"mlp_bias": True}, "mlp_bias"),
     ({"hidden_act": "gelu"}, "hidden_act"),

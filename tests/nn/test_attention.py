@@ -1,4 +1,5 @@
-"""MultiHeadAttention against plain-PyTorch attention (float64): self/cross, GQA/MQA, masks, rotary, window, cache."""
+"""MultiHeadAttention against plain-PyTorch attention (float64): self/cross, GQA/MQA, masks, rotary, window, cache,
+heads of their own width with q/k norms."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,6 +16,8 @@ def reference_mha(m, x, context=None, *, mask=None, causal=False, key_lengths=No
     q = F.linear(x, w[:dq], b[:dq]).unflatten(-1, (m.n_heads, d)).transpose(1, 2)
     k = F.linear(ctx, w[dq:dq + dkv], b[dq:dq + dkv]).unflatten(-1, (m.n_kv_heads, d)).transpose(1, 2)
     v = F.linear(ctx, w[dq + dkv:], b[dq + dkv:]).unflatten(-1, (m.n_kv_heads, d)).transpose(1, 2)
+    if m.q_norm is not None:
+        q, k = F.rms_norm(q, (d,), m.q_norm.weight, m.q_norm.eps), F.rms_norm(k, (d,), m.k_norm.weight, m.k_norm.eps)
     if m.rotary is not None and context is None:
         q, k = m.rotary(q, positions), m.rotary(k, positions)
     k = k.repeat_interleave(m.n_heads // m.n_kv_heads, 1)
@@ -59,18 +62,47 @@ def test_cross_attention_with_masks(n_kv_heads):
     torch.testing.assert_close(m(x, mem, key_lengths=lengths), reference_mha(m, x, mem, key_lengths=lengths))
 
 
+def _head_width_module(rotary=True, window=None, n_kv_heads=2):
+    """Heads of 12 at d_model 32 (q: 48 wide, out_proj 48 -> 32), with q/k RMSNorms of random weights."""
+    m = MultiHeadAttention(32, 4, n_kv_heads, rotary=RotaryEmbedding(12) if rotary else None, window=window, d_head=12,
+                           qk_norm=True, qk_norm_eps=1e-5).double()
+    with torch.no_grad():
+        m.q_norm.weight.uniform_(0.5, 1.5)
+        m.k_norm.weight.uniform_(0.5, 1.5)
+    return m
+
+
+@pytest.mark.parametrize("rotary", [False, True])
+def test_head_width_and_qk_norm(rotary):
+    m = _head_width_module(rotary)
+    assert m.q_dim == 48 and m.qkv_proj.weight.shape == (96, 32) and m.out_proj.weight.shape == (32, 48)
+    assert m.q_norm.eps == 1e-5
+    x, mem = torch.randn(2, 7, 32, dtype=torch.float64), torch.randn(2, 5, 32, dtype=torch.float64)
+    lengths = torch.tensor([7, 3])
+    torch.testing.assert_close(m(x, causal=True, key_lengths=lengths),
+                               reference_mha(m, x, causal=True, key_lengths=lengths, positions=torch.arange(7)))
+    torch.testing.assert_close(m(x, mem), reference_mha(m, x, mem))
+    x.requires_grad_()
+    m(x, causal=True).sum().backward()
+    assert m.q_norm.weight.grad.abs().sum() > 0 and m.k_norm.weight.grad.abs().sum() > 0
+
+
 def test_rotary_and_window():
     m = MultiHeadAttention(32, 4, 2, rotary=RotaryEmbedding(8), window=3).double()
     x = torch.randn(2, 10, 32, dtype=torch.float64)
     torch.testing.assert_close(m(x, causal=True), reference_mha(m, x, causal=True, positions=torch.arange(10)))
 
 
-@pytest.mark.parametrize("rotary,window", [(False, None), (True, None), (True, 4)])
-def test_cached_steps_equal_full_causal(rotary, window):
-    m = MultiHeadAttention(32, 4, 2, rotary=RotaryEmbedding(8) if rotary else None, window=window).double().eval()
+@pytest.mark.parametrize("rotary,window,head_width", [(False, None, False), (True, None, False), (True, 4, False),
+                                                      (True, None, True), (True, 4, True)])
+def test_cached_steps_equal_full_causal(rotary, window, head_width):
+    if head_width:  # heads of 12 with q/k norms
+        m = _head_width_module(rotary, window).eval()
+    else:
+        m = MultiHeadAttention(32, 4, 2, rotary=RotaryEmbedding(8) if rotary else None, window=window).double().eval()
     x = torch.randn(2, 9, 32, dtype=torch.float64)
     full = m(x, causal=True)
-    cache = KVCache(1, 2, 2, 8, 12, dtype=torch.float64)
+    cache = KVCache(1, 2, 2, m.head_dim, 12, dtype=torch.float64)
     with torch.no_grad():
         outs = []
         for lo, hi in [(0, 4), (4, 5), (5, 6), (6, 9)]:
@@ -161,6 +193,9 @@ def test_gradients_flow():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="n_heads"):
         MultiHeadAttention(30, 4)
+    for d_head in (0, 2.5):
+        with pytest.raises(ValueError, match="d_head"):
+            MultiHeadAttention(32, 4, d_head=d_head)
     with pytest.raises(ValueError, match="n_kv_heads"):
         MultiHeadAttention(32, 4, 3)
     m = MultiHeadAttention(16, 2)
