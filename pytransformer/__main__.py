@@ -113,7 +113,8 @@ def parser() -> argparse.ArgumentParser:
     count.add_argument("--config", choices=[*CONFIGS, "all"], default="all", help="a named config (default: all)")
 
     gen = sub.add_parser("generate", help="continue a prompt with a Hugging Face checkpoint directory",
-                         description="Load a save_pretrained directory (gpt2, llama, mistral or qwen2 safetensors "
+                         description="Load a save_pretrained directory (gpt2, llama, mistral, qwen2 or qwen3 "
+                                     "safetensors "
                                      "and its tokenizer.json), continue the prompt, writing the text as it is "
                                      "generated, then the prefill and decode tokens/s. Greedy unless --temperature, "
                                      "--top-p or --top-k is given.")
@@ -125,6 +126,10 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--bf16", action="store_true", help="bfloat16 weights and activations")
     gen.add_argument("--bf16-cache", action="store_true",
                      help="a bfloat16 KV cache: half a float32 or int8 model's cache memory")
+    gen.add_argument("--compile", action="store_true",
+                     help="each decoding step as one compiled library (generate(compile=True)): compiled before the "
+                          "prompt runs, tens of seconds the first time for a model, then loaded from "
+                          "$PYTRANSFORMER_CACHE")
     gen.add_argument("--temperature", type=_temperature, metavar="T", help="sampling temperature (0: greedy)")
     gen.add_argument("--top-p", type=_probability, metavar="P", help="nucleus sampling mass")
     gen.add_argument("--top-k", type=_nonnegative_int, metavar="K", help="sample among the K most likely tokens (0: all)")
@@ -196,7 +201,7 @@ def main(argv=None) -> int:
                                        device=args.device or _default_device())
             textgen.stream(*prepared, args.prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                            top_p=args.top_p, top_k=args.top_k, seed=args.seed, eos_id=textgen.eos_tokens(args.model),
-                           cache_dtype=torch.bfloat16 if args.bf16_cache else None)
+                           cache_dtype=torch.bfloat16 if args.bf16_cache else None, compile=args.compile)
         except (ValueError, FileNotFoundError) as e:  # a broken checkpoint directory or prompt: one line, status 2
             message = " ".join(str(e).splitlines())
             print(f"python -m pytransformer generate: error: {message}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """`python -m pytransformer generate` end to end on a tiny random Llama saved with save_pretrained and a byte-level BPE
 tokenizer trained here (no download): the streamed text is the prompt plus the decoded greedy tokens, sampling is
-reproducible with --seed, int8/bf16 run, generation stops at any id of an eos_token_id list, bad arguments print usage
-and exit 2, and a broken directory prints one line naming the file and exits 2."""
+reproducible with --seed, int8/bf16 and --compile run, generation stops at any id of an eos_token_id list, bad
+arguments print usage and exit 2, and a broken directory prints one line naming the file and exits 2."""
 import json
 import shutil
 import re
@@ -64,6 +64,22 @@ def test_bf16_cache_decodes_through_a_bfloat16_cache(model_dir, capsys, monkeypa
     model = DecoderLM.from_pretrained(model_dir, quantize=True)
     new = model.generate(ids, 10, cache_dtype=torch.bfloat16)[0, ids.shape[1]:]
     assert capsys.readouterr().out == prompt + tok.decode(new.tolist()) + "\n"
+
+
+def test_compile_streams_the_eager_tokens(model_dir, capsys, monkeypatch):
+    """--compile: the greedy text of eager decoding, through the compiled step (built by a one-token warm-up, then
+    taken again by the generation itself)."""
+    from pytransformer.models import decoder
+    built, compiled_step = [], decoder.compiled_step
+    monkeypatch.setattr(decoder, "compiled_step", lambda *a: built.append(a[1].capacity) or compiled_step(*a))
+    prompt = "the quick"
+    assert run(model_dir, "--prompt", prompt, "--max-new-tokens", "12", "--compile") == 0
+    out, err = capsys.readouterr()
+    tok = tokenizers.Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    ids = torch.tensor([tok.encode(prompt).ids])
+    new = DecoderLM.from_pretrained(model_dir).generate(ids, 12)[0, ids.shape[1]:]
+    assert out == prompt + tok.decode(new.tolist()) + "\n" and "decode: 11 tokens" in err
+    assert built == [2, ids.shape[1] + 12]
 
 
 def test_sampling_is_reproducible_and_int8_bf16_run(model_dir, capsys):

@@ -81,15 +81,18 @@ def prepare(model_dir, prompt: str, *, int8: bool = False, bf16: bool = False, d
 
 def stream(tokenizer, model, ids, prompt: str, *, max_new_tokens: int = 64, temperature: float | None = None,
            top_p: float | None = None, top_k: int | None = None, seed: int | None = None,
-           eos_id: int | list[int] | None = None, cache_dtype: torch.dtype | None = None, out=None,
-           err=None) -> list[int]:
+           eos_id: int | list[int] | None = None, cache_dtype: torch.dtype | None = None, compile: bool = False,
+           out=None, err=None) -> list[int]:
     """Write the prompt and its continuation to `out` (default stdout) as it is generated, then the prefill and
     decode throughput to `err` (default stderr); the new token ids. Greedy unless temperature (> 0), top_p or top_k
-    is given (then sampled, temperature 1 by default); cache_dtype as in DecoderLM.generate. Nothing is written when
+    is given (then sampled, temperature 1 by default); cache_dtype and compile as in DecoderLM.generate (the step is
+    compiled, or loaded, by a one-token generate first, so that neither rate counts it). Nothing is written when
     generate refuses the arguments (the prompt goes out with the first new token)."""
     out, err = out or sys.stdout, err or sys.stderr
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
+    if compile:
+        model.generate(ids[:, :1], 1, cache_dtype=cache_dtype, compile=True)
     do_sample = bool(temperature) or top_p is not None or top_k is not None
     generator = None if seed is None else torch.Generator(ids.device).manual_seed(seed)
     text, times = TextStream(tokenizer, out), []
@@ -101,7 +104,7 @@ def stream(tokenizer, model, ids, prompt: str, *, max_new_tokens: int = 64, temp
         text(tokens)
     start = time.perf_counter()
     new = model.generate(ids, max_new_tokens, do_sample, temperature or 1.0, top_k, top_p, generator, eos_id=eos_id,
-                         on_token=on_token, cache_dtype=cache_dtype)[0, ids.shape[1]:]
+                         on_token=on_token, cache_dtype=cache_dtype, compile=compile)[0, ids.shape[1]:]
     text.finish()
     prefill, decode = times[0] - start, times[-1] - times[0]
     err.write(f"prefill: {ids.shape[1]} tokens in {prefill:.3f} s ({ids.shape[1] / prefill:.1f} tokens/s); decode: "

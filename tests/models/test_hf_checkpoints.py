@@ -1,6 +1,6 @@
 """Hugging Face checkpoints without a download: tiny random Llama (tied; llama3 rope scaling with an untied head),
-Mistral (sliding window shorter than the sequence: the rolling cache wraps), Qwen2 (Q/K/V biases), Qwen3 (q/k norms,
-heads wider than hidden_size / heads), GPT-2 and BERT
+Mistral (sliding window shorter than the sequence: the rolling cache wraps; heads wider than hidden_size / heads),
+Qwen2 (Q/K/V biases), Qwen3 (q/k norms, wider heads too), GPT-2 and BERT
 built with transformers and saved with save_pretrained (one sharded), loaded by from_hf and from_pretrained: logits
 and greedy tokens equal Hugging Face's (batch 1, and batch 3 padded), torch.compile, bfloat16, int8, errors."""
 import contextlib
@@ -28,7 +28,8 @@ DECODERS = {
     "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, tie_word_embeddings=True)),
     "llama3": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, rope_parameters=LLAMA3,
                                                                              tie_word_embeddings=False)),
-    "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**COMMON, sliding_window=8)),
+    "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**COMMON, sliding_window=8,
+                                                                                 head_dim=24)),  # as Nemo's
     "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON)),
     "qwen3": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**COMMON, head_dim=24,
                                                                            tie_word_embeddings=True)),
@@ -89,7 +90,7 @@ def test_config_translation(saved):
     llama, mistral, qwen2 = (DecoderLM.from_pretrained(saved[n][1]) for n in ("llama", "mistral", "qwen2"))
     assert llama.lm_head.weight is llama.embed.tok.weight  # tied stays one parameter
     assert llama.config.n_kv_heads == 2 and llama.config.norm_type == "rmsnorm" and llama.config.window is None
-    assert mistral.config.window == 8
+    assert mistral.config.window == 8 and mistral.config.d_head == 24
     attn = qwen2.decoder.layers[0].self_attn
     assert attn.qkv_proj.bias is not None and attn.out_proj.bias is None and qwen2.decoder.layers[0].ff.fc1.bias is None
     assert llama.new_cache(1, 100).k[0].shape[1] == 2  # GQA: K/V heads are not copied
