@@ -113,7 +113,7 @@ def parser() -> argparse.ArgumentParser:
     count.add_argument("--config", choices=[*CONFIGS, "all"], default="all", help="a named config (default: all)")
 
     gen = sub.add_parser("generate", help="continue a prompt with a Hugging Face checkpoint directory",
-                         description="Load a save_pretrained directory (gpt2, llama, mistral, qwen2 or qwen3 "
+                         description="Load a save_pretrained directory (gpt2, llama, mistral, qwen2, qwen3 or phi3 "
                                      "safetensors "
                                      "and its tokenizer.json), continue the prompt, writing the text as it is "
                                      "generated, then the prefill and decode tokens/s. Greedy unless --temperature, "

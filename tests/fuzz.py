@@ -371,7 +371,7 @@ def fuzz(cases_per_op: int, seed: int, ops=OPS, malformed_share: float = 0.2, na
 
 # Checkpoint folders. A mutation is a list [kind, i, j] of small values: i picks a file, tensor or config field (modulo
 # their count), j a variant. Tensor edits keep a sharded folder's weight_map in step, as a careful user would.
-BASES = {"llama": "model.", "qwen3": "model.", "gpt2": "transformer.", "bert": "bert.",
+BASES = {"llama": "model.", "qwen3": "model.", "phi3": "model.", "gpt2": "transformer.", "bert": "bert.",
          "marian": "model."}  # -> the backbone prefix
 FIELDS = ("vocab_size", "hidden_size", "n_embd", "num_attention_heads", "n_head", "num_hidden_layers", "n_layer",
           "intermediate_size", "max_position_embeddings", "n_positions", "num_key_value_heads", "model_type",
@@ -398,7 +398,8 @@ _BASE_DIRS: dict[str, Path] = {}
 
 def _base_folder(base: str) -> Path:
     """The save_pretrained folder of a tiny random model, built once per process: Llama (untied head, GQA), Qwen3
-    (tied, q/k norms, heads of 8: twice hidden_size / heads), GPT-2 (in several shards), BERT or Marian."""
+    (tied, q/k norms, heads of 8: twice hidden_size / heads), Phi-3 (fused q|k|v and gate|up, a window), GPT-2 (in
+    several shards), BERT or Marian."""
     if base not in _BASE_DIRS:
         import transformers
         small = {"vocab_size": 50, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
@@ -407,6 +408,9 @@ def _base_folder(base: str) -> Path:
                      **small, num_key_value_heads=2, tie_word_embeddings=False)),
                  "qwen3": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
                      **small, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)),
+                 "phi3": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
+                     **small, num_key_value_heads=2, sliding_window=16, pad_token_id=0, bos_token_id=None,
+                     eos_token_id=None)),
                  "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
                      vocab_size=50, n_embd=16, n_layer=2, n_head=4, n_positions=32, bos_token_id=None,
                      eos_token_id=None)),

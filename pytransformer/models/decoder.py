@@ -134,15 +134,16 @@ class DecoderLM(nn.Module):
     @classmethod
     def from_hf(cls, model) -> "DecoderLM":
         """A DecoderLM with the config and weights of a Hugging Face GPT2LMHeadModel, LlamaForCausalLM,
-        MistralForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM object (on its device, in its dtype and train/eval
-        mode). See models/hf.py for what is supported; anything else raises ValueError naming the config field."""
+        MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or Phi3ForCausalLM object (on its device, in its dtype
+        and train/eval mode). See models/hf.py for what is supported; anything else raises ValueError naming the
+        config field."""
         return checkpoint.from_hf(cls, DecoderConfig, model)
 
     @classmethod
     def from_pretrained(cls, path, dtype: torch.dtype = torch.float32, quantize: bool = False, *,
                         device=None, mmap: bool = True) -> "DecoderLM":
         """A DecoderLM (eval mode) from a local directory written by a Hugging Face model's save_pretrained
-        (config.json with model_type gpt2, llama, mistral, qwen2 or qwen3; model.safetensors or a sharded
+        (config.json with model_type gpt2, llama, mistral, qwen2, qwen3 or phi3; model.safetensors or a sharded
         model.safetensors.index.json), in `dtype` on `device` (default CPU), without importing transformers.
         quantize=True returns the weight-only int8 model (pytransformer.quantize), each weight quantized as it is
         read, so the float weights are never all in memory. A broken directory raises ValueError (FileNotFoundError

@@ -3,27 +3,27 @@ parameters. Both DecoderLM/EncoderModel.from_hf (a transformers model in memory:
 and from_pretrained (a save_pretrained directory: config.json and safetensors files) go through `architecture`, and
 checkpoint.py loads the tensors; transformers itself is never imported.
 
-Supported model_type values: "gpt2" (GPT2LMHeadModel), "llama", "mistral", "qwen2", "qwen3" (their *ForCausalLM) ->
-DecoderLM; "bert" (BertModel, or the encoder and pooler of a BertFor* checkpoint) -> EncoderModel; "marian"
+Supported model_type values: "gpt2" (GPT2LMHeadModel), "llama", "mistral", "qwen2", "qwen3", "phi3" (their *ForCausalLM)
+-> DecoderLM; "bert" (BertModel, or the encoder and pooler of a BertFor* checkpoint) -> EncoderModel; "marian"
 (MarianMTModel, the Helsinki-NLP opus-mt translation models) -> Seq2SeqTransformer. A config field that would make the
 Hugging Face model compute something our model does not, or that is missing, of the wrong type or out of range, raises
 ValueError naming the field; nothing here allocates tensors.
 
 Decisions: Hugging Face's q/k/v (and gate/up) projections are concatenated by rows into our fused qkv_proj (and the
-SwiGLU fc1 = gate | up); RoPE needs no permutation (both use the rotate-half layout). Rope types: default and llama3
-(any other rope_type, and partial_rotary_factor != 1, raise). Mistral's sliding_window applies to every layer; Qwen2's
-and Qwen3's use_sliding_window only when it makes every layer windowed (a mix raises, naming layer_types).
-attention_dropout must be 0 (our one dropout rate would also act on the residuals). Marian: one table for source and
-target embeddings and the output projection (share_encoder_decoder_embeddings and tie_word_embeddings true), embeddings
-scaled by sqrt(d_model) (scale_embedding true), sinusoidal positions with the sines first ("sinusoidal_halves"),
-post-norm layers; its final_logits_bias buffer must be zeros (checkpoint.py; transformers never trains it), and its
-positional tables are recomputed. A tied checkpoint's copies of the embedding (lm_head.weight, and Marian's
-encoder/decoder embed_tokens.weight: present in state_dict(), absent from save_pretrained files) are not loaded when
-they equal the embedding (checkpoint.py refuses a different one; for lm_head: set tie_word_embeddings to false to use
-it); buffers of older versions (GPT-2's attn.bias mask, Llama's rotary_emb.inv_freq, BERT's position_ids) and the task
-heads of BertFor* checkpoints (cls.* of the masked-LM and pre-training models, classifier.* of the sequence, token and
-multiple-choice classifiers, qa_outputs.* of question answering) are skipped; any other tensor the plan does not use is
-an error."""
+SwiGLU fc1 = gate | up; Phi-3's come fused); RoPE needs no permutation (both use the rotate-half layout). Rope types:
+default and llama3 (any other rope_type, and partial_rotary_factor != 1, raise). Mistral's and Phi-3's sliding_window
+applies to every layer; Qwen2's and Qwen3's use_sliding_window only when it makes every layer windowed (a mix raises,
+naming layer_types). attention_dropout (and Phi-3's resid_pdrop and embd_pdrop) must be 0 (our one dropout rate would
+also act on the residuals). Marian: one table for source and target embeddings and the output projection
+(share_encoder_decoder_embeddings and tie_word_embeddings true), embeddings scaled by sqrt(d_model) (scale_embedding
+true), sinusoidal positions with the sines first ("sinusoidal_halves"), post-norm layers; its final_logits_bias buffer
+must be zeros (checkpoint.py; transformers never trains it), and its positional tables are recomputed. A tied
+checkpoint's copies of the embedding (lm_head.weight, and Marian's encoder/decoder embed_tokens.weight: present in
+state_dict(), absent from save_pretrained files) are not loaded when they equal the embedding (checkpoint.py refuses a
+different one; for lm_head: set tie_word_embeddings to false to use it); buffers of older versions (GPT-2's attn.bias
+mask, Llama's rotary_emb.inv_freq, BERT's position_ids) and the task heads of BertFor* checkpoints (cls.* of the
+masked-LM and pre-training models, classifier.* of the sequence, token and multiple-choice classifiers, qa_outputs.* of
+question answering) are skipped; any other tensor the plan does not use is an error."""
 import math
 from typing import Callable, NamedTuple
 
@@ -193,7 +193,7 @@ def _rope(d: dict) -> tuple[float, dict | None]:
 
 def _window(d: dict, n_layers: int) -> int | None:
     """The sliding window of every layer (None: full attention); ValueError for a mix of full and windowed layers."""
-    if d["model_type"] == "mistral":
+    if d["model_type"] in ("mistral", "phi3"):
         return None if d.get("sliding_window") is None else _integer(d, "sliding_window")
     if d["model_type"] == "llama" or not _flag(d, "use_sliding_window", False):
         return None
@@ -209,22 +209,27 @@ def _window(d: dict, n_layers: int) -> int | None:
 
 
 def llama(d: dict, names) -> Architecture:
-    """LlamaForCausalLM, MistralForCausalLM (sliding window), Qwen2ForCausalLM (Q/K/V biases) and Qwen3ForCausalLM
-    (an RMSNorm over each head of q and k before rotary): pre-RMSNorm, rotary (rotate-half, as ours: no permutation),
-    SwiGLU (fc1 rows = gate_proj | up_proj), GQA, heads of head_dim (default hidden_size // num_attention_heads)."""
+    """LlamaForCausalLM, MistralForCausalLM (sliding window), Qwen2ForCausalLM (Q/K/V biases), Qwen3ForCausalLM
+    (an RMSNorm over each head of q and k before rotary) and Phi3ForCausalLM (q|k|v and gate|up fused in the
+    checkpoint as in ours; sliding window): pre-RMSNorm, rotary (rotate-half, as ours: no permutation), SwiGLU (fc1
+    rows = gate_proj | up_proj), GQA, heads of head_dim (default hidden_size // num_attention_heads)."""
     hidden, heads, kv_heads = _heads(d, "hidden_size", "num_attention_heads", "num_key_value_heads", head_width=True)
     head_dim = _integer(d, "head_dim", hidden // heads)
     n_layers = _layers(d, "num_hidden_layers", names)
     _require(d, "hidden_act", "silu", "silu")
     for field in ("attention_bias", "mlp_bias"):
         _require(d, field, False, False)
-    _require(d, "attention_dropout", 0.0, 0.0)
-    qwen2, qwen3 = d["model_type"] == "qwen2", d["model_type"] == "qwen3"
+    qwen2, qwen3, phi3 = (d["model_type"] == t for t in ("qwen2", "qwen3", "phi3"))
+    for field in ("attention_dropout",) + (("resid_pdrop", "embd_pdrop") if phi3 else ()):
+        _require(d, field, 0.0, 0.0)
     theta, scaling = _rope(d)
     tied = _flag(d, "tie_word_embeddings", False)
     sizes = {"vocab_size": _integer(d, "vocab_size"), "hidden_size": hidden,
              "intermediate_size": _integer(d, "intermediate_size"), "head_dim": head_dim,
              "num_attention_heads * head_dim": heads * head_dim, "num_key_value_heads * head_dim": kv_heads * head_dim}
+    if phi3:  # the fused tensors' rows
+        sizes |= {"(num_attention_heads + 2 * num_key_value_heads) * head_dim": (heads + 2 * kv_heads) * head_dim,
+                  "2 * intermediate_size": 2 * sizes["intermediate_size"]}
     config = DecoderConfig(vocab_size=sizes["vocab_size"], d_model=hidden, n_heads=heads, n_kv_heads=kv_heads,
                            d_ff=sizes["intermediate_size"], n_layers=n_layers,
                            max_len=_integer(d, "max_position_embeddings", 2048), dropout=0.0, activation="swiglu",
@@ -236,13 +241,17 @@ def llama(d: dict, names) -> Architecture:
     plan = {"embed.tok.weight": Source(("embed_tokens.weight",)), **_module("decoder.norm", "norm", bias=False)}
     for i in range(n_layers):
         p, h = f"decoder.layers.{i}", f"layers.{i}"
+        if phi3:
+            fused = (_module(f"{p}.self_attn.qkv_proj", f"{h}.self_attn.qkv_proj", bias=False),
+                     _module(f"{p}.ff.fc1", f"{h}.mlp.gate_up_proj", bias=False))
+        else:
+            fused = (_fused_qkv(f"{p}.self_attn", f"{h}.self_attn.", ("q_proj", "k_proj", "v_proj"), qkv, qwen2),
+                     {f"{p}.ff.fc1.weight": _rows(f"{h}.mlp.", ("gate_proj.weight", "up_proj.weight"),
+                                                  (config.d_ff, config.d_ff))})
         plan |= (_module(f"{p}.res_self.norm", f"{h}.input_layernorm", bias=False)
                  | _module(f"{p}.res_ff.norm", f"{h}.post_attention_layernorm", bias=False)
-                 | _fused_qkv(f"{p}.self_attn", f"{h}.self_attn.", ("q_proj", "k_proj", "v_proj"), qkv, qwen2)
-                 | _module(f"{p}.self_attn.out_proj", f"{h}.self_attn.o_proj", bias=False)
-                 | {f"{p}.ff.fc1.weight": _rows(f"{h}.mlp.", ("gate_proj.weight", "up_proj.weight"),
-                                                (config.d_ff, config.d_ff))}
-                 | _module(f"{p}.ff.fc2", f"{h}.mlp.down_proj", bias=False))
+                 | fused[0] | _module(f"{p}.self_attn.out_proj", f"{h}.self_attn.o_proj", bias=False)
+                 | fused[1] | _module(f"{p}.ff.fc2", f"{h}.mlp.down_proj", bias=False))
         if qwen3:
             plan |= (_module(f"{p}.self_attn.q_norm", f"{h}.self_attn.q_norm", bias=False)
                      | _module(f"{p}.self_attn.k_norm", f"{h}.self_attn.k_norm", bias=False))
@@ -329,7 +338,7 @@ def marian(d: dict, names) -> Architecture:
 ARCHITECTURES: dict[str, tuple[str, type, Callable[[dict, set], Architecture]]] = {
     "gpt2": ("transformer.", DecoderConfig, gpt2), "llama": ("model.", DecoderConfig, llama),
     "mistral": ("model.", DecoderConfig, llama), "qwen2": ("model.", DecoderConfig, llama),
-    "qwen3": ("model.", DecoderConfig, llama),
+    "qwen3": ("model.", DecoderConfig, llama), "phi3": ("model.", DecoderConfig, llama),
     "bert": ("bert.", EncoderConfig, bert), "marian": ("model.", Seq2SeqConfig, marian)}
 
 

@@ -159,7 +159,7 @@ def test_model_type_is_named_first(folders, tmp_path):
     """Item 7: a BERT folder (here with an activation we do not support) given to DecoderLM names model_type."""
     path = _copy(folders["bert"], tmp_path / "bert", hidden_act="quick_gelu")
     _raises(path, r"config.json: model_type: 'bert' is not a DecoderLM architecture \(those are \['gpt2', 'llama', "
-                  r"'mistral', 'qwen2', 'qwen3'\]\)")
+                  r"'mistral', 'phi3', 'qwen2', 'qwen3'\]\)")
     _raises(_copy(folders["llama"], tmp_path / "llama"), r"model_type: 'llama' is not a EncoderModel", EncoderModel)
 
 

@@ -1,6 +1,6 @@
 """Hugging Face checkpoints without a download: tiny random Llama (tied; llama3 rope scaling with an untied head),
 Mistral (sliding window shorter than the sequence: the rolling cache wraps; heads wider than hidden_size / heads),
-Qwen2 (Q/K/V biases), Qwen3 (q/k norms, wider heads too), GPT-2 and BERT
+Qwen2 (Q/K/V biases), Qwen3 (q/k norms, wider heads too), Phi-3 (fused q|k|v and gate|up, a window), GPT-2 and BERT
 built with transformers and saved with save_pretrained (one sharded), loaded by from_hf and from_pretrained: logits
 and greedy tokens equal Hugging Face's (batch 1, and batch 3 padded), torch.compile, bfloat16, int8, errors."""
 import contextlib
@@ -33,6 +33,7 @@ DECODERS = {
     "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON)),
     "qwen3": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**COMMON, head_dim=24,
                                                                            tie_word_embeddings=True)),
+    "phi3": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(**COMMON, sliding_window=12)),
     "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_positions=256, initializer_range=0.3, bos_token_id=None,
         eos_token_id=None, pad_token_id=0)),
@@ -101,6 +102,12 @@ def test_config_translation(saved):
     assert attn.qkv_proj.weight.shape == (8 * 24, 64) and attn.out_proj.weight.shape == (64, 4 * 24)
     assert attn.q_norm.weight.shape == attn.k_norm.weight.shape == (24,) and attn.q_norm.eps == 1e-6
     assert qwen3.new_cache(1, 100).k[0].shape == (1, 2, 100, 24)
+    hf, path = saved["phi3"]
+    phi3 = DecoderLM.from_pretrained(path)
+    assert phi3.config.window == 12 and phi3.config.activation == "swiglu"
+    layer, theirs = phi3.decoder.layers[1], hf.model.layers[1]
+    assert torch.equal(layer.self_attn.qkv_proj.weight, theirs.self_attn.qkv_proj.weight)
+    assert torch.equal(layer.ff.fc1.weight, theirs.mlp.gate_up_proj.weight)
 
 
 @pytest.mark.parametrize("name", list(DECODERS))
@@ -128,7 +135,7 @@ def test_gpt2_greedy_256_tokens_match_generate(batch):
     assert torch.equal(DecoderLM.from_hf(hf).generate(ids, 256), expected)
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "qwen3", "gpt2"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2"])
 def test_padded_batch_matches_generate(saved, name):
     """Our right-padded prompts (key_lengths) against Hugging Face's left-padded ones (attention_mask)."""
     hf, path = saved[name]
@@ -252,6 +259,12 @@ def test_missing_files(saved, tmp_path):
 def test_unsupported_or_mismatched_config(saved, tmp_path, changes, match):
     with pytest.raises(ValueError, match=match):
         DecoderLM.from_pretrained(_copy(saved["llama"][1], tmp_path / "changed", **changes))
+
+
+@pytest.mark.parametrize("field", ["resid_pdrop", "embd_pdrop", "attention_dropout"])
+def test_phi3_dropout_is_refused(saved, tmp_path, field):
+    with pytest.raises(ValueError, match=field):
+        DecoderLM.from_pretrained(_copy(saved["phi3"][1], tmp_path / field, **{field: 0.1}))
 
 
 def test_qwen2_mixed_sliding_window(saved, tmp_path):
