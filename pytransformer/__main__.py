@@ -113,11 +113,10 @@ def parser() -> argparse.ArgumentParser:
     count.add_argument("--config", choices=[*CONFIGS, "all"], default="all", help="a named config (default: all)")
 
     gen = sub.add_parser("generate", help="continue a prompt with a Hugging Face checkpoint directory",
-                         description="Load a save_pretrained directory (gpt2, llama, mistral, qwen2, qwen3 or phi3 "
-                                     "safetensors "
-                                     "and its tokenizer.json), continue the prompt, writing the text as it is "
-                                     "generated, then the prefill and decode tokens/s. Greedy unless --temperature, "
-                                     "--top-p or --top-k is given.")
+                         description="Load a save_pretrained directory (gpt2, llama, mistral, qwen2, qwen3, phi3 or "
+                                     "gemma3_text safetensors and its tokenizer.json), continue the prompt, writing "
+                                     "the text as it is generated, then the prefill and decode tokens/s. Greedy "
+                                     "unless --temperature, --top-p or --top-k is given.")
     gen.add_argument("--model", type=_directory, required=True, metavar="DIR", help="the checkpoint directory")
     gen.add_argument("--prompt", required=True, metavar="TEXT", help="the text to continue")
     gen.add_argument("--max-new-tokens", type=_positive_int, default=64, metavar="N",

@@ -371,14 +371,15 @@ def fuzz(cases_per_op: int, seed: int, ops=OPS, malformed_share: float = 0.2, na
 
 # Checkpoint folders. A mutation is a list [kind, i, j] of small values: i picks a file, tensor or config field (modulo
 # their count), j a variant. Tensor edits keep a sharded folder's weight_map in step, as a careful user would.
-BASES = {"llama": "model.", "qwen3": "model.", "phi3": "model.", "gpt2": "transformer.", "bert": "bert.",
-         "marian": "model."}  # -> the backbone prefix
+BASES = {"llama": "model.", "qwen3": "model.", "phi3": "model.", "gemma3": "model.", "gpt2": "transformer.",
+         "bert": "bert.", "marian": "model."}  # -> the backbone prefix
 FIELDS = ("vocab_size", "hidden_size", "n_embd", "num_attention_heads", "n_head", "num_hidden_layers", "n_layer",
           "intermediate_size", "max_position_embeddings", "n_positions", "num_key_value_heads", "model_type",
           "tie_word_embeddings", "rms_norm_eps", "layer_norm_epsilon", "rope_theta", "hidden_act", "type_vocab_size",
           "n_inner", "rope_parameters", "head_dim", "d_model", "encoder_layers", "decoder_layers",
           "encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim",
-          "activation_function", "scale_embedding", "share_encoder_decoder_embeddings", "decoder_vocab_size")
+          "activation_function", "scale_embedding", "share_encoder_decoder_embeddings", "decoder_vocab_size",
+          "layer_types", "sliding_window", "query_pre_attn_scalar", "hidden_activation")
 DELETE = "<deleted>"
 VALUES = (DELETE, None, 0, -1, "64", 3e8, 10 ** 10, [1], {}, True, 1.5, "llama", "bert", 16, 2)
 MUTATIONS = {  # kind -> number of variants j
@@ -398,8 +399,8 @@ _BASE_DIRS: dict[str, Path] = {}
 
 def _base_folder(base: str) -> Path:
     """The save_pretrained folder of a tiny random model, built once per process: Llama (untied head, GQA), Qwen3
-    (tied, q/k norms, heads of 8: twice hidden_size / heads), Phi-3 (fused q|k|v and gate|up, a window), GPT-2 (in
-    several shards), BERT or Marian."""
+    (tied, q/k norms, heads of 8: twice hidden_size / heads), Phi-3 (fused q|k|v and gate|up, a window), Gemma 3 (a
+    windowed and a full layer), GPT-2 (in several shards), BERT or Marian."""
     if base not in _BASE_DIRS:
         import transformers
         small = {"vocab_size": 50, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
@@ -410,6 +411,10 @@ def _base_folder(base: str) -> Path:
                      **small, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)),
                  "phi3": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
                      **small, num_key_value_heads=2, sliding_window=16, pad_token_id=0, bos_token_id=None,
+                     eos_token_id=None)),
+                 "gemma3": lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
+                     **small, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8, sliding_window=4,
+                     layer_types=["sliding_attention", "full_attention"], pad_token_id=0, bos_token_id=None,
                      eos_token_id=None)),
                  "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
                      vocab_size=50, n_embd=16, n_layer=2, n_head=4, n_positions=32, bos_token_id=None,

@@ -97,7 +97,7 @@ def test_planted_loader_bugs_are_found_and_shrunk(bug, kinds):
     """A loader that lets a KeyError/JSONDecodeError/TypeError out, or accepts integer and misshapen tensors, is
     caught; each report is a one-mutation repro that fails with the bug and passes without it."""
     ops = _planted(checkpoint=bug)
-    failures = fuzz.fuzz(16, seed=5, ops=ops, names=("checkpoint",))
+    failures = fuzz.fuzz(48, seed=5, ops=ops, names=("checkpoint",))
     assert failures
     for failure in failures:
         case = ast.literal_eval(failure.split("repro: tests.fuzz.run(")[1][:-1])

@@ -133,14 +133,14 @@ def _writers(model: nn.Module, where: dict) -> dict:
 def _mapped(model: nn.Module, arch: Architecture, given: dict, tensors: "Tensors", where: dict, device) -> dict:
     """{our parameter name: a view of the checkpoint file's mapping} for every parameter of the model (on the meta
     device) that can keep its weights there: on the CPU, from file tensors stored in the parameter's dtype, not
-    transposed, not quantized, and, for a parameter fused from parts (q|k|v, gate|up), only where the parts follow
-    each other in the file in its order (gate|up in Hugging Face's files, whose tensors are in name order;
+    transposed or offset, not quantized, and, for a parameter fused from parts (q|k|v, gate|up), only where the parts
+    follow each other in the file in its order (gate|up in Hugging Face's files, whose tensors are in name order;
     SafetensorsFiles.mapped)."""
     if not isinstance(tensors, SafetensorsFiles) or torch.device(device).type != "cpu":
         return {}
     views = {}
     for ours, source in arch.plan.items():
-        if not source.transpose and where[ours] is None:
+        if not source.transpose and not source.offset and where[ours] is None:
             view = tensors.mapped([given[n] for n in source.names], model.get_parameter(ours).dtype)
             if view is not None:
                 views[ours] = view
@@ -438,6 +438,9 @@ def convert(cls, config_class, d, tensors: Mapping, *, dtype: torch.dtype, devic
                 continue
             if source.transpose:
                 writers[ours](tensors[given[source.names[0]]].t(), 0)
+                continue
+            if source.offset:
+                writers[ours](tensors[given[source.names[0]]].float() + source.offset, 0)
                 continue
             row = 0
             for name in source.names:  # each part in blocks of rows: no float copy of a whole weight

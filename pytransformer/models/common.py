@@ -35,10 +35,13 @@ class Embeddings(nn.Module):
         return self.dropout(x) if self.training else x
 
 
-def rotary_for(config) -> RotaryEmbedding | None:
-    """The RotaryEmbedding shared by all layers of a model with positional="rotary", else None."""
+def rotary_for(config, theta: float | None = None) -> RotaryEmbedding | None:
+    """The RotaryEmbedding shared by all layers of a model with positional="rotary", else None; with `theta`, one of
+    that base and no scaling (DecoderConfig.local_rope_theta's, for the windowed layers)."""
     if config.positional != "rotary":
         return None
+    if theta is not None:
+        return RotaryEmbedding(config.head_dim, config.max_len, theta)
     return RotaryEmbedding(config.head_dim, config.max_len, config.rope_theta, config.rope_scaling)
 
 

@@ -17,7 +17,7 @@ class _Config:
     d_ff: int = 2048
     max_len: int = 1024
     dropout: float = 0.1
-    activation: str = "relu"  # relu | gelu | gelu_tanh | silu | swiglu
+    activation: str = "relu"  # relu | gelu | gelu_tanh | silu | swiglu | geglu
     norm: str = "post"  # post | pre | sandwich
     norm_type: str = "layernorm"  # layernorm | rmsnorm
     positional: str = "sinusoidal"  # sinusoidal | sinusoidal_halves (sines, then cosines) | learned | rotary
@@ -49,9 +49,27 @@ class _Config:
 
 @dataclass
 class DecoderConfig(_Config):
-    """DecoderLM: GPT-like decoder-only LM; `window` makes self-attention sliding-window."""
+    """DecoderLM: GPT-like decoder-only LM; `window` makes self-attention sliding-window, in every layer but
+    `global_layers` (indices of layers that attend to every earlier position, as Gemma 3's every sixth), whose rotary
+    base is rope_theta while the windowed layers' is `local_rope_theta` (None: rope_theta). `scale_embeddings`
+    multiplies the token embeddings by sqrt(d_model) (Gemma)."""
     n_layers: int = 12
     window: int | None = None
+    global_layers: tuple[int, ...] = ()
+    local_rope_theta: float | None = None
+    scale_embeddings: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.global_layers = tuple(self.global_layers)
+        if self.global_layers and self.window is None:
+            raise ValueError("global_layers: only with a window (the other layers' sliding window)")
+        if any(not isinstance(i, int) or not 0 <= i < self.n_layers for i in self.global_layers):
+            raise ValueError(f"global_layers: expected layer indices in [0, {self.n_layers}), got {self.global_layers}")
+
+    def layer_window(self, i: int) -> int | None:
+        """Layer i's sliding window (None: every earlier position)."""
+        return None if i in self.global_layers else self.window
 
 
 @dataclass

@@ -23,9 +23,14 @@ class DecoderLM(nn.Module):
     def __init__(self, config: DecoderConfig):
         super().__init__()
         self.config = config
-        self.embed = Embeddings(config)
-        self.decoder = TransformerDecoder(config.n_layers, cross_attention=False, rotary=rotary_for(config),
-                                          window=config.window, **config.layer_kwargs())
+        self.embed = Embeddings(config, scale=config.scale_embeddings)
+        rotary, per_layer = rotary_for(config), None
+        if config.global_layers:  # the windowed layers' own rotary base
+            local = rotary_for(config, config.local_rope_theta) if rotary is not None else None
+            per_layer = [{"window": config.layer_window(i), "rotary": rotary if i in config.global_layers else local}
+                         for i in range(config.n_layers)]
+        self.decoder = TransformerDecoder(config.n_layers, cross_attention=False, rotary=rotary, window=config.window,
+                                          per_layer=per_layer, **config.layer_kwargs())
         self.lm_head = Linear(config.d_model, config.vocab_size, bias=False)
         init_normal(self)
         if config.tie_embeddings:
@@ -46,7 +51,7 @@ class DecoderLM(nn.Module):
         sliding window of at most capacity, `window` rows: a rolling buffer that holds any number of tokens."""
         w = float_parameter(self)
         c = self.config
-        rows = capacity if c.window is None else min(capacity, c.window)
+        rows = capacity if c.window is None or c.global_layers else min(capacity, c.window)
         return KVCache(c.n_layers, batch_size, c.n_kv_heads or c.n_heads, c.head_dim, rows, device=device or w.device,
                        dtype=dtype or w.dtype)
 
@@ -57,7 +62,7 @@ class DecoderLM(nn.Module):
         not kept). In chunks of PREFILL_CHUNK // B tokens of every row (of `window` tokens for a rolling cache): the
         activations of one chunk at a time, so that the transient memory of a long prompt or a large batch is that of
         a chunk, at the speed of one forward (matrix products of hundreds of rows run at the rate of thousands)."""
-        rolling = is_rolling(cache.capacity, self.config.window)
+        rolling = is_rolling(cache.capacity, self.config.window) and not self.config.global_layers
         chunk = cache.capacity if rolling else max(1, PREFILL_CHUNK // input_ids.shape[0])
         rows = torch.arange(input_ids.shape[0], device=input_ids.device)
         ends = torch.full_like(rows, input_ids.shape[1] - 1) if key_lengths is None else key_lengths - 1  # [B]
@@ -134,23 +139,23 @@ class DecoderLM(nn.Module):
     @classmethod
     def from_hf(cls, model) -> "DecoderLM":
         """A DecoderLM with the config and weights of a Hugging Face GPT2LMHeadModel, LlamaForCausalLM,
-        MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM or Phi3ForCausalLM object (on its device, in its dtype
-        and train/eval mode). See models/hf.py for what is supported; anything else raises ValueError naming the
-        config field."""
+        MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Phi3ForCausalLM or Gemma3ForCausalLM object (on its
+        device, in its dtype and train/eval mode). See models/hf.py for what is supported; anything else raises
+        ValueError naming the config field."""
         return checkpoint.from_hf(cls, DecoderConfig, model)
 
     @classmethod
     def from_pretrained(cls, path, dtype: torch.dtype = torch.float32, quantize: bool = False, *,
                         device=None, mmap: bool = True) -> "DecoderLM":
-        """A DecoderLM (eval mode) from a local directory written by a Hugging Face model's save_pretrained
-        (config.json with model_type gpt2, llama, mistral, qwen2, qwen3 or phi3; model.safetensors or a sharded
+        """A DecoderLM (eval mode) from a local directory written by a Hugging Face model's save_pretrained (config.json
+        with model_type gpt2, llama, mistral, qwen2, qwen3, phi3 or gemma3_text; model.safetensors or a sharded
         model.safetensors.index.json), in `dtype` on `device` (default CPU), without importing transformers.
-        quantize=True returns the weight-only int8 model (pytransformer.quantize), each weight quantized as it is
-        read, so the float weights are never all in memory. A broken directory raises ValueError (FileNotFoundError
-        for a missing path) naming the file and the field or tensor, checked from config.json and the safetensors
-        headers before anything is allocated; integer weights and a tied config whose file holds a different
-        lm_head.weight are refused. On the CPU, weights stored in `dtype` and used as stored (not transposed or
-        quantized; fused ones where their parts follow each other in the file) stay in a private mapping of the file
-        unless mmap=False (models/checkpoint.py)."""
+        quantize=True returns the weight-only int8 model (pytransformer.quantize), each weight quantized as it is read,
+        so the float weights are never all in memory. A broken directory raises ValueError (FileNotFoundError for a
+        missing path) naming the file and the field or tensor, checked from config.json and the safetensors headers
+        before anything is allocated; integer weights and a tied config whose file holds a different lm_head.weight are
+        refused. On the CPU, weights stored in `dtype` and used as stored (not transposed or quantized; fused ones where
+        their parts follow each other in the file) stay in a private mapping of the file unless mmap=False
+        (models/checkpoint.py)."""
         return checkpoint.from_pretrained(cls, DecoderConfig, path, dtype=dtype, device=device, quantize=quantize,
                                           mmap=mmap)

@@ -4,10 +4,10 @@ and from_pretrained (a save_pretrained directory: config.json and safetensors fi
 checkpoint.py loads the tensors; transformers itself is never imported.
 
 Supported model_type values: "gpt2" (GPT2LMHeadModel), "llama", "mistral", "qwen2", "qwen3", "phi3" (their *ForCausalLM)
--> DecoderLM; "bert" (BertModel, or the encoder and pooler of a BertFor* checkpoint) -> EncoderModel; "marian"
-(MarianMTModel, the Helsinki-NLP opus-mt translation models) -> Seq2SeqTransformer. A config field that would make the
-Hugging Face model compute something our model does not, or that is missing, of the wrong type or out of range, raises
-ValueError naming the field; nothing here allocates tensors.
+and "gemma3_text" (Gemma3ForCausalLM) -> DecoderLM; "bert" (BertModel, or the encoder and pooler of a BertFor*
+checkpoint) -> EncoderModel; "marian" (MarianMTModel, the Helsinki-NLP opus-mt translation models) ->
+Seq2SeqTransformer. A config field that would make the Hugging Face model compute something our model does not, or that
+is missing, of the wrong type or out of range, raises ValueError naming the field; nothing here allocates tensors.
 
 Decisions: Hugging Face's q/k/v (and gate/up) projections are concatenated by rows into our fused qkv_proj (and the
 SwiGLU fc1 = gate | up; Phi-3's come fused); RoPE needs no permutation (both use the rotate-half layout). Rope types:
@@ -45,10 +45,12 @@ class Architecture(NamedTuple):
 
 class Source(NamedTuple):
     """The Hugging Face tensors of one of our parameters: concatenated by rows (`rows`: each one's row count; None
-    for a single tensor), or one tensor transposed."""
+    for a single tensor), or one tensor transposed, or one tensor plus `offset` (Gemma's RMSNorm weights, stored as
+    weight - 1; added in float32)."""
     names: tuple[str, ...]
     transpose: bool = False
     rows: tuple[int, ...] | None = None
+    offset: float = 0.0
 
 
 def _activation(d: dict, field: str, default: str) -> str:
@@ -292,6 +294,77 @@ def bert(d: dict, names) -> Architecture:
                         sizes | {"hidden_size": hidden})
 
 
+def _layer_types(d: dict, n_layers: int) -> list[str]:
+    """The config's layer_types: n_layers of "full_attention" and "sliding_attention"; ValueError naming it
+    otherwise."""
+    types = d.get("layer_types")
+    if not (isinstance(types, list) and len(types) == n_layers
+            and all(t in ("full_attention", "sliding_attention") for t in types)):
+        raise ValueError(f"layer_types: expected {n_layers} of 'full_attention' and 'sliding_attention', got {types!r}")
+    return types
+
+
+def gemma3(d: dict, names) -> Architecture:
+    """Gemma3ForCausalLM (model_type gemma3_text: Gemma 3 270M and 1B): sandwich RMSNorms whose weights are stored as
+    weight - 1 (Source.offset), embeddings times sqrt(hidden_size), GeGLU (tanh GELU), q/k norms, heads of head_dim,
+    sliding-window layers (their own rotary base) with full-attention ones among them (layer_types), tied head."""
+    hidden, heads, kv_heads = _heads(d, "hidden_size", "num_attention_heads", "num_key_value_heads", head_width=True)
+    head_dim = _integer(d, "head_dim", 256)
+    n_layers = _layers(d, "num_hidden_layers", names)
+    _require(d, "hidden_activation", "gelu_pytorch_tanh", "gelu_pytorch_tanh")
+    _require(d, "attention_bias", False, False)
+    _require(d, "attention_dropout", 0.0, 0.0)
+    _require(d, "query_pre_attn_scalar", head_dim, head_dim)  # the softmax scale is ours, head_dim ** -0.5
+    for field in ("attn_logit_softcapping", "final_logit_softcapping"):
+        _require(d, field, None)
+    _require(d, "use_bidirectional_attention", False, False)
+    params = d.get("rope_parameters")
+    if not (isinstance(params, dict) and set(params) == {"full_attention", "sliding_attention"}):
+        raise ValueError(f"rope_parameters: expected the full_attention and sliding_attention layers', got {params!r}")
+    theta, scaling = _rope({"rope_parameters": params["full_attention"]})
+    local_theta, local_scaling = _rope({"rope_parameters": params["sliding_attention"]})
+    if local_scaling is not None:
+        raise ValueError(f"rope_parameters: sliding_attention: {local_scaling['rope_type']!r} is not supported "
+                         "(only default)")
+    types = _layer_types(d, n_layers)
+    full = tuple(i for i, t in enumerate(types) if t == "full_attention")
+    window = None if len(full) == n_layers else _integer(d, "sliding_window")
+    mixed = window is not None and bool(full)  # else one rotary base: the sliding layers' when every layer is one
+    theta, scaling = (local_theta, None) if window is not None and not full else (theta, scaling)
+    tied = _flag(d, "tie_word_embeddings", True)
+    sizes = {"vocab_size": _integer(d, "vocab_size"), "hidden_size": hidden,
+             "intermediate_size": _integer(d, "intermediate_size"), "head_dim": head_dim,
+             "num_attention_heads * head_dim": heads * head_dim, "num_key_value_heads * head_dim": kv_heads * head_dim}
+    config = DecoderConfig(vocab_size=sizes["vocab_size"], d_model=hidden, n_heads=heads, n_kv_heads=kv_heads,
+                           d_ff=sizes["intermediate_size"], n_layers=n_layers,
+                           max_len=_integer(d, "max_position_embeddings", 32768), dropout=0.0, activation="geglu",
+                           norm="sandwich", norm_type="rmsnorm", positional="rotary", rope_theta=theta,
+                           rope_scaling=scaling, tie_embeddings=tied, eps=_number(d, "rms_norm_eps", 1e-6), bias=False,
+                           window=window, global_layers=full if mixed else (),
+                           local_rope_theta=local_theta if mixed else None,
+                           d_head=None if head_dim * heads == hidden else head_dim, qk_norm=True,
+                           scale_embeddings=True)
+    qkv = (sizes["num_attention_heads * head_dim"], *[sizes["num_key_value_heads * head_dim"]] * 2)
+
+    def norm(ours, theirs):
+        return {f"{ours}.weight": Source((f"{theirs}.weight",), offset=1.0)}
+    plan = {"embed.tok.weight": Source(("embed_tokens.weight",)), **norm("decoder.norm", "norm")}
+    for i in range(n_layers):
+        p, h = f"decoder.layers.{i}", f"layers.{i}"
+        plan |= (norm(f"{p}.res_self.norm", f"{h}.input_layernorm")
+                 | norm(f"{p}.res_self.out_norm", f"{h}.post_attention_layernorm")
+                 | norm(f"{p}.res_ff.norm", f"{h}.pre_feedforward_layernorm")
+                 | norm(f"{p}.res_ff.out_norm", f"{h}.post_feedforward_layernorm")
+                 | _fused_qkv(f"{p}.self_attn", f"{h}.self_attn.", ("q_proj", "k_proj", "v_proj"), qkv, False)
+                 | norm(f"{p}.self_attn.q_norm", f"{h}.self_attn.q_norm")
+                 | norm(f"{p}.self_attn.k_norm", f"{h}.self_attn.k_norm")
+                 | _module(f"{p}.self_attn.out_proj", f"{h}.self_attn.o_proj", bias=False)
+                 | {f"{p}.ff.fc1.weight": _rows(f"{h}.mlp.", ("gate_proj.weight", "up_proj.weight"),
+                                                (config.d_ff, config.d_ff))}
+                 | _module(f"{p}.ff.fc2", f"{h}.mlp.down_proj", bias=False))
+    return Architecture(config, plan, (), sizes, _head(plan, tied))
+
+
 def marian(d: dict, names) -> Architecture:
     """MarianMTModel: post-norm encoder-decoder, one embedding table (source, target, output), sinusoidal positions
     with the sines first, embeddings scaled by sqrt(d_model)."""
@@ -339,6 +412,7 @@ ARCHITECTURES: dict[str, tuple[str, type, Callable[[dict, set], Architecture]]] 
     "gpt2": ("transformer.", DecoderConfig, gpt2), "llama": ("model.", DecoderConfig, llama),
     "mistral": ("model.", DecoderConfig, llama), "qwen2": ("model.", DecoderConfig, llama),
     "qwen3": ("model.", DecoderConfig, llama), "phi3": ("model.", DecoderConfig, llama),
+    "gemma3_text": ("model.", DecoderConfig, gemma3),
     "bert": ("bert.", EncoderConfig, bert), "marian": ("model.", Seq2SeqConfig, marian)}
 
 

@@ -124,12 +124,17 @@ class TransformerEncoder(nn.Module):
 
 
 class TransformerDecoder(nn.Module):
-    """n_layers decoder layers, plus a final norm for pre/sandwich norm; layer_kwargs go to each layer."""
+    """n_layers decoder layers, plus a final norm for pre/sandwich norm; layer_kwargs go to each layer, and
+    per_layer[i] (a dict, when given) to layer i over them (a layer's own window and rotary, as Gemma 3's)."""
 
-    def __init__(self, n_layers: int, d_model: int, n_heads: int, d_ff: int = 2048, **layer_kwargs):
+    def __init__(self, n_layers: int, d_model: int, n_heads: int, d_ff: int = 2048, *,
+                 per_layer: list[dict] | None = None, **layer_kwargs):
         super().__init__()
-        self.layers = nn.ModuleList(TransformerDecoderLayer(d_model, n_heads, d_ff, **layer_kwargs)
-                                    for _ in range(n_layers))
+        if per_layer is not None and len(per_layer) != n_layers:
+            raise ValueError(f"per_layer: expected {n_layers} dicts (one a layer), got {len(per_layer)}")
+        self.layers = nn.ModuleList(TransformerDecoderLayer(d_model, n_heads, d_ff,
+                                                            **{**layer_kwargs, **(per_layer[i] if per_layer else {})})
+                                    for i in range(n_layers))
         self.norm = _final_norm(d_model, layer_kwargs)
 
     def cache_memory(self, cache: KVCache, memory: Tensor, memory_key_lengths: Tensor | None = None) -> None:

@@ -1,7 +1,7 @@
 """pytransformer.integrations.transformers on tiny random transformers models of every family we load (GPT-2, Llama,
-Mistral with a window shorter than the sequence, Qwen2, Qwen3, Phi-3, BERT): the "pytransformer" attention backend
-against attn_implementation="sdpa" (logits of padded and unpadded batches, greedy generate tokens, gradients of a
-training step, torch.compile(fullgraph=True) with our op in the one graph), its errors, and patch_linears /
+Mistral with a window shorter than the sequence, Qwen2, Qwen3, Phi-3, Gemma 3, BERT): the "pytransformer" attention
+backend against attn_implementation="sdpa" (logits of padded and unpadded batches, greedy generate tokens, gradients
+of a training step, torch.compile(fullgraph=True) with our op in the one graph), its errors, and patch_linears /
 unpatch_linears."""
 import copy
 import subprocess
@@ -31,6 +31,9 @@ FAMILIES = {
     "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**COMMON)),
     "qwen3": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**COMMON, head_dim=16)),
     "phi3": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(**COMMON)),
+    "gemma3": lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
+        **COMMON, head_dim=16, query_pre_attn_scalar=10, sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"])),
     "bert": lambda: transformers.BertForMaskedLM(transformers.BertConfig(
         vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
         max_position_embeddings=64, initializer_range=0.2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,

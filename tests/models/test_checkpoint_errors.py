@@ -158,8 +158,8 @@ def test_truncated_or_corrupt_safetensors(folders, tmp_path, cut):
 def test_model_type_is_named_first(folders, tmp_path):
     """Item 7: a BERT folder (here with an activation we do not support) given to DecoderLM names model_type."""
     path = _copy(folders["bert"], tmp_path / "bert", hidden_act="quick_gelu")
-    _raises(path, r"config.json: model_type: 'bert' is not a DecoderLM architecture \(those are \['gpt2', 'llama', "
-                  r"'mistral', 'phi3', 'qwen2', 'qwen3'\]\)")
+    _raises(path, r"config.json: model_type: 'bert' is not a DecoderLM architecture \(those are \['gemma3_text', "
+                  r"'gpt2', 'llama', 'mistral', 'phi3', 'qwen2', 'qwen3'\]\)")
     _raises(_copy(folders["llama"], tmp_path / "llama"), r"model_type: 'llama' is not a EncoderModel", EncoderModel)
 
 

@@ -21,6 +21,10 @@ def tiny(**overrides):
 
 
 LLAMA_SHAPE = {"positional": "rotary", "activation": "swiglu", "norm_type": "rmsnorm", "norm": "pre", "n_kv_heads": 2}
+# Gemma 3's: windowed layers and a full one (each its rotary base), sandwich norms, GeGLU, q/k norms, heads of 12
+GEMMA_SHAPE = {"positional": "rotary", "activation": "geglu", "norm_type": "rmsnorm", "norm": "sandwich",
+               "n_kv_heads": 2, "window": 4, "global_layers": (1,), "local_rope_theta": 100.0, "qk_norm": True,
+               "d_head": 12, "scale_embeddings": True}
 
 
 @pytest.mark.parametrize("norm", ["post", "pre", "sandwich"])
@@ -34,11 +38,23 @@ def test_cached_generation_equals_uncached(norm, n_kv_heads):
 
 
 @pytest.mark.parametrize("overrides", [{"positional": "rotary"}, {"positional": "sinusoidal", "window": 4},
-                                       {"activation": "swiglu", "positional": "rotary", "n_kv_heads": 2}])
+                                       {"activation": "swiglu", "positional": "rotary", "n_kv_heads": 2},
+                                       GEMMA_SHAPE, {**GEMMA_SHAPE, "n_layers": 3, "global_layers": (0, 2)}])
 def test_cached_generation_other_variants(overrides):
     model = tiny(**overrides)
     prompt = torch.randint(0, V, (2, 5))
     assert torch.equal(model.generate(prompt, 10), model.generate(prompt, 10, use_cache=False))
+
+
+def test_per_layer_windows_and_rotary():
+    model = tiny(**GEMMA_SHAPE)
+    attn = [layer.self_attn for layer in model.decoder.layers]
+    assert [a.window for a in attn] == [4, None] and [a.rotary.base for a in attn] == [100.0, 10000.0]
+    assert model.embed.scale == 32 ** 0.5 and model.new_cache(1, 10).capacity == 10
+    with pytest.raises(ValueError, match="global_layers: only with a window"):
+        gpt2_small(global_layers=(0,))
+    with pytest.raises(ValueError, match="global_layers: expected layer indices in"):
+        gpt2_small(n_layers=2, window=4, global_layers=(2,))
 
 
 def test_cached_logits_match_full_forward():
@@ -52,7 +68,7 @@ def test_cached_logits_match_full_forward():
 
 
 @pytest.mark.parametrize("overrides,padded", [({}, False), ({"positional": "rotary", "window": 5}, False),
-                                              ({"positional": "rotary", "n_kv_heads": 2}, True)])
+                                              ({"positional": "rotary", "n_kv_heads": 2}, True), (GEMMA_SHAPE, True)])
 def test_prefill_in_chunks_equals_one_forward(monkeypatch, overrides, padded):
     """A prompt of several PREFILL_CHUNKs (and a partial one): each chunk attends to the rows of those before it,
     through the tiled kernel while every row holds the same count, after a padded chunk through decode_attention."""
@@ -197,6 +213,10 @@ def test_generate_compiled_equals_eager():
     rolling = tiny(positional="rotary", window=4)  # a cache of `window` rows: the rolling buffer
     prompt = torch.randint(0, V, (2, 6))
     assert torch.equal(rolling.generate(prompt, 9, compile=True), rolling.generate(prompt, 9))
+    gemma = tiny(**GEMMA_SHAPE)  # windowed and full layers: a cache of `window` rows is a rolling buffer for some
+    for length, new in ((2, 2), (3, 9)):
+        prompt = torch.randint(0, V, (2, length))
+        assert torch.equal(gemma.generate(prompt, new, compile=True), gemma.generate(prompt, new))
     int8 = quantize(model)  # an int8 model over a bfloat16 cache (half the cache memory of float32)
     prompt = torch.randint(0, V, (2, 5))
     assert torch.equal(int8.generate(prompt, 7, compile=True, cache_dtype=torch.bfloat16),

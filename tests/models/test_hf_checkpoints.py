@@ -1,6 +1,7 @@
 """Hugging Face checkpoints without a download: tiny random Llama (tied; llama3 rope scaling with an untied head),
 Mistral (sliding window shorter than the sequence: the rolling cache wraps; heads wider than hidden_size / heads),
-Qwen2 (Q/K/V biases), Qwen3 (q/k norms, wider heads too), Phi-3 (fused q|k|v and gate|up, a window), GPT-2 and BERT
+Qwen2 (Q/K/V biases), Qwen3 (q/k norms, wider heads too), Phi-3 (fused q|k|v and gate|up, a window), Gemma 3 (a
+windowed and a full layer, each its rotary base; sandwich norms stored as weight - 1; GeGLU), GPT-2 and BERT
 built with transformers and saved with save_pretrained (one sharded), loaded by from_hf and from_pretrained: logits
 and greedy tokens equal Hugging Face's (batch 1, and batch 3 padded), torch.compile, bfloat16, int8, errors."""
 import contextlib
@@ -24,6 +25,8 @@ COMMON = {"vocab_size": V, "hidden_size": 64, "intermediate_size": 128, "num_hid
           "initializer_range": 0.3, "pad_token_id": 0, "bos_token_id": None, "eos_token_id": None}
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 32, "rope_theta": 500000.0}
+GEMMA3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+               "full_attention": {"rope_type": "default", "rope_theta": 100.0}}
 DECODERS = {
     "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, tie_word_embeddings=True)),
     "llama3": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, rope_parameters=LLAMA3,
@@ -34,6 +37,9 @@ DECODERS = {
     "qwen3": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**COMMON, head_dim=24,
                                                                            tie_word_embeddings=True)),
     "phi3": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(**COMMON, sliding_window=12)),
+    "gemma3": lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
+        **COMMON, head_dim=24, query_pre_attn_scalar=24, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"], rope_parameters=GEMMA3_ROPE)),
     "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=V, n_embd=64, n_layer=2, n_head=4, n_positions=256, initializer_range=0.3, bos_token_id=None,
         eos_token_id=None, pad_token_id=0)),
@@ -108,6 +114,15 @@ def test_config_translation(saved):
     layer, theirs = phi3.decoder.layers[1], hf.model.layers[1]
     assert torch.equal(layer.self_attn.qkv_proj.weight, theirs.self_attn.qkv_proj.weight)
     assert torch.equal(layer.ff.fc1.weight, theirs.mlp.gate_up_proj.weight)
+    hf, path = saved["gemma3"]
+    gemma = DecoderLM.from_pretrained(path)
+    c, layers = gemma.config, gemma.decoder.layers
+    assert (c.window, c.global_layers, c.rope_theta, c.local_rope_theta) == (8, (1,), 100.0, 10000.0)
+    assert (layers[0].self_attn.window, layers[1].self_attn.window) == (8, None)
+    assert layers[0].self_attn.rotary.base == 10000.0 and layers[1].self_attn.rotary.base == 100.0
+    assert c.norm == "sandwich" and c.activation == "geglu" and c.scale_embeddings and c.d_head == 24
+    assert torch.equal(layers[1].res_ff.out_norm.weight, 1 + hf.model.layers[1].post_feedforward_layernorm.weight)
+    assert gemma.new_cache(1, 100).capacity == 100  # a full layer needs every position: no rolling buffer
 
 
 @pytest.mark.parametrize("name", list(DECODERS))
@@ -135,7 +150,7 @@ def test_gpt2_greedy_256_tokens_match_generate(batch):
     assert torch.equal(DecoderLM.from_hf(hf).generate(ids, 256), expected)
 
 
-@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "qwen3", "phi3", "gpt2"])
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3", "gpt2"])
 def test_padded_batch_matches_generate(saved, name):
     """Our right-padded prompts (key_lengths) against Hugging Face's left-padded ones (attention_mask)."""
     hf, path = saved[name]
@@ -150,13 +165,22 @@ def test_padded_batch_matches_generate(saved, name):
     assert torch.equal(got, expected)
 
 
+def test_gemma3_cache_of_the_window_size(saved):
+    """A cache of exactly `window` rows: the windowed layers take it as a rolling buffer, the full one as a plain
+    cache (both hold positions 0 .. 7 in order); the tokens are transformers'."""
+    hf, path = saved["gemma3"]
+    ids = torch.randint(1, V, (2, 3))
+    expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False)
+    assert torch.equal(DecoderLM.from_pretrained(path).generate(ids, 5), expected)
+
+
 def test_mistral_rolling_cache_wraps(saved):
     ours = DecoderLM.from_pretrained(saved["mistral"][1])
     cache = ours.new_cache(1, 7 + NEW)
     assert cache.capacity == ours.config.window == 8  # a rolling buffer: 71 tokens through 8 rows
 
 
-@pytest.mark.parametrize("name", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("name", ["qwen2", "qwen3", "gemma3"])
 def test_compiled_forward(saved, name):
     hf, path = saved[name]
     ours = DecoderLM.from_pretrained(path)
@@ -187,7 +211,7 @@ def test_bfloat16_and_int8(saved):
     assert int8.generate(ids, 5).shape == (2, 17)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama3", "qwen3"])  # tied and untied LM head, q/k norms
+@pytest.mark.parametrize("name", ["gpt2", "llama3", "qwen3", "gemma3"])  # tied and untied head, q/k norms
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int8_load_quantizes_as_it_reads(saved, name, dtype):
     """from_pretrained(quantize=True) quantizes each weight as it is read: the same int8 model, to the bit, as
@@ -259,6 +283,29 @@ def test_missing_files(saved, tmp_path):
 def test_unsupported_or_mismatched_config(saved, tmp_path, changes, match):
     with pytest.raises(ValueError, match=match):
         DecoderLM.from_pretrained(_copy(saved["llama"][1], tmp_path / "changed", **changes))
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"query_pre_attn_scalar": 256}, "query_pre_attn_scalar"), ({"final_logit_softcapping": 30.0}, "final_logit"),
+    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"), ({"hidden_activation": "gelu"}, "hidden_activation"),
+    ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ({"layer_types": ["full_attention"]}, "layer_types"), ({"layer_types": ["local", "global"]}, "layer_types"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope_parameters"),
+    ({"rope_parameters": {**GEMMA3_ROPE, "sliding_attention": {"rope_type": "linear", "factor": 8.0}}},
+     "sliding_attention: 'linear'"),
+])
+def test_gemma3_unsupported_config(saved, tmp_path, changes, match):
+    with pytest.raises(ValueError, match=match):
+        DecoderLM.from_pretrained(_copy(saved["gemma3"][1], tmp_path / "changed", **changes))
+
+
+@pytest.mark.parametrize("types, window, theta", [(["sliding_attention"] * 2, 8, 10000.0),
+                                                  (["full_attention"] * 2, None, 100.0)])
+def test_gemma3_one_kind_of_layer(saved, tmp_path, types, window, theta):
+    """Every layer windowed (one rotary, the sliding layers') or none: no per-layer settings."""
+    config = DecoderLM.from_pretrained(_copy(saved["gemma3"][1], tmp_path / "one", layer_types=types)).config
+    assert (config.window, config.global_layers, config.rope_theta) == (window, (), theta)
+    assert config.local_rope_theta is None
 
 
 @pytest.mark.parametrize("field", ["resid_pdrop", "embd_pdrop", "attention_dropout"])
