@@ -104,6 +104,7 @@ def test_llamacpp_engines_only_for_llama_on_cpu(monkeypatch):
     assert generate.engines("cpu", "int8", False, "llama")[-1] == "llama.cpp q8_0"
     assert generate.engines("cpu", "float32", False, "llama-1b")[-1] == "llama.cpp f32"
     assert generate.engines("cpu", "float32", False, "qwen3-0.6b")[-1] == "llama.cpp f32"
+    assert generate.engines("cpu", "float32", False, "gemma3-270m")[-1] == "llama.cpp f32"
     assert not any(e.startswith("llama.cpp") for e in generate.engines("cpu", "float32", False, "gpt2"))
 
 
@@ -134,6 +135,16 @@ def test_qwen3_is_qwen3_0_6bs_shape():
         1024, 3072, 16, 8, 128)
     per_layer = 2 * 1024 * 2048 + 2 * 1024 * 1024 + 3 * 1024 * 3072 + 2 * 1024 + 2 * 128
     assert sum(p.numel() for p in hf.parameters()) == 28 * per_layer + 151936 * 1024 + 1024  # 596M
+
+
+def test_gemma3_is_gemma_3_270ms_shape():
+    with torch.device("meta"):
+        hf = generate.hf_model("gemma3-270m", "meta")
+    c = hf.config
+    assert type(hf).__name__ == "Gemma3ForCausalLM" and c.tie_word_embeddings and c.sliding_window == 512
+    assert c.layer_types.count("full_attention") == 3 and c.layer_types[5] == "full_attention"
+    per_layer = 640 * 1024 + 2 * 640 * 256 + 1024 * 640 + 3 * 640 * 2048 + 4 * 640 + 2 * 256
+    assert sum(p.numel() for p in hf.parameters()) == 18 * per_layer + 262144 * 640 + 640  # 268M
 
 
 def test_q8_0_leaves_extra_buffer_types_off_on_amx(monkeypatch):

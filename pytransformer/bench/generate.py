@@ -1,6 +1,6 @@
 """Generation throughput (greedy tokens/s) of DecoderLM (and of Seq2SeqTransformer translating) against Hugging Face
 `generate` and, when their packages are installed, CTranslate2's Generator or Translator (`ctranslate2`) and llama.cpp
-(`llama_cpp`, llama-cpp-python; the Llama and Qwen3 models), on the same weights, prompts and thread count, timed in
+(`llama_cpp`, llama-cpp-python; the Llama, Qwen3 and Gemma 3 models), on the same weights, prompts and thread count, timed in
 turns.
 
 The model is a random Hugging Face model, float32, saved with save_pretrained to a temporary folder, with a word-level
@@ -18,6 +18,8 @@ bfloat16, and every engine loads that folder, so that each can keep the weights 
 - `--model qwen3-0.6b`: Qwen3-0.6B's shape (596M parameters, a quarter of them the tied vocabulary of 151936; 28
   layers of 16 query heads of 128 sharing 8 KV heads, wider than d_model 1024; q/k norms), a model llama.cpp's users
   run.
+- `--model gemma3-270m`: Gemma 3 270M's shape (268M parameters, 168M of them the tied vocabulary of 262144; 18 layers
+  of 4 query heads of 256 sharing one KV head, five of every six with a window of 512).
 - `--model marian`: translation with the shape of Helsinki-NLP's opus-mt-en-de (a Marian encoder-decoder, 6+6
   layers, d_model 512, 74M parameters): the prompt is the source sentence, the new tokens its translation, decoded
   from the pad id (never generated, as the opus-mt models' bad_words_ids say) and exactly that many (no EOS before:
@@ -62,18 +64,27 @@ CACHE_DTYPES = {"int8": torch.bfloat16}
 # 12 layers, d_model 768, 12 query heads sharing 3 KV heads, SwiGLU 2048, vocabulary 32000: 124M parameters
 LLAMA_SHAPE = dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
                    num_attention_heads=12, num_key_value_heads=3, tie_word_embeddings=False)
-# The decoder shapes of --model besides gpt2, each with its transformers family: "llama" (GPT-2 small's size),
+# The decoder shapes of --model besides gpt2, each with its transformers model class: "llama" (GPT-2 small's size),
 # "llama-1b", TinyLlama-1.1B's shape (22 layers, d_model 2048, 32 query heads sharing 4 KV heads, SwiGLU 5632,
-# vocabulary 32000: 1.1B parameters), and "qwen3-0.6b", Qwen3-0.6B's (28 layers, d_model 1024, 16 query heads of 128
-# sharing 8 KV heads, q/k norms, SwiGLU 3072, a tied vocabulary of 151936: 596M parameters), sizes that llama.cpp's
-# users run.
+# vocabulary 32000: 1.1B parameters), "qwen3-0.6b", Qwen3-0.6B's (28 layers, d_model 1024, 16 query heads of 128
+# sharing 8 KV heads, q/k norms, SwiGLU 3072, a tied vocabulary of 151936: 596M parameters), and "gemma3-270m", Gemma 3
+# 270M's (18 layers, d_model 640, 4 query heads of 256 sharing one KV head, every sixth layer full attention and the
+# others a window of 512, GeGLU 2048, a tied vocabulary of 262144: 268M parameters, 168M of them the embedding), sizes
+# that llama.cpp's users run.
+GEMMA3_LAYERS = (["sliding_attention"] * 5 + ["full_attention"]) * 3
 DECODER_SHAPES = {
-    "llama": ("Llama", LLAMA_SHAPE),
-    "llama-1b": ("Llama", dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-                               num_attention_heads=32, num_key_value_heads=4, tie_word_embeddings=False)),
-    "qwen3-0.6b": ("Qwen3", dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-                                 max_position_embeddings=40960))}
+    "llama": ("LlamaForCausalLM", LLAMA_SHAPE),
+    "llama-1b": ("LlamaForCausalLM", dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                                          num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
+                                          tie_word_embeddings=False)),
+    "qwen3-0.6b": ("Qwen3ForCausalLM", dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                                            num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                                            head_dim=128, tie_word_embeddings=True, max_position_embeddings=40960)),
+    "gemma3-270m": ("Gemma3ForCausalLM", dict(vocab_size=262144, hidden_size=640, intermediate_size=2048,
+                                              num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1,
+                                              head_dim=256, query_pre_attn_scalar=256, sliding_window=512,
+                                              layer_types=GEMMA3_LAYERS, max_position_embeddings=32768,
+                                              tie_word_embeddings=True, pad_token_id=0))}
 # Helsinki-NLP/opus-mt-en-de's shape: 6+6 layers, d_model 512, 8 heads, FFN 2048 (SiLU), a vocabulary of 58101 whose
 # last id is the pad id the decoder starts from: 74M parameters.
 MARIAN_SHAPE = dict(vocab_size=58101, d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
@@ -93,9 +104,8 @@ def timed(fn, device) -> float:
 
 
 def hf_model(name: str, device, **config):
-    """A random Hugging Face GPT2LMHeadModel ("gpt2"), MarianMTModel ("marian") or LlamaForCausalLM or
-    Qwen3ForCausalLM (a name of DECODER_SHAPES) (float32, eval); `config` overrides the shape's settings (e.g.
-    num_hidden_layers)."""
+    """A random Hugging Face GPT2LMHeadModel ("gpt2"), MarianMTModel ("marian") or the model class of a name of
+    DECODER_SHAPES (float32, eval); `config` overrides the shape's settings (e.g. num_hidden_layers)."""
     import transformers
     torch.manual_seed(0)
     if name == "gpt2":
@@ -103,9 +113,9 @@ def hf_model(name: str, device, **config):
     elif name == "marian":
         model = transformers.MarianMTModel(transformers.MarianConfig(**{**MARIAN_SHAPE, **config}))
     else:
-        family, shape = DECODER_SHAPES[name]
-        settings = getattr(transformers, f"{family}Config")(**{**shape, **config})
-        model = getattr(transformers, f"{family}ForCausalLM")(settings)
+        model_class, shape = DECODER_SHAPES[name]
+        model_class = getattr(transformers, model_class)
+        model = model_class(model_class.config_class(**{**shape, **config}))
     return model.to(device).eval()
 
 
@@ -516,7 +526,8 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=["gpt2", *DECODER_SHAPES, "marian"], default="gpt2",
                    help="gpt2: GPT-2 small's shape; llama: a Llama of that size; llama-1b: TinyLlama-1.1B's shape; "
-                        "qwen3-0.6b: Qwen3-0.6B's shape; marian: translation, opus-mt-en-de's shape")
+                        "qwen3-0.6b: Qwen3-0.6B's shape; gemma3-270m: Gemma 3 270M's shape; marian: translation, "
+                        "opus-mt-en-de's shape")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "int8"], default=["float32", "int8"])
@@ -543,7 +554,8 @@ def main(argv=None):
     except ImportError:
         p.error("the generation benchmark needs transformers and tokenizers (pip install transformers tokenizers)")
     shape = {"gpt2": "GPT-2 small shape", "marian": f"Marian translation, opus-mt-en-de's shape ({MARIAN_SHAPE})"}.get(
-        args.model) or "{} shape ({})".format(*DECODER_SHAPES[args.model])
+        args.model) or "{} shape ({})".format(DECODER_SHAPES[args.model][0].removesuffix("ForCausalLM"),
+                                              DECODER_SHAPES[args.model][1])
     desc = f"{shape}, {count_parameters(hf) / 1e6:.1f}M parameters, random weights"
     print(f"device: {device_name(args.device)}\n| batch | prompt | variant | dtype | new tokens | tokens/s |\n"
           "|---|---|---|---|---|---|", flush=True)

@@ -319,10 +319,14 @@ def gemma3(d: dict, names) -> Architecture:
         _require(d, field, None)
     _require(d, "use_bidirectional_attention", False, False)
     params = d.get("rope_parameters")
-    if not (isinstance(params, dict) and set(params) == {"full_attention", "sliding_attention"}):
+    if params is None:  # as transformers 4 saved it: rope_theta and rope_scaling, rope_local_base_freq
+        theta, scaling = _rope(d)
+        local_theta, local_scaling = _number(d, "rope_local_base_freq", 10000.0, least=1e-30), None
+    elif isinstance(params, dict) and set(params) == {"full_attention", "sliding_attention"}:
+        theta, scaling = _rope({"rope_parameters": params["full_attention"]})
+        local_theta, local_scaling = _rope({"rope_parameters": params["sliding_attention"]})
+    else:
         raise ValueError(f"rope_parameters: expected the full_attention and sliding_attention layers', got {params!r}")
-    theta, scaling = _rope({"rope_parameters": params["full_attention"]})
-    local_theta, local_scaling = _rope({"rope_parameters": params["sliding_attention"]})
     if local_scaling is not None:
         raise ValueError(f"rope_parameters: sliding_attention: {local_scaling['rope_type']!r} is not supported "
                          "(only default)")

@@ -291,12 +291,20 @@ def test_unsupported_or_mismatched_config(saved, tmp_path, changes, match):
     ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
     ({"layer_types": ["full_attention"]}, "layer_types"), ({"layer_types": ["local", "global"]}, "layer_types"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope_parameters"),
+    ({"rope_parameters": None, "rope_local_base_freq": "1e4"}, "rope_local_base_freq"),
     ({"rope_parameters": {**GEMMA3_ROPE, "sliding_attention": {"rope_type": "linear", "factor": 8.0}}},
      "sliding_attention: 'linear'"),
 ])
 def test_gemma3_unsupported_config(saved, tmp_path, changes, match):
     with pytest.raises(ValueError, match=match):
         DecoderLM.from_pretrained(_copy(saved["gemma3"][1], tmp_path / "changed", **changes))
+
+
+def test_gemma3_config_as_transformers_4_saved_it(saved, tmp_path):
+    """rope_theta (the full layers') and rope_local_base_freq in place of rope_parameters: the same model."""
+    path = _copy(saved["gemma3"][1], tmp_path / "v4", rope_parameters=None, rope_theta=100.0,
+                 rope_local_base_freq=10000.0, rope_scaling=None)
+    assert DecoderLM.from_pretrained(path).config == DecoderLM.from_pretrained(saved["gemma3"][1]).config
 
 
 @pytest.mark.parametrize("types, window, theta", [(["sliding_attention"] * 2, 8, 10000.0),
