@@ -379,7 +379,7 @@ FIELDS = ("vocab_size", "hidden_size", "n_embd", "num_attention_heads", "n_head"
           "n_inner", "rope_parameters", "head_dim", "d_model", "encoder_layers", "decoder_layers",
           "encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim",
           "activation_function", "scale_embedding", "share_encoder_decoder_embeddings", "decoder_vocab_size",
-          "layer_types", "sliding_window", "query_pre_attn_scalar", "hidden_activation")
+          "layer_types", "sliding_window", "query_pre_attn_scalar", "hidden_activation", "sliding_window_pattern")
 DELETE = "<deleted>"
 VALUES = (DELETE, None, 0, -1, "64", 3e8, 10 ** 10, [1], {}, True, 1.5, "llama", "bert", 16, 2)
 MUTATIONS = {  # kind -> number of variants j

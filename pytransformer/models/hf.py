@@ -295,9 +295,13 @@ def bert(d: dict, names) -> Architecture:
 
 
 def _layer_types(d: dict, n_layers: int) -> list[str]:
-    """The config's layer_types: n_layers of "full_attention" and "sliding_attention"; ValueError naming it
-    otherwise."""
+    """The config's layer_types: n_layers of "full_attention" and "sliding_attention" (absent, as in configs saved
+    before transformers wrote it: every sliding_window_pattern-th layer full, by default every sixth, as transformers
+    derives them); ValueError naming the field otherwise."""
     types = d.get("layer_types")
+    if types is None:
+        pattern = _integer(d, "sliding_window_pattern", 6)
+        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n_layers)]
     if not (isinstance(types, list) and len(types) == n_layers
             and all(t in ("full_attention", "sliding_attention") for t in types)):
         raise ValueError(f"layer_types: expected {n_layers} of 'full_attention' and 'sliding_attention', got {types!r}")

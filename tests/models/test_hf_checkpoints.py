@@ -290,6 +290,7 @@ def test_unsupported_or_mismatched_config(saved, tmp_path, changes, match):
     ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"), ({"hidden_activation": "gelu"}, "hidden_activation"),
     ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
     ({"layer_types": ["full_attention"]}, "layer_types"), ({"layer_types": ["local", "global"]}, "layer_types"),
+    ({"layer_types": None, "sliding_window_pattern": 0}, "sliding_window_pattern"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "rope_parameters"),
     ({"rope_parameters": None, "rope_local_base_freq": "1e4"}, "rope_local_base_freq"),
     ({"rope_parameters": {**GEMMA3_ROPE, "sliding_attention": {"rope_type": "linear", "factor": 8.0}}},
@@ -305,6 +306,16 @@ def test_gemma3_config_as_transformers_4_saved_it(saved, tmp_path):
     path = _copy(saved["gemma3"][1], tmp_path / "v4", rope_parameters=None, rope_theta=100.0,
                  rope_local_base_freq=10000.0, rope_scaling=None)
     assert DecoderLM.from_pretrained(path).config == DecoderLM.from_pretrained(saved["gemma3"][1]).config
+
+
+@pytest.mark.parametrize("pattern, full", [(2, (1,)), (None, ())])  # transformers' default: every sixth layer
+def test_gemma3_config_without_layer_types(saved, tmp_path, pattern, full):
+    """sliding_window_pattern in place of layer_types (the Gemma 3 1B config.json): every pattern-th layer full."""
+    changes = {"layer_types": None} | ({} if pattern is None else {"sliding_window_pattern": pattern})
+    config = DecoderLM.from_pretrained(_copy(saved["gemma3"][1], tmp_path / "pattern", **changes)).config
+    assert config.window == 8 and config.global_layers == full
+    hf = transformers.Gemma3TextConfig.from_pretrained(tmp_path / "pattern")
+    assert tuple(i for i, t in enumerate(hf.layer_types) if t == "full_attention") == full
 
 
 @pytest.mark.parametrize("types, window, theta", [(["sliding_attention"] * 2, 8, 10000.0),
