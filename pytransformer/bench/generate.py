@@ -1,7 +1,7 @@
 """Generation throughput (greedy tokens/s) of DecoderLM (and of Seq2SeqTransformer translating) against Hugging Face
 `generate` and, when their packages are installed, CTranslate2's Generator or Translator (`ctranslate2`) and llama.cpp
-(`llama_cpp`, llama-cpp-python; the Llama, Qwen3 and Gemma 3 models), on the same weights, prompts and thread count, timed in
-turns.
+(`llama_cpp`, llama-cpp-python; the Llama, Qwen3 and Gemma 3 models), on the same weights, prompts and thread count,
+timed in turns.
 
 The model is a random Hugging Face model, float32, saved with save_pretrained to a temporary folder, with a word-level
 vocabulary "t0", "t1", ... (so CTranslate2's token strings map one to one to ids). Each engine loads it from there:
@@ -401,9 +401,9 @@ def measure(calls: dict, dtype, folder: Path, device, batch_sizes, prompt_len, v
 def engines(device, dtype: str, uncached: bool, model: str) -> list[str]:
     """The engines to time in `dtype`: ours, eager and (a decoder) with each decoding step compiled
     (generate(compile=True); on the CPU the warm-up call compiles it, on CUDA every call captures it in a CUDA graph)
-    (and ours without the KV cache; int8 also ours with x quantized to 8 bits), Hugging Face's (int8 on the CPU only: torch's dynamic quantization has no CUDA kernels), and on the CPU when their
-    packages are installed CTranslate2's and, for DECODER_SHAPES, llama.cpp's in each of its GGUF types for `dtype`
-    ("llama.cpp f32", ...)."""
+    (and ours without the KV cache; int8 also ours with x quantized to 8 bits), Hugging Face's (int8 on the CPU
+    only: torch's dynamic quantization has no CUDA kernels), and on the CPU when their packages are installed
+    CTranslate2's and, for DECODER_SHAPES, llama.cpp's in each of its GGUF types for `dtype` ("llama.cpp f32", ...)."""
     cpu = torch.device(device).type == "cpu"
     names = ["ours"] + (["ours, compiled"] if model != "marian" else []) + (["ours, no cache"] if uncached else [])
     names += ["ours, x 8 bits"] if dtype == "int8" else []

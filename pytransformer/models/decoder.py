@@ -51,7 +51,7 @@ class DecoderLM(nn.Module):
         sliding window of at most capacity, `window` rows: a rolling buffer that holds any number of tokens."""
         w = float_parameter(self)
         c = self.config
-        rows = capacity if c.window is None or c.global_layers else min(capacity, c.window)
+        rows = capacity if c.cache_window is None else min(capacity, c.cache_window)
         return KVCache(c.n_layers, batch_size, c.n_kv_heads or c.n_heads, c.head_dim, rows, device=device or w.device,
                        dtype=dtype or w.dtype)
 
@@ -62,7 +62,7 @@ class DecoderLM(nn.Module):
         not kept). In chunks of PREFILL_CHUNK // B tokens of every row (of `window` tokens for a rolling cache): the
         activations of one chunk at a time, so that the transient memory of a long prompt or a large batch is that of
         a chunk, at the speed of one forward (matrix products of hundreds of rows run at the rate of thousands)."""
-        rolling = is_rolling(cache.capacity, self.config.window) and not self.config.global_layers
+        rolling = is_rolling(cache.capacity, self.config.cache_window)
         chunk = cache.capacity if rolling else max(1, PREFILL_CHUNK // input_ids.shape[0])
         rows = torch.arange(input_ids.shape[0], device=input_ids.device)
         ends = torch.full_like(rows, input_ids.shape[1] - 1) if key_lengths is None else key_lengths - 1  # [B]

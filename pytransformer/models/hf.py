@@ -193,21 +193,56 @@ def _rope(d: dict) -> tuple[float, dict | None]:
     return params["rope_theta"], None if kind == "default" else {**params, "rope_type": kind}
 
 
+def _layer_types(d: dict, n_layers: int, derived: Callable[[int], str]) -> list[str]:
+    """The config's layer_types: n_layers of "full_attention" and "sliding_attention"; where absent (configs saved
+    before transformers wrote it), derived(i) for each layer i, as transformers derives them; ValueError naming the
+    field otherwise."""
+    types = d.get("layer_types")
+    types = [derived(i) for i in range(n_layers)] if types is None else types
+    if not (isinstance(types, list) and len(types) == n_layers
+            and all(t in ("full_attention", "sliding_attention") for t in types)):
+        raise ValueError(f"layer_types: expected {n_layers} of 'full_attention' and 'sliding_attention', got {types!r}")
+    return types
+
+
 def _window(d: dict, n_layers: int) -> int | None:
     """The sliding window of every layer (None: full attention); ValueError for a mix of full and windowed layers."""
     if d["model_type"] in ("mistral", "phi3"):
         return None if d.get("sliding_window") is None else _integer(d, "sliding_window")
     if d["model_type"] == "llama" or not _flag(d, "use_sliding_window", False):
         return None
-    types = d.get("layer_types")
-    if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
-        raise ValueError(f"layer_types: expected a list of strings, got {types!r}")
-    kinds = set(types or ["full_attention" if i < _integer(d, "max_window_layers", n_layers, least=0)
-                          else "sliding_attention" for i in range(n_layers)])
+    kinds = set(_layer_types(d, n_layers, lambda i: "full_attention" if i < _integer(
+        d, "max_window_layers", n_layers, least=0) else "sliding_attention"))
     if len(kinds) > 1:
         raise ValueError(f"layer_types: {d['model_type']} with use_sliding_window and max_window_layers mixes full and"
                          " sliding-window attention layers, which is not supported (one window for all layers)")
     return _integer(d, "sliding_window") if kinds == {"sliding_attention"} else None
+
+
+def _head_sizes(d: dict, default_head_dim: int | None = None) -> tuple[dict, dict]:
+    """A decoder whose heads may have a width of their own (head_dim; default hidden_size // num_attention_heads, or
+    default_head_dim): (the config's sizes, our config's d_model, n_heads, n_kv_heads and d_head (None: the
+    default width))."""
+    hidden, heads, kv_heads = _heads(d, "hidden_size", "num_attention_heads", "num_key_value_heads", head_width=True)
+    head_dim = _integer(d, "head_dim", default_head_dim or hidden // heads)
+    return ({"vocab_size": _integer(d, "vocab_size"), "hidden_size": hidden,
+             "intermediate_size": _integer(d, "intermediate_size"), "head_dim": head_dim,
+             "num_attention_heads * head_dim": heads * head_dim, "num_key_value_heads * head_dim": kv_heads * head_dim},
+            {"d_model": hidden, "n_heads": heads, "n_kv_heads": kv_heads,
+             "d_head": None if head_dim * heads == hidden else head_dim})
+
+
+def _gated_mlp(p: str, h: str, d_ff: int, fused: bool = False) -> dict:
+    """Our fc1 (gate | up rows) and fc2 from a gated MLP's gate_proj and up_proj (fused: its gate_up_proj, Phi-3's)
+    and down_proj."""
+    fc1 = (_module(f"{p}.ff.fc1", f"{h}.mlp.gate_up_proj", bias=False) if fused else
+           {f"{p}.ff.fc1.weight": _rows(f"{h}.mlp.", ("gate_proj.weight", "up_proj.weight"), (d_ff, d_ff))})
+    return fc1 | _module(f"{p}.ff.fc2", f"{h}.mlp.down_proj", bias=False)
+
+
+def _qkv_rows(sizes: dict) -> tuple[int, int, int]:
+    """The rows of q, k and v in our fused qkv_proj."""
+    return (sizes["num_attention_heads * head_dim"], *[sizes["num_key_value_heads * head_dim"]] * 2)
 
 
 def llama(d: dict, names) -> Architecture:
@@ -215,8 +250,7 @@ def llama(d: dict, names) -> Architecture:
     (an RMSNorm over each head of q and k before rotary) and Phi3ForCausalLM (q|k|v and gate|up fused in the
     checkpoint as in ours; sliding window): pre-RMSNorm, rotary (rotate-half, as ours: no permutation), SwiGLU (fc1
     rows = gate_proj | up_proj), GQA, heads of head_dim (default hidden_size // num_attention_heads)."""
-    hidden, heads, kv_heads = _heads(d, "hidden_size", "num_attention_heads", "num_key_value_heads", head_width=True)
-    head_dim = _integer(d, "head_dim", hidden // heads)
+    sizes, heads = _head_sizes(d)
     n_layers = _layers(d, "num_hidden_layers", names)
     _require(d, "hidden_act", "silu", "silu")
     for field in ("attention_bias", "mlp_bias"):
@@ -226,34 +260,24 @@ def llama(d: dict, names) -> Architecture:
         _require(d, field, 0.0, 0.0)
     theta, scaling = _rope(d)
     tied = _flag(d, "tie_word_embeddings", False)
-    sizes = {"vocab_size": _integer(d, "vocab_size"), "hidden_size": hidden,
-             "intermediate_size": _integer(d, "intermediate_size"), "head_dim": head_dim,
-             "num_attention_heads * head_dim": heads * head_dim, "num_key_value_heads * head_dim": kv_heads * head_dim}
     if phi3:  # the fused tensors' rows
-        sizes |= {"(num_attention_heads + 2 * num_key_value_heads) * head_dim": (heads + 2 * kv_heads) * head_dim,
+        sizes |= {"(num_attention_heads + 2 * num_key_value_heads) * head_dim": sum(_qkv_rows(sizes)),
                   "2 * intermediate_size": 2 * sizes["intermediate_size"]}
-    config = DecoderConfig(vocab_size=sizes["vocab_size"], d_model=hidden, n_heads=heads, n_kv_heads=kv_heads,
+    config = DecoderConfig(vocab_size=sizes["vocab_size"], **heads,
                            d_ff=sizes["intermediate_size"], n_layers=n_layers,
                            max_len=_integer(d, "max_position_embeddings", 2048), dropout=0.0, activation="swiglu",
                            norm="pre", norm_type="rmsnorm", positional="rotary", rope_theta=theta, rope_scaling=scaling,
                            tie_embeddings=tied, eps=_number(d, "rms_norm_eps", 1e-6), bias=False, qkv_bias=qwen2,
-                           window=_window(d, n_layers), d_head=None if head_dim * heads == hidden else head_dim,
-                           qk_norm=qwen3)
-    qkv = (sizes["num_attention_heads * head_dim"], *[sizes["num_key_value_heads * head_dim"]] * 2)
+                           window=_window(d, n_layers), qk_norm=qwen3)
     plan = {"embed.tok.weight": Source(("embed_tokens.weight",)), **_module("decoder.norm", "norm", bias=False)}
     for i in range(n_layers):
         p, h = f"decoder.layers.{i}", f"layers.{i}"
-        if phi3:
-            fused = (_module(f"{p}.self_attn.qkv_proj", f"{h}.self_attn.qkv_proj", bias=False),
-                     _module(f"{p}.ff.fc1", f"{h}.mlp.gate_up_proj", bias=False))
-        else:
-            fused = (_fused_qkv(f"{p}.self_attn", f"{h}.self_attn.", ("q_proj", "k_proj", "v_proj"), qkv, qwen2),
-                     {f"{p}.ff.fc1.weight": _rows(f"{h}.mlp.", ("gate_proj.weight", "up_proj.weight"),
-                                                  (config.d_ff, config.d_ff))})
+        qkv = (_module(f"{p}.self_attn.qkv_proj", f"{h}.self_attn.qkv_proj", bias=False) if phi3 else
+               _fused_qkv(f"{p}.self_attn", f"{h}.self_attn.", ("q_proj", "k_proj", "v_proj"), _qkv_rows(sizes), qwen2))
         plan |= (_module(f"{p}.res_self.norm", f"{h}.input_layernorm", bias=False)
                  | _module(f"{p}.res_ff.norm", f"{h}.post_attention_layernorm", bias=False)
-                 | fused[0] | _module(f"{p}.self_attn.out_proj", f"{h}.self_attn.o_proj", bias=False)
-                 | fused[1] | _module(f"{p}.ff.fc2", f"{h}.mlp.down_proj", bias=False))
+                 | qkv | _module(f"{p}.self_attn.out_proj", f"{h}.self_attn.o_proj", bias=False)
+                 | _gated_mlp(p, h, config.d_ff, fused=phi3))
         if qwen3:
             plan |= (_module(f"{p}.self_attn.q_norm", f"{h}.self_attn.q_norm", bias=False)
                      | _module(f"{p}.self_attn.k_norm", f"{h}.self_attn.k_norm", bias=False))
@@ -294,26 +318,12 @@ def bert(d: dict, names) -> Architecture:
                         sizes | {"hidden_size": hidden})
 
 
-def _layer_types(d: dict, n_layers: int) -> list[str]:
-    """The config's layer_types: n_layers of "full_attention" and "sliding_attention" (absent, as in configs saved
-    before transformers wrote it: every sliding_window_pattern-th layer full, by default every sixth, as transformers
-    derives them); ValueError naming the field otherwise."""
-    types = d.get("layer_types")
-    if types is None:
-        pattern = _integer(d, "sliding_window_pattern", 6)
-        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n_layers)]
-    if not (isinstance(types, list) and len(types) == n_layers
-            and all(t in ("full_attention", "sliding_attention") for t in types)):
-        raise ValueError(f"layer_types: expected {n_layers} of 'full_attention' and 'sliding_attention', got {types!r}")
-    return types
-
-
 def gemma3(d: dict, names) -> Architecture:
     """Gemma3ForCausalLM (model_type gemma3_text: Gemma 3 270M and 1B): sandwich RMSNorms whose weights are stored as
     weight - 1 (Source.offset), embeddings times sqrt(hidden_size), GeGLU (tanh GELU), q/k norms, heads of head_dim,
     sliding-window layers (their own rotary base) with full-attention ones among them (layer_types), tied head."""
-    hidden, heads, kv_heads = _heads(d, "hidden_size", "num_attention_heads", "num_key_value_heads", head_width=True)
-    head_dim = _integer(d, "head_dim", 256)
+    sizes, heads = _head_sizes(d, default_head_dim=256)
+    head_dim = sizes["head_dim"]
     n_layers = _layers(d, "num_hidden_layers", names)
     _require(d, "hidden_activation", "gelu_pytorch_tanh", "gelu_pytorch_tanh")
     _require(d, "attention_bias", False, False)
@@ -334,25 +344,21 @@ def gemma3(d: dict, names) -> Architecture:
     if local_scaling is not None:
         raise ValueError(f"rope_parameters: sliding_attention: {local_scaling['rope_type']!r} is not supported "
                          "(only default)")
-    types = _layer_types(d, n_layers)
+    types = _layer_types(d, n_layers, lambda i: "sliding_attention" if (i + 1) % _integer(
+        d, "sliding_window_pattern", 6) else "full_attention")
     full = tuple(i for i, t in enumerate(types) if t == "full_attention")
     window = None if len(full) == n_layers else _integer(d, "sliding_window")
     mixed = window is not None and bool(full)  # else one rotary base: the sliding layers' when every layer is one
     theta, scaling = (local_theta, None) if window is not None and not full else (theta, scaling)
     tied = _flag(d, "tie_word_embeddings", True)
-    sizes = {"vocab_size": _integer(d, "vocab_size"), "hidden_size": hidden,
-             "intermediate_size": _integer(d, "intermediate_size"), "head_dim": head_dim,
-             "num_attention_heads * head_dim": heads * head_dim, "num_key_value_heads * head_dim": kv_heads * head_dim}
-    config = DecoderConfig(vocab_size=sizes["vocab_size"], d_model=hidden, n_heads=heads, n_kv_heads=kv_heads,
+    config = DecoderConfig(vocab_size=sizes["vocab_size"], **heads,
                            d_ff=sizes["intermediate_size"], n_layers=n_layers,
                            max_len=_integer(d, "max_position_embeddings", 32768), dropout=0.0, activation="geglu",
                            norm="sandwich", norm_type="rmsnorm", positional="rotary", rope_theta=theta,
                            rope_scaling=scaling, tie_embeddings=tied, eps=_number(d, "rms_norm_eps", 1e-6), bias=False,
                            window=window, global_layers=full if mixed else (),
                            local_rope_theta=local_theta if mixed else None,
-                           d_head=None if head_dim * heads == hidden else head_dim, qk_norm=True,
-                           scale_embeddings=True)
-    qkv = (sizes["num_attention_heads * head_dim"], *[sizes["num_key_value_heads * head_dim"]] * 2)
+                           qk_norm=True, scale_embeddings=True)
 
     def norm(ours, theirs):
         return {f"{ours}.weight": Source((f"{theirs}.weight",), offset=1.0)}
@@ -363,13 +369,12 @@ def gemma3(d: dict, names) -> Architecture:
                  | norm(f"{p}.res_self.out_norm", f"{h}.post_attention_layernorm")
                  | norm(f"{p}.res_ff.norm", f"{h}.pre_feedforward_layernorm")
                  | norm(f"{p}.res_ff.out_norm", f"{h}.post_feedforward_layernorm")
-                 | _fused_qkv(f"{p}.self_attn", f"{h}.self_attn.", ("q_proj", "k_proj", "v_proj"), qkv, False)
+                 | _fused_qkv(f"{p}.self_attn", f"{h}.self_attn.", ("q_proj", "k_proj", "v_proj"), _qkv_rows(sizes),
+                              False)
                  | norm(f"{p}.self_attn.q_norm", f"{h}.self_attn.q_norm")
                  | norm(f"{p}.self_attn.k_norm", f"{h}.self_attn.k_norm")
                  | _module(f"{p}.self_attn.out_proj", f"{h}.self_attn.o_proj", bias=False)
-                 | {f"{p}.ff.fc1.weight": _rows(f"{h}.mlp.", ("gate_proj.weight", "up_proj.weight"),
-                                                (config.d_ff, config.d_ff))}
-                 | _module(f"{p}.ff.fc2", f"{h}.mlp.down_proj", bias=False))
+                 | _gated_mlp(p, h, config.d_ff))
     return Architecture(config, plan, (), sizes, _head(plan, tied))
 
 
