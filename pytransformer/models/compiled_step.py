@@ -20,7 +20,8 @@ Each compiled_step call (once per generation, about 1 ms) picks the model's pack
 dtypes and devices of the token and cache tensors apart from the capacity, and the capacity's range, and loads the
 model's current tensors into it as its constants. A model's attention windows split the capacities: a rolling cache
 (capacity == window) branches differently, so the range runs between the windows (and 2, as sizes 0 and 1 are
-specialised), and a capacity that is a window, or below 2, gets a package of that capacity alone. Python attributes
+specialised), and a capacity that is a window, or below 2, gets a package of that capacity alone. The capacity is the
+largest layer's: a windowed layer's rolling buffer beside larger layers (Gemma 3) keeps its size in the package. Python attributes
 that the forward reads, such as a config's fields, are compiled as constants: change them and build a new model.
 Every batch size has its own package.
 
@@ -82,12 +83,19 @@ def _inputs(tok: Tensor, cache: KVCache) -> list:
     return [tok, cache.lengths, *cache.k, *cache.v]
 
 
+def _dynamic(inputs: list) -> list[bool]:
+    """Which inputs have the dynamic capacity: the cache tensors of the most rows (a windowed layer's rolling buffer
+    beside layers of more rows keeps its `window` rows)."""
+    top = max(t.shape[_CAPACITY] for t in inputs[_FIRST_KV:])
+    return [i >= _FIRST_KV and t.shape[_CAPACITY] == top for i, t in enumerate(inputs)]
+
+
 def _layout(inputs: list) -> list:
-    """Each input's shape (the cache tensors' capacity left out), dtype and device (the package is compiled for
-    contiguous inputs, which compiled_step checks)."""
-    def shape(i, t):
-        return list(t.shape) if i < _FIRST_KV else [*t.shape[:_CAPACITY], *t.shape[_CAPACITY + 1:]]
-    return [[shape(i, t), str(t.dtype), str(t.device)] for i, t in enumerate(inputs)]
+    """Each input's shape (the dynamic capacity left out), dtype and device (the package is compiled for contiguous
+    inputs, which compiled_step checks)."""
+    def shape(t, dynamic):
+        return [*t.shape[:_CAPACITY], *t.shape[_CAPACITY + 1:]] if dynamic else list(t.shape)
+    return [[shape(t, d), str(t.dtype), str(t.device)] for t, d in zip(inputs, _dynamic(inputs))]
 
 
 def _capacities(model: nn.Module, capacity: int) -> tuple[int, int]:
@@ -158,11 +166,8 @@ def _compile(spec_path: str, package_path: str) -> None:
     inputs = tuple(torch.zeros(shape, dtype=dtype, device=device) if i < _FIRST_KV else
                    torch.empty(shape, dtype=dtype, device=device) for i, (shape, dtype) in enumerate(spec["inputs"]))
     low, high = spec["capacities"]
-    if low == high:
-        dims = tuple(None for _ in inputs[_FIRST_KV:])
-    else:
-        capacity = torch.export.Dim("capacity", min=low, max=None if high == sys.maxsize else high)
-        dims = tuple({_CAPACITY: capacity} for _ in inputs[_FIRST_KV:])
+    capacity = None if low == high else torch.export.Dim("capacity", min=low, max=None if high == sys.maxsize else high)
+    dims = tuple({_CAPACITY: capacity} if dynamic and capacity else None for dynamic in _dynamic(inputs)[_FIRST_KV:])
     with torch.no_grad():
         program = torch.export.export(step, inputs, dynamic_shapes=(None, None, dims), strict=False)
     torch._inductor.aoti_compile_and_package(program, package_path=package_path, inductor_configs=_options(device))
@@ -201,7 +206,7 @@ def _package(model: nn.Module, inputs: list) -> tuple[_Package, list]:
     """The model's package for these inputs, its constants set to the model's tensors (returned: the package refers
     to them without holding them). The meta copy and its hash are made only for a train mode, layout and capacity
     range this model has no package for yet (tens of ms for a 12-layer model)."""
-    capacities = _capacities(model, inputs[_FIRST_KV].shape[_CAPACITY])
+    capacities = _capacities(model, max(t.shape[_CAPACITY] for t in inputs[_FIRST_KV:]))
     packages = _PACKAGES.setdefault(model, {})
     where = json.dumps([model.training, _layout(inputs), capacities])
     if where not in packages:

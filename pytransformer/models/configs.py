@@ -71,12 +71,6 @@ class DecoderConfig(_Config):
         """Layer i's sliding window (None: every earlier position)."""
         return None if i in self.global_layers else self.window
 
-    @property
-    def cache_window(self) -> int | None:
-        """The window every layer shares (None: none, or some layers have none): a KV cache of this many rows is a
-        rolling buffer for every layer."""
-        return None if self.global_layers else self.window
-
 
 @dataclass
 class EncoderConfig(_Config):

@@ -3,7 +3,6 @@ import torch
 from torch import Tensor, nn
 
 from ..nn import KVCache, Linear, TransformerDecoder, token_positions
-from ..nn.kv_cache import is_rolling
 from .common import Embeddings, float_parameter, init_normal, rotary_for
 from .configs import DecoderConfig
 from .generation import beam_search, check_generate_args, check_key_lengths, decode, next_token
@@ -47,11 +46,12 @@ class DecoderLM(nn.Module):
         return self.lm_head(self.hidden(input_ids, cache=cache, key_lengths=key_lengths))
 
     def new_cache(self, batch_size: int, capacity: int, *, device=None, dtype=None) -> KVCache:
-        """An empty KVCache for batch_size rows of up to `capacity` tokens, on the model's device and dtype; with a
-        sliding window of at most capacity, `window` rows: a rolling buffer that holds any number of tokens."""
+        """An empty KVCache for batch_size rows of up to `capacity` tokens, on the model's device and dtype; a layer
+        with a sliding window of at most capacity gets `window` rows: a rolling buffer that holds any number of
+        tokens (the layers without a window, Gemma 3's global ones, all `capacity` rows)."""
         w = float_parameter(self)
         c = self.config
-        rows = capacity if c.cache_window is None else min(capacity, c.cache_window)
+        rows = [capacity if c.layer_window(i) is None else min(capacity, c.layer_window(i)) for i in range(c.n_layers)]
         return KVCache(c.n_layers, batch_size, c.n_kv_heads or c.n_heads, c.head_dim, rows, device=device or w.device,
                        dtype=dtype or w.dtype)
 
@@ -59,11 +59,10 @@ class DecoderLM(nn.Module):
                 last: bool = False) -> Tensor:
         """Run a prompt [B, L] (right-padded to key_lengths [B]) into the cache -> hidden states [B, L, d_model], or
         with last=True only those of each row's last prompt token [B, d_model] (what generation needs; the others are
-        not kept). In chunks of PREFILL_CHUNK // B tokens of every row (of `window` tokens for a rolling cache): the
-        activations of one chunk at a time, so that the transient memory of a long prompt or a large batch is that of
-        a chunk, at the speed of one forward (matrix products of hundreds of rows run at the rate of thousands)."""
-        rolling = is_rolling(cache.capacity, self.config.cache_window)
-        chunk = cache.capacity if rolling else max(1, PREFILL_CHUNK // input_ids.shape[0])
+        not kept). In chunks of PREFILL_CHUNK // B tokens of every row: the activations of one chunk at a time, so
+        that the transient memory of a long prompt or a large batch is that of a chunk, at the speed of one forward
+        (matrix products of hundreds of rows run at the rate of thousands)."""
+        chunk = max(1, PREFILL_CHUNK // input_ids.shape[0])
         rows = torch.arange(input_ids.shape[0], device=input_ids.device)
         ends = torch.full_like(rows, input_ids.shape[1] - 1) if key_lengths is None else key_lengths - 1  # [B]
         hidden, kept = [], None

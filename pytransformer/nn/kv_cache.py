@@ -36,20 +36,20 @@ class LayerCache(NamedTuple):
     cross_attn: AttentionCache | None
 
 
-def _zeros(count: int, shape: tuple, *, device=None, dtype=None) -> list[Tensor]:
-    """`count` zero tensors of `shape`. On the CPU (outside torch.compile) they are views of one anonymous memory
-    mapping of their own, not malloc's: its pages are taken only as they are written, and all of them go back to the
-    system when the last view is freed. From malloc, a cache freed after a generate call would stay in the heap, at
-    another size than the next call's, whose cache and activations would then need more (glibc's mmap threshold
-    rises to the largest block freed, so blocks of a few MiB come from the heap after a prefill; docs/benchmarks.md)."""
+def _zeros(shapes: list[tuple], *, device=None, dtype=None) -> list[Tensor]:
+    """Zero tensors of these shapes. On the CPU (outside torch.compile) they are views of one anonymous memory mapping
+    of their own, not malloc's: its pages are taken only as they are written, and all of them go back to the system
+    when the last view is freed. From malloc, a cache freed after a generate call would stay in the heap, at another
+    size than the next call's, whose cache and activations would then need more (glibc's mmap threshold rises to the
+    largest block freed, so blocks of a few MiB come from the heap after a prefill; docs/benchmarks.md)."""
     device = torch.device(device) if device is not None else torch.get_default_device()
     dtype = dtype or torch.get_default_dtype()
-    numel = count * math.prod(shape)
-    if device.type == "cpu" and not torch.compiler.is_compiling() and numel:
-        flat = torch.frombuffer(mmap.mmap(-1, numel * dtype.itemsize), dtype=dtype)  # zero-filled; the tensor holds it
+    sizes = [math.prod(shape) for shape in shapes]
+    if device.type == "cpu" and not torch.compiler.is_compiling() and sum(sizes):
+        flat = torch.frombuffer(mmap.mmap(-1, sum(sizes) * dtype.itemsize), dtype=dtype)  # zero-filled; tensor holds it
     else:
-        flat = torch.zeros(numel, device=device, dtype=dtype)
-    return list(flat.view(count, *shape).unbind())
+        flat = torch.zeros(sum(sizes), device=device, dtype=dtype)
+    return [t.view(shape) for t, shape in zip(flat.split(sizes), shapes)]
 
 
 class KVCache:
@@ -70,20 +70,24 @@ class KVCache:
 
     The window of sliding-window attention is the attention's alone: a self-attention cache of exactly `window` rows is
     a rolling buffer for it (position i in row i % window, see is_rolling), so a sequence of any length needs only
-    `window` rows; a cache of any other capacity holds positions 0 .. capacity - 1 in order."""
+    `window` rows; a cache of any other capacity holds positions 0 .. capacity - 1 in order. `capacity` is one count
+    for every layer or a list of one per layer: a model whose windowed layers sit beside layers that see every
+    position (Gemma 3) gives the windowed ones rolling buffers of `window` rows and the others all the rows."""
 
-    def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, head_dim: int, capacity: int, *,
+    def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, head_dim: int, capacity: int | list[int], *,
                  memory_length: int = 0, device=None, dtype=None):
         factory = {"device": device, "dtype": dtype}
-        shape = (batch_size, n_kv_heads, capacity, head_dim)
-        kv = _zeros(2 * n_layers, shape, **factory)
+        capacities = [capacity] * n_layers if isinstance(capacity, int) else list(capacity)
+        if len(capacities) != n_layers:
+            raise ValueError(f"capacity: expected one count or {n_layers} (one per layer), got {len(capacities)}")
+        kv = _zeros([(batch_size, n_kv_heads, c, head_dim) for c in capacities] * 2, **factory)
         self.k, self.v = kv[:n_layers], kv[n_layers:]
         self.lengths = torch.zeros(batch_size, dtype=torch.int64, device=device)  # [B] tokens held per row
         self.max_length: int | None = 0  # host-side bound of lengths
         self.uniform = True  # every row holds max_length tokens
         # Cross-attention K/V of the encoder output, written once by TransformerDecoder.cache_memory.
         mem_shape = (batch_size, n_kv_heads, memory_length, head_dim)
-        cross = _zeros(2 * n_layers, mem_shape, **factory) if memory_length else None
+        cross = _zeros([mem_shape] * (2 * n_layers), **factory) if memory_length else None
         self.cross_k, self.cross_v = (cross[:n_layers], cross[n_layers:]) if cross is not None else (None, None)
         self.memory_lengths = torch.full((batch_size,), memory_length, dtype=torch.int64, device=device)
 
@@ -99,8 +103,13 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        """Rows per sequence of the self-attention cache (for attention of this window: a rolling buffer)."""
-        return self.k[0].shape[2]
+        """Rows per sequence of the self-attention cache: the most of any layer's (see capacities)."""
+        return max(self.capacities, default=0)
+
+    @property
+    def capacities(self) -> list[int]:
+        """Rows per sequence of each layer's self-attention cache (for attention of that window: a rolling buffer)."""
+        return [k.shape[2] for k in self.k]
 
     def layers(self, length: int) -> list[LayerCache]:
         """The self- (and cross-) attention entries of every decoder layer for a forward step of the next `length`
@@ -135,7 +144,7 @@ class KVCache:
         """Make row i a copy of row index[i] (beam search), in place; cross-attention rows are left as they are. Only
         the positions written so far are copied (max_length of them, when known), not the whole capacity."""
         held = self.capacity if self.max_length is None else min(self.max_length, self.capacity)
-        for t in self.k + self.v:
+        for t in self.k + self.v:  # a layer of fewer rows: the slice stops at its capacity
             t[:, :, :held].copy_(t[:, :, :held].index_select(0, index))
         self.lengths.copy_(self.lengths.index_select(0, index))
 
@@ -172,7 +181,7 @@ def rolling_attention(q: Tensor, k: Tensor, v: Tensor, cache: AttentionCache, ke
     rows = (past % window)[:, None, :, None]  # [B, 1, W-1, 1]
     k_all = torch.cat([k_cache.gather(2, rows.expand(-1, k.shape[1], -1, k.shape[3])), k], 2)  # [B, Hkv, W-1+T, D]
     v_all = torch.cat([v_cache.gather(2, rows.expand(-1, v.shape[1], -1, v.shape[3])), v], 2)
-    visible = torch.cat([past >= 0, torch.ones_like(past[:, :1], dtype=torch.bool).expand(-1, t)], 1)  # [B, W-1+T]
+    visible = torch.cat([past >= 0, torch.ones(q.shape[0], t, dtype=torch.bool, device=q.device)], 1)  # [B, W-1+T]
     y = ops.attention(q, k_all, v_all, mask=visible[:, None, None, :], window=window)
     # Row r gets position newest[b, r]: the newest stored position congruent to r (mod W).
     last = lengths + (t if key_lengths is None else key_lengths) - 1  # [B] newest stored position

@@ -50,7 +50,9 @@ def test_per_layer_windows_and_rotary():
     model = tiny(**GEMMA_SHAPE)
     attn = [layer.self_attn for layer in model.decoder.layers]
     assert [a.window for a in attn] == [4, None] and [a.rotary.base for a in attn] == [100.0, 10000.0]
-    assert model.embed.scale == 32 ** 0.5 and model.new_cache(1, 10).capacity == 10
+    assert model.embed.scale == 32 ** 0.5
+    cache = model.new_cache(1, 10)  # the windowed layer's rolling buffer of `window` rows, the full layer's all 10
+    assert cache.capacities == [4, 10] and cache.capacity == 10 and model.new_cache(1, 3).capacities == [3, 3]
     with pytest.raises(ValueError, match="global_layers: only with a window"):
         gpt2_small(global_layers=(0,))
     with pytest.raises(ValueError, match="global_layers: expected layer indices in"):
@@ -213,10 +215,11 @@ def test_generate_compiled_equals_eager():
     rolling = tiny(positional="rotary", window=4)  # a cache of `window` rows: the rolling buffer
     prompt = torch.randint(0, V, (2, 6))
     assert torch.equal(rolling.generate(prompt, 9, compile=True), rolling.generate(prompt, 9))
-    gemma = tiny(**GEMMA_SHAPE)  # windowed and full layers: a cache of `window` rows is a rolling buffer for some
-    for length, new in ((2, 2), (3, 9)):
+    gemma = tiny(**GEMMA_SHAPE)  # windowed and full layers: beyond the window, the windowed layer's rolling buffer
+    for length, new in ((2, 2), (3, 9), (4, 7)):  # keeps its 4 rows in a package for every larger capacity
         prompt = torch.randint(0, V, (2, length))
         assert torch.equal(gemma.generate(prompt, new, compile=True), gemma.generate(prompt, new))
+    assert [p.capacities for p in _PACKAGES[gemma].values()] == [(4, 4), (5, sys.maxsize)]
     int8 = quantize(model)  # an int8 model over a bfloat16 cache (half the cache memory of float32)
     prompt = torch.randint(0, V, (2, 5))
     assert torch.equal(int8.generate(prompt, 7, compile=True, cache_dtype=torch.bfloat16),

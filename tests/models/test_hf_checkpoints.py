@@ -122,7 +122,7 @@ def test_config_translation(saved):
     assert layers[0].self_attn.rotary.base == 10000.0 and layers[1].self_attn.rotary.base == 100.0
     assert c.norm == "sandwich" and c.activation == "geglu" and c.scale_embeddings and c.d_head == 24
     assert torch.equal(layers[1].res_ff.out_norm.weight, 1 + hf.model.layers[1].post_feedforward_layernorm.weight)
-    assert gemma.new_cache(1, 100).capacity == 100  # a full layer needs every position: no rolling buffer
+    assert gemma.new_cache(1, 100).capacities == [8, 100]  # a rolling buffer for the windowed layer alone
 
 
 @pytest.mark.parametrize("name", list(DECODERS))

@@ -76,6 +76,22 @@ def test_reorder_and_reset():
     assert cache.lengths.tolist() == [0, 0, 0] and cache.k[0].data_ptr() == address
 
 
+def test_capacity_per_layer():
+    """One capacity per layer (a windowed layer's rolling buffer beside a full one): each layer's tensors have their
+    own rows; capacity is the largest; reorder copies each layer's written rows, at most its capacity."""
+    cache = KVCache(2, 3, 1, 2, [2, 4])
+    assert [t.shape[2] for t in cache.k + cache.v] == [2, 4, 2, 4] and cache.capacities == [2, 4]
+    assert cache.capacity == 4
+    for t in cache.k:
+        t.copy_(torch.arange(3.0)[:, None, None, None])
+    cache.max_length = 3
+    cache.reorder(torch.tensor([2, 2, 0]))
+    assert cache.k[0][:, 0, :, 0].tolist() == [[2.0] * 2, [2.0] * 2, [0.0] * 2]
+    assert cache.k[1][:, 0, :, 0].tolist() == [[2.0] * 3 + [0.0], [2.0] * 3 + [1.0], [0.0] * 3 + [2.0]]
+    with pytest.raises(ValueError, match=r"capacity: expected one count or 2 \(one per layer\), got 3"):
+        KVCache(2, 1, 1, 2, [2, 4, 8])
+
+
 @torch.no_grad()
 def test_decode_step_compiles_without_graph_breaks():
     dec = _decoder(n_kv_heads=2, cross=True).float()
