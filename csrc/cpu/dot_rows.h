@@ -167,10 +167,11 @@ __attribute__((noinline)) void dot_block(const a_t* a_first, int64_t a_step, con
       for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
         for (int c = 0; c < C; ++c) acc[r][c] = Vec::loadu(out + (r * out_r + c * out_c) * kV);
-    // The vector at i into acc (set 0) or acc2 (set 1); count < kV: a zero-filled tail. With AVX-512, each b vector is
-    // pinned to a register by an empty asm: GCC 12 otherwise folds its load into every fma that uses it, R loads where
-    // one does, and a 2 x 8 block then does 18 loads for 16 fmas, more than the two load ports take in the fmas' time
-    // (cpu_kernel_notes_2026-11-28.md, dot_block).
+    // The vector at i into acc (set 0) or acc2 (set 1); count < kV: a zero-filled tail. With AVX-512 (and AVX2's 4
+    // rows of b) each float32 b vector is pinned to a register by an empty asm: GCC 12 otherwise folds its load into
+    // every fma that uses it, R loads where one does, and a 2 x 8 block then does 18 loads for 16 fmas, more than the
+    // two load ports take in the fmas' time (cpu_kernel_notes_2026-11-28.md, dot_block). With AVX2, pinned 1 or 2 rows
+    // of b read the weights slower (cpu_linear_2026-12-05_zen3_rows.md).
     const auto step = [&](auto set, int64_t i, int64_t count) __attribute__((always_inline)) {
       Vec bv[C];
 #pragma GCC unroll 8
@@ -180,6 +181,12 @@ __attribute__((noinline)) void dot_block(const a_t* a_first, int64_t a_step, con
         if constexpr (std::is_same_v<acc_t, float>) {  // kept in a register: see above
           __m512 v = bv[c];
           asm("" : "+v"(v));
+          bv[c] = v;
+        }
+#elif defined(CPU_CAPABILITY_AVX2)
+        if constexpr (std::is_same_v<acc_t, float> && C == 4) {  // the same, for 4 rows of b
+          __m256 v = bv[c];
+          asm("" : "+x"(v));
           bv[c] = v;
         }
 #endif

@@ -544,10 +544,10 @@ GemvPlan plan_gemv(int64_t M, int64_t N, int64_t K, int64_t x_quant_bits) {
   // rows of x, which go over x in several passes, and AVX2's 8 lanes did better in blocks.
   p.streams = !p.chunked && p.x_bytes <= (M <= 4 ? kL1Bytes : kChunkXBytes);
 #else
-  // Below AVX-512 (an AVX2 EPYC) two streams read better up to 4 rows of x, and with integer dot products 8; float32
-  // fmas on 5 or more rows of widened weights did better in blocks of 4 weight rows (each widened once a pass over
-  // 2 rows of x, where a pair of streams takes 2).
-  p.streams = p.x_bytes <= (M <= 4 ? kL1Bytes : kChunkXBytes) && (M <= 4 || p.int_dots);
+  // Below AVX-512 (an AVX2 EPYC) two streams read better up to 4 rows of x, at 8 (two passes of 4 over a run of
+  // pairs; 1.1x blocks' speed on bfloat16 weights, a tie on float32) and with integer dot products; 5 to 7 rows of x
+  // did better in blocks of 4 weight rows (a run of the streams is one pair where M is not a power of two).
+  p.streams = p.x_bytes <= (M <= 4 ? kL1Bytes : kChunkXBytes) && (M <= 4 || M == 8 || p.int_dots);
 #endif
   p.row_bytes = K * static_cast<int64_t>(sizeof(w_t));
   // Software prefetch lets the dot products of 3 or more rows of x overlap the reads; with fewer the loop waits on
@@ -721,18 +721,24 @@ class GemvRows {
                                                                   ahead, fused_out<acc_t>(fused, to), blocks);
       });
 #elif defined(CPU_CAPABILITY_AVX2)
-    if constexpr (kIntTypes && !kLanes) {  // (no chunks of K below AVX-512)
-      // 4 rows of x at a time over 2 weight rows, fewer over 4
-      if (plan.int_dots)
+    // 4 rows of x at a time over 2 weight rows, fewer over 4, so that each weight vector is loaded (and widened) once
+    // for 4 rows of x: the integer dot products, and the float32 fmas from 4 rows of x (1.1-1.4x the speed of dot_rows'
+    // 4 x 2 blocks at 4 and 8 rows, cpu_linear_2026-12-05_zen3_rows.md). (No chunks of K below AVX-512.)
+    if constexpr (!kLanes)
+      if (plan.int_dots || M >= 4)
         return for_blocks<4>(M, [&](auto C, int64_t m) {
           constexpr int kRows = decltype(C)::value == 4 ? 2 : 4;
           for_blocks<kRows>(nb, [&](auto R, int64_t r) {
-            dot_block_i8<decltype(R)::value, decltype(C)::value>(rows + r * step * K, step * K,
-                                                                 xs.int16.data() + m * K + c0, K, cn,
-                                                                 sums + m * sums_m + r, sums_m, ahead, blocks);
+            constexpr int kR = decltype(R)::value, kC = decltype(C)::value;
+            if constexpr (kIntTypes)
+              if (plan.int_dots)
+                return dot_block_i8<kR, kC>(rows + r * step * K, step * K, xs.int16.data() + m * K + c0, K, cn,
+                                            sums + m * sums_m + r, sums_m, ahead, blocks);
+            constexpr const Out8<acc_t>* kNotFused = nullptr;
+            dot_block<kR, kC>(rows + r * step * K, step * K, xs.wide + m * K + c0, K, cn, sums + m * sums_m + r, 1,
+                              sums_m, ahead, kNotFused, blocks);
           });
         });
-    }
 #endif
     dot_rows<kLanes>(rows, step * K, nb, xs.wide + c0, K, M, cn, sums, 1, sums_m, ahead, blocks);
   }
