@@ -21,8 +21,9 @@ dtypes and devices of the token and cache tensors apart from the capacity, and t
 model's current tensors into it as its constants. A model's attention windows split the capacities: a rolling cache
 (capacity == window) branches differently, so the range runs between the windows (and 2, as sizes 0 and 1 are
 specialised), and a capacity that is a window, or below 2, gets a package of that capacity alone. The capacity is the
-largest layer's: a windowed layer's rolling buffer beside larger layers (Gemma 3) keeps its size in the package. Python attributes
-that the forward reads, such as a config's fields, are compiled as constants: change them and build a new model.
+largest layer's: a windowed layer's rolling buffer beside larger layers (Gemma 3) keeps its size in the package.
+Python attributes that the forward reads, such as a config's fields, are compiled as constants: change them and build
+a new model.
 Every batch size has its own package.
 
 On CUDA the step is not compiled but captured in a CUDA graph (_graphed_step): the same step over the same cache
@@ -83,10 +84,15 @@ def _inputs(tok: Tensor, cache: KVCache) -> list:
     return [tok, cache.lengths, *cache.k, *cache.v]
 
 
+def _capacity(inputs: list) -> int:
+    """The cache's capacity: the rows of its largest layer."""
+    return max(t.shape[_CAPACITY] for t in inputs[_FIRST_KV:])
+
+
 def _dynamic(inputs: list) -> list[bool]:
     """Which inputs have the dynamic capacity: the cache tensors of the most rows (a windowed layer's rolling buffer
     beside layers of more rows keeps its `window` rows)."""
-    top = max(t.shape[_CAPACITY] for t in inputs[_FIRST_KV:])
+    top = _capacity(inputs)
     return [i >= _FIRST_KV and t.shape[_CAPACITY] == top for i, t in enumerate(inputs)]
 
 
@@ -206,7 +212,7 @@ def _package(model: nn.Module, inputs: list) -> tuple[_Package, list]:
     """The model's package for these inputs, its constants set to the model's tensors (returned: the package refers
     to them without holding them). The meta copy and its hash are made only for a train mode, layout and capacity
     range this model has no package for yet (tens of ms for a 12-layer model)."""
-    capacities = _capacities(model, max(t.shape[_CAPACITY] for t in inputs[_FIRST_KV:]))
+    capacities = _capacities(model, _capacity(inputs))
     packages = _PACKAGES.setdefault(model, {})
     where = json.dumps([model.training, _layout(inputs), capacities])
     if where not in packages:
