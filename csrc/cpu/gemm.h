@@ -7,13 +7,16 @@
 // Tiles of kGemmMR rows of x by kGemmNR (two vectors) weight rows, each the sum over K of outer products: the two
 // weight vectors at one k times each of kGemmMR broadcast x values, into 2 * kGemmMR accumulators (AVX-512: 12 x 32, 24
 // of its 32 registers; AVX2: 6 x 16, 12 of its 16), two fmas a load of a weight vector where a dot product block takes
-// one. x is packed first, [M / kGemmMR][K][kGemmMR] (zero rows past M), so that a tile reads its x values from one
-// sequential stream; the weight rows are split over the threads in panels of kGemmNR, each packed [kc][kGemmNR] (zeros
-// past N) for a block of up to kGemmKC of K at a time, which stays in L2 with the tile's x while every tile of rows
-// goes by (smaller blocks measured slower). Narrow types (bfloat16, float16, int8) are widened to float32 as they are
-// packed. A panel's sums go to a float32 buffer [tiles * kGemmMR][kGemmNR], the blocks of K adding to it, and from
-// there to out as sum * scale + bias (one fused multiply-add; scale 1 without one), rounded to T once. Each sum runs
-// over k in order, as a naive dot product.
+// one. Where M is not a multiple of kGemmMR, up to kGemmMR - 1 tiles of kGemmSmallMR rows (two thirds: still 16 or 8
+// independent accumulators, enough to hide the fma latency) make up the rows, so that no fmas go to padding rows where
+// the two sizes sum to M (128 rows: 20 x 6 + 2 x 4 with AVX2, 10 x 12 + 1 x 8 with AVX-512). x is packed first, each
+// tile's rows [K][rows] (zero rows past M), so that a tile reads its x values from one sequential stream; the weight
+// rows are split over the threads in panels of kGemmNR, each packed [kc][kGemmNR] (zeros past N) for a block of up to
+// kGemmKC of K at a time, which stays in L2 with the tile's x while every tile of rows goes by (smaller blocks measured
+// slower). Narrow types (bfloat16, float16, int8) are widened to float32 as they are packed. A panel's sums go to a
+// float32 buffer [the tiles' rows][kGemmNR], the blocks of K adding to it, and from there to out as sum * scale + bias
+// (one fused multiply-add; scale 1 without one), rounded to T once. Each sum runs over k in order, as a naive dot
+// product, whichever tile holds it.
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 
@@ -36,6 +39,7 @@ constexpr int kGemmMR = 12;
 using VecF = __m256;
 constexpr int kGemmMR = 6;
 #endif
+constexpr int kGemmSmallMR = kGemmMR * 2 / 3;
 constexpr int64_t kGemmKC = 2048;
 struct AlignedFloats {
   std::unique_ptr<float[], void (*)(float*)> p;
@@ -44,26 +48,27 @@ struct AlignedFloats {
           [](float* q) { ::operator delete[](q, std::align_val_t(64)); }) {}
 };
 
-// c [kGemmMR][kGemmNR] = (first ? 0 : c) + the sum over kc of ap's outer products with bp's: ap [kc][kGemmMR] and bp
+// c [MR][kGemmNR] = (first ? 0 : c) + the sum over kc of ap's outer products with bp's: ap [kc][MR] and bp
 // [kc][kGemmNR] packed.
-__attribute__((noinline)) inline void gemm_tile(int64_t kc, const float* ap, const float* bp, float* c, bool first) {
-  Vec acc[kGemmMR][2];
+template <int MR>
+__attribute__((noinline)) void gemm_tile(int64_t kc, const float* ap, const float* bp, float* c, bool first) {
+  Vec acc[MR][2];
 #pragma GCC unroll 12
-  for (int i = 0; i < kGemmMR; ++i) {
+  for (int i = 0; i < MR; ++i) {
     acc[i][0] = first ? Vec(0.f) : Vec::loadu(c + i * kGemmNR);
     acc[i][1] = first ? Vec(0.f) : Vec::loadu(c + i * kGemmNR + kGemmLanes);
   }
   for (int64_t k = 0; k < kc; ++k) {
     const Vec w0 = Vec::loadu(bp + k * kGemmNR), w1 = Vec::loadu(bp + k * kGemmNR + kGemmLanes);
 #pragma GCC unroll 12
-    for (int i = 0; i < kGemmMR; ++i) {
-      const Vec a(ap[k * kGemmMR + i]);
+    for (int i = 0; i < MR; ++i) {
+      const Vec a(ap[k * MR + i]);
       acc[i][0] = at::vec::fmadd(a, w0, acc[i][0]);
       acc[i][1] = at::vec::fmadd(a, w1, acc[i][1]);
     }
   }
 #pragma GCC unroll 12
-  for (int i = 0; i < kGemmMR; ++i) {
+  for (int i = 0; i < MR; ++i) {
     acc[i][0].store(c + i * kGemmNR);
     acc[i][1].store(c + i * kGemmNR + kGemmLanes);
   }
@@ -139,16 +144,38 @@ void pack_columns(const T* src, int64_t src_ld, int64_t rows, int64_t kc, float*
   }
 }
 
+// The row tiles of x: `big` tiles of kGemmMR rows, then `small` of kGemmSmallMR, the fewest rows in all that cover M
+// (the fewest small tiles among equals).
+struct GemmTiles {
+  int64_t big, small;
+  int64_t count() const { return big + small; }
+  int64_t rows() const { return big * kGemmMR + small * kGemmSmallMR; }
+  int64_t first_row(int64_t t) const { return t < big ? t * kGemmMR : big * kGemmMR + (t - big) * kGemmSmallMR; }
+  int rows_of(int64_t t) const { return t < big ? kGemmMR : kGemmSmallMR; }
+};
+
+inline GemmTiles gemm_tiles(int64_t M) {
+  GemmTiles best{(M + kGemmMR - 1) / kGemmMR, 0};
+  for (int64_t small = 1; small < kGemmMR && (small - 1) * kGemmSmallMR < M; ++small) {
+    const GemmTiles t{(std::max<int64_t>(0, M - small * kGemmSmallMR) + kGemmMR - 1) / kGemmMR, small};
+    if (t.rows() < best.rows()) best = t;
+  }
+  return best;
+}
+
 template <typename T, typename W>
 void gemm(int64_t M, int64_t N, int64_t K, const T* x, const W* w, const float* scale, const T* bias, T* out) {
-  const int64_t tiles_m = (M + kGemmMR - 1) / kGemmMR, panels = (N + kGemmNR - 1) / kGemmNR;
-  AlignedFloats ap(tiles_m * K * kGemmMR);
-  at::parallel_for(0, tiles_m, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      pack_columns(x + t * kGemmMR * K, K, M - t * kGemmMR, K, ap.p.get() + t * K * kGemmMR, kGemmMR, kGemmMR);
+  const GemmTiles tiles = gemm_tiles(M);
+  const int64_t n_tiles = tiles.count(), panels = (N + kGemmNR - 1) / kGemmNR;
+  AlignedFloats ap(tiles.rows() * K);
+  at::parallel_for(0, n_tiles, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r0 = tiles.first_row(t);
+      pack_columns(x + r0 * K, K, M - r0, K, ap.p.get() + r0 * K, tiles.rows_of(t), tiles.rows_of(t));
+    }
   });
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    AlignedFloats bp(std::min(K, kGemmKC) * kGemmNR), cp(tiles_m * kGemmMR * kGemmNR);
+    AlignedFloats bp(std::min(K, kGemmKC) * kGemmNR), cp(tiles.rows() * kGemmNR);
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t n0 = p * kGemmNR;
       const int cols = static_cast<int>(std::min<int64_t>(kGemmNR, N - n0));
@@ -156,8 +183,15 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* x, const W* w, const float* 
         const int64_t kc = std::min(kGemmKC, K - k0);
         for (int h = 0; h < kGemmNR; h += kGemmLanes)
           pack_columns(w + (n0 + h) * K + k0, K, cols - h, kc, bp.p.get() + h, kGemmNR, kGemmLanes);
-        for (int64_t t = 0; t < tiles_m; ++t)
-          gemm_tile(kc, ap.p.get() + (t * K + k0) * kGemmMR, bp.p.get(), cp.p.get() + t * kGemmMR * kGemmNR, k0 == 0);
+        for (int64_t t = 0; t < n_tiles; ++t) {
+          const int64_t r0 = tiles.first_row(t);
+          const float* a = ap.p.get() + r0 * K + k0 * tiles.rows_of(t);
+          float* c = cp.p.get() + r0 * kGemmNR;
+          if (t < tiles.big)
+            gemm_tile<kGemmMR>(kc, a, bp.p.get(), c, k0 == 0);
+          else
+            gemm_tile<kGemmSmallMR>(kc, a, bp.p.get(), c, k0 == 0);
+        }
       }
       alignas(64) float b[kGemmNR] = {}, s[kGemmNR];
       std::fill_n(s, kGemmNR, 1.f);

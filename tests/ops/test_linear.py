@@ -93,17 +93,19 @@ def test_cpu_path_by_rows(dtype, k):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("rows", [24, 29, 33, 48, 128, 144, 151])
+@pytest.mark.parametrize("rows", [24, 29, 33, 40, 48, 128, 144, 151])
 @pytest.mark.parametrize("k,n", [(1, 33), (300, 32), (2049, 70), (96, 1)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_gemm_tiles(dtype, rows, k, n, bias):
     """Many rows of x are the kernel's GEMM (csrc/cpu/linear_kernel.cpp, gemm): with AVX-512 float32 from 33 rows, in
-    tiles of 12 rows of x by 32 weight rows, packed 16 x 16 at a time; with AVX2 every dtype from 24 rows (the 16-bit
-    types widened as they are packed), in tiles of 6 by 16, packed 8 x 8. The weight rows go in panels over the threads
-    and K in blocks of 2048. Rows: 128 and 151 end in a tile of 8 and of 7 rows (AVX2: 2 and 1), 48 and 144 in whole
-    tiles, 24 and 29 (AVX2) in whole tiles and in one of 5, 33 (AVX-512's first) in one of 9 (AVX2: 3); 1, 33 and
-    70 weight rows end in a panel of 1, 1 and 6, 32 is one whole panel (AVX2: two); K 2049 is two blocks, the second of 1; K 1 a tile of one outer product; K 300 ends in
-    12 (AVX2: 4) columns of a packing. x and weights in [0.5, 1.5), so that a product left out or counted twice is far
+    tiles of 12 rows of x by 32 weight rows, packed 16 x 16 at a time, and up to 11 tiles of 8 rows where they save
+    padding rows; with AVX2 every dtype from 24 rows (the 16-bit types widened as they are packed), in tiles of 6 by 16,
+    packed 8 x 8, and of 4. The weight rows go in panels over the threads and K in blocks of 2048. Rows (AVX-512 / AVX2
+    tiles): 24 12 + 12 / 4 x 6; 29 (AVX2) 5 x 6, the last of 5 rows; 33 3 x 12, the last of 9 / 5 x 6 + 4, the last of
+    3; 40 2 x 12 + 2 x 8 / 6 x 6 + 4; 48 and 144 whole big tiles; 128 10 x 12 + 8 / 20 x 6 + 2 x 4; 151 12 x 12 + 8,
+    the last of 7 / 24 x 6 + 2 x 4, the last of 3. 1, 33 and 70 weight rows end in a panel of 1, 1 and 6, 32 is one
+    whole panel (AVX2: two); K 2049 is two blocks, the second of 1; K 1 a tile of one outer product; K 300 ends in 12
+    (AVX2: 4) columns of a packing. x and weights in [0.5, 1.5), so that a product left out or counted twice is far
     outside the bound of every element (check), and no product so small that float16 rounds it to a subnormal."""
     weight = (0.5 + torch.rand(n, k, dtype=torch.float64)).to(dtype)
     b = (0.5 + torch.rand(n, dtype=torch.float64)).to(dtype) if bias else None
