@@ -649,7 +649,7 @@ GemvPlan plan_gemv(int64_t M, int64_t N, int64_t K, int64_t x_quant_bits) {
   // did better in blocks of 4 weight rows (a run of the streams is one pair where M is not a power of two).
 #if defined(CPU_CAPABILITY_AVX2)
   // bfloat16 weights from 5 rows of x (where the float32 fmas bound the time) as pairs in 4 x 3 blocks: 0.71-0.80x the
-  // time of the 2 x 4 blocks of widened weights at TinyLlama's layers (5 to 16 rows), 0.84-0.97x at Llama-124M's
+  // time of the 2 x 4 blocks of widened weights at TinyLlama's layers (5 to 16 rows), 0.83-0.97x at Llama-124M's
   // (cpu_linear_2026-12-06_zen3_bf16_pairs.md); with 4 or fewer the 4 x 2 blocks lost to the streams.
   if constexpr (std::is_same_v<w_t, c10::BFloat16> && std::is_same_v<acc_t, float>)
     p.bf16_pairs = M >= 5 && K % 32 == 0 && N % kGemvBlock == 0;
@@ -865,7 +865,7 @@ class GemvRows {
 #if defined(CPU_CAPABILITY_AVX2)
   // dot<false> for bf16_pairs: a block of 4 weight rows from `rows` (one apart) with x's rows 3 at a time (2 for the
   // last 2 or 4), the sums of their lanes into sums. The next block's lines, `ahead` bytes on, are asked for by the
-  // first two blocks of x rows, two weight rows each: all four from the first took 1.1x the time at K 768 and 8 rows of
+  // first two blocks of x rows, two weight rows each: all four from the first took 1.14x the time at K 768, 8 rows of
   // x (a burst of requests that waits for free miss buffers).
   void dot_pairs(const w_t* rows, int64_t ahead, acc_t* sums, int64_t sums_m) const {
     for (int64_t m = 0; m < M;) {
