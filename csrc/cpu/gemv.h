@@ -525,7 +525,7 @@ template <int C, bool kPrefetch>
 __attribute__((noinline)) void dot_block_bf16_pairs(const c10::BFloat16* a, int64_t a_step, const float* b,
                                                     int64_t b_step, int64_t n, float* lanes, int64_t pf,
                                                     int64_t prefetch) {
-  static_assert(C == 2 || C == 3);
+  static_assert((C == 2 || C == 3) && kGemvBlock == 4);  // PT_SUMS3 and PT_SUMS2 place the sums of 4 weight rows
   const __m256i odd = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));  // the high halves of the lanes
   int64_t k = -n;  // the rows are addressed from their ends
   const c10::BFloat16 *w0 = a + n, *w1 = w0 + a_step, *w2 = w1 + a_step, *w3 = w2 + a_step;
@@ -646,7 +646,8 @@ GemvPlan plan_gemv(int64_t M, int64_t N, int64_t K, int64_t x_quant_bits) {
 #else
   // Below AVX-512 (an AVX2 EPYC) two streams read better up to 4 rows of x, at 8 (two passes of 4 over a run of
   // pairs; 1.1x blocks' speed on bfloat16 weights, a tie on float32) and with integer dot products; 5 to 7 rows of x
-  // did better in blocks of 4 weight rows (a run of the streams is one pair where M is not a power of two).
+  // did better in blocks of 4 weight rows (a run of the streams is one pair where M is not a power of two); bfloat16
+  // weights from 5 rows of x go as pairs instead, where their shapes allow.
 #if defined(CPU_CAPABILITY_AVX2)
   // bfloat16 weights from 5 rows of x (where the float32 fmas bound the time) as pairs in 4 x 3 blocks: 0.71-0.80x the
   // time of the 2 x 4 blocks of widened weights at TinyLlama's layers (5 to 16 rows), 0.83-0.97x at Llama-124M's
@@ -871,16 +872,13 @@ class GemvRows {
     for (int64_t m = 0; m < M;) {
       const int64_t left = M - m, c_rows = left == 2 || left == 4 ? 2 : 3, pf = m == 0 ? 0 : 2;
       alignas(32) float lanes[3 * kGemvBlock * 8];  // [c][r][lane]
-      const auto block = [&](auto C, auto prefetch) {
-        dot_block_bf16_pairs<decltype(C)::value, decltype(prefetch)::value>(rows, K, xs.wide + m * K, K, K, lanes, pf,
-                                                                           ahead);
+      const bool prefetch = m <= 3 && ahead != 0;  // m 0 or 3: the first two blocks
+      const auto block = [&](auto C) {
+        constexpr int kC = decltype(C)::value;
+        (prefetch ? dot_block_bf16_pairs<kC, true> : dot_block_bf16_pairs<kC, false>)(rows, K, xs.wide + m * K, K, K,
+                                                                                      lanes, pf, ahead);
       };
-      using Three = std::integral_constant<int, 3>;
-      using Two = std::integral_constant<int, 2>;
-      if (m <= 3 && ahead != 0)  // m 0 or 3: the first two blocks
-        c_rows == 3 ? block(Three{}, std::true_type{}) : block(Two{}, std::true_type{});
-      else
-        c_rows == 3 ? block(Three{}, std::false_type{}) : block(Two{}, std::false_type{});
+      c_rows == 3 ? block(std::integral_constant<int, 3>{}) : block(std::integral_constant<int, 2>{});
       for (int64_t c = 0; c < c_rows; ++c)
         for (int64_t r = 0; r < kGemvBlock; ++r)
           sums[(m + c) * sums_m + r] = at::vec::vec_reduce_all<float>(
