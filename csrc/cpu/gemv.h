@@ -12,11 +12,11 @@
 // rows), widening narrow weights as they are loaded, by AVX-512 BF16 dot products on bfloat16, or by integer dot
 // products on int8 weights and x quantized per row: AVX-512 VNNI on x of 16 or 8 bits (both 8 rows of x at once over
 // 2 weight rows), AVX2 vpmaddwd on x of 16 bits (4 rows of x over 2 weight rows), or below AVX-512 from 5 rows of x on
-// bfloat16 weights widened in pairs (4 weight rows by 3 rows of x, dot_block_bf16_pairs), so each weight row comes from
-// memory once and from cache for the later blocks of x rows. With AVX-512, an x too large to stay in L1 goes by in
-// chunks of K, each over two blocks at a time. Sums are per vector lane over K (or over the chunks), then across lanes
-// (the order of a blocked GEMM). Compiled into each including kernel file's ISA level (namespace CPU_CAPABILITY, see
-// isa.h).
+// bfloat16 and float16 weights widened in assembly blocks (4 weight rows by 3 rows of x, dot_block_16), so each weight
+// row comes from memory once and from cache for the later blocks of x rows. With AVX-512, an x too large to stay in
+// L1 goes by in chunks of K, each over two blocks at a time. Sums are per vector lane over K (or over the chunks), then
+// across lanes (the order of a blocked GEMM). Compiled into each including kernel file's ISA level (namespace
+// CPU_CAPABILITY, see isa.h).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -475,7 +475,7 @@ __attribute__((noinline)) void dot_block_i8(const int8_t* a_first, int64_t a_ste
   }
 }
 
-// bfloat16 weights as pairs (plan.bf16_pairs): a 32-bit lane of a vector of 16 bfloat16 weights holds elements 2j (its
+// bfloat16 weights as pairs (plan.wide_blocks): a 32-bit lane of a vector of 16 bfloat16 weights holds elements 2j (its
 // low half) and 2j + 1 (its high half), so the lanes shifted left by 16 are the even elements widened to float32 and
 // the lanes with their low halves cleared the odd ones: 2 instructions widen 16 weights, where a widening load takes 2
 // for 8. x is widened once in the matching order (widen_pairs): each 16 elements as their 8 even ones, then the odd.
@@ -488,26 +488,30 @@ void widen_pairs(int64_t M, int64_t K, const io_t* x, float* out) {
     }
 }
 
-// The assembly of dot_block_bf16_pairs, one 16-element step: the C rows of x (even elements, then odd) in ymm12-14,
-// each weight row widened in ymm15 and multiplied into its C sums ymm(r * C + c). x_even, x_odd, w: byte offsets.
+// The assembly of dot_block_16, one 16-element step: the C rows of x (elements [0, 8) then [8, 16) of the step, in
+// pairs order the even then the odd) in ymm12-14, each weight row widened in ymm15 and multiplied into its C sums
+// ymm(r * C + c). x0, x1: byte offsets of the two halves of x; w0, w1: of the weights (bfloat16 pairs: one load, w0).
 #define PT_PX(row, reg, off) "vmovups " #off "(%[x" #row "], %[k], 4), %%ymm" #reg "\n\t"
-#define PT_PW(row, off, widen) "vmovdqu " #off "(%[w" #row "], %[k], 2), %%ymm15\n\t" widen
-#define PT_EVEN "vpslld $16, %%ymm15, %%ymm15\n\t"
-#define PT_ODD "vpand %[odd], %%ymm15, %%ymm15\n\t"
+#define PT_PW(row, off, load) load " " #off "(%[w" #row "], %[k], 2), %%ymm15\n\t"
+#define PT_EVEN(row, off) PT_PW(row, off, "vmovdqu") "vpslld $16, %%ymm15, %%ymm15\n\t"
+#define PT_ODD(row, off) PT_PW(row, off, "vmovdqu") "vpand %[odd], %%ymm15, %%ymm15\n\t"
+#define PT_HALF(row, off) PT_PW(row, off, "vcvtph2ps")
 #define PT_FMA(x, acc) "vfmadd231ps %%ymm15, %%ymm" #x ", %%ymm" #acc "\n\t"
-#define PT_ROW3(row, off, widen, s0, s1, s2) PT_PW(row, off, widen) PT_FMA(12, s0) PT_FMA(13, s1) PT_FMA(14, s2)
-#define PT_ROW2(row, off, widen, s0, s1) PT_PW(row, off, widen) PT_FMA(12, s0) PT_FMA(13, s1)
+#define PT_ROW3(row, off, widen, s0, s1, s2) widen(row, off) PT_FMA(12, s0) PT_FMA(13, s1) PT_FMA(14, s2)
+#define PT_ROW2(row, off, widen, s0, s1) widen(row, off) PT_FMA(12, s0) PT_FMA(13, s1)
 #define PT_HALF3(x_off, w_off, widen)                                                                       \
   PT_PX(0, 12, x_off) PT_PX(1, 13, x_off) PT_PX(2, 14, x_off) PT_ROW3(0, w_off, widen, 0, 1, 2)           \
       PT_ROW3(1, w_off, widen, 3, 4, 5) PT_ROW3(2, w_off, widen, 6, 7, 8) PT_ROW3(3, w_off, widen, 9, 10, 11)
 #define PT_HALF2(x_off, w_off, widen)                                                                      \
   PT_PX(0, 12, x_off) PT_PX(1, 13, x_off) PT_ROW2(0, w_off, widen, 0, 1) PT_ROW2(1, w_off, widen, 2, 3) \
       PT_ROW2(2, w_off, widen, 4, 5) PT_ROW2(3, w_off, widen, 6, 7)
-#define PT_STEP3(x_even, x_odd, w) PT_HALF3(x_even, w, PT_EVEN) PT_HALF3(x_odd, w, PT_ODD)
-#define PT_STEP2(x_even, x_odd, w) PT_HALF2(x_even, w, PT_EVEN) PT_HALF2(x_odd, w, PT_ODD)
+#define PT_PAIRS3(x0, x1, w0, w1) PT_HALF3(x0, w0, PT_EVEN) PT_HALF3(x1, w0, PT_ODD)
+#define PT_PAIRS2(x0, x1, w0, w1) PT_HALF2(x0, w0, PT_EVEN) PT_HALF2(x1, w0, PT_ODD)
+#define PT_HALVES3(x0, x1, w0, w1) PT_HALF3(x0, w0, PT_HALF) PT_HALF3(x1, w1, PT_HALF)
+#define PT_HALVES2(x0, x1, w0, w1) PT_HALF2(x0, w0, PT_HALF) PT_HALF2(x1, w1, PT_HALF)
 #define PT_PREFETCH "prefetcht0 (%[p0], %[k], 2)\n\tprefetcht0 (%[p1], %[k], 2)\n\t"
 // A loop of 32 elements an iteration (a 64-byte line of each weight row), k from -n up to 0.
-#define PT_LOOP(prefetch, STEP) "1:\n\t" prefetch STEP(0, 32, 0) STEP(64, 96, 32) "add $32, %[k]\n\tjnz 1b\n\t"
+#define PT_LOOP(prefetch, STEP) "1:\n\t" prefetch STEP(0, 32, 0, 16) STEP(64, 96, 32, 48) "add $32, %[k]\n\tjnz 1b\n\t"
 // The sums: register r * C + c, stored at byte offset (c * 4 + r) * 32 of lanes.
 #define PT_SUMS3(op) op(0, 0) op(1, 128) op(2, 256) op(3, 32) op(4, 160) op(5, 288) op(6, 64) op(7, 192) op(8, 320) \
                      op(9, 96) op(10, 224) op(11, 352)
@@ -516,57 +520,65 @@ void widen_pairs(int64_t M, int64_t K, const io_t* x, float* out) {
 #define PT_STORE_SUM(reg, off) "vmovups %%ymm" #reg ", " #off "(%[s])\n\t"
 
 // lanes[(c * kGemvBlock + r) * 8 + l] = lane l of the sums of dot(a row r, b row c) over n elements (a multiple of 32)
-// for 4 bfloat16 weight rows a + r * a_step and C = 3 or 2 rows b + c * b_step of x in pairs order (widen_pairs): the
-// dot product is the sum of the 8 lanes. kPrefetch: as each 64-byte line of weight rows pf and pf + 1 is read, the
-// line `prefetch` bytes on is asked for (GemvRows::dot_pairs spreads a block's prefetch over two calls).
+// for 4 16-bit weight rows a + r * a_step and C = 3 or 2 rows b + c * b_step of x, widened to float32: bfloat16 as
+// pairs, x in pairs order (widen_pairs), float16 by vcvtph2ps (8 weights a load), x in its order. The dot product is
+// the sum of the 8 lanes. kPrefetch: as each 64-byte line of weight rows pf and pf + 1 is read, the line `prefetch`
+// bytes on is asked for (GemvRows::dot_wide_blocks spreads a block's prefetch over two calls).
 // 4 x 3: 12 sums, 3 x vectors and a weight vector in the 16 registers, 12 fmas to 4 weight loads and 3 of x.
 // In assembly: with intrinsics GCC 12 kept 3 of the 12 sums on the stack, and the loop ran at half the speed.
-template <int C, bool kPrefetch>
-__attribute__((noinline)) void dot_block_bf16_pairs(const c10::BFloat16* a, int64_t a_step, const float* b,
-                                                    int64_t b_step, int64_t n, float* lanes, int64_t pf,
-                                                    int64_t prefetch) {
+template <typename W, int C, bool kPrefetch>
+__attribute__((noinline)) void dot_block_16(const W* a, int64_t a_step, const float* b, int64_t b_step, int64_t n,
+                                            float* lanes, int64_t pf, int64_t prefetch) {
   static_assert((C == 2 || C == 3) && kGemvBlock == 4);  // PT_SUMS3 and PT_SUMS2 place the sums of 4 weight rows
+  static_assert(std::is_same_v<W, c10::BFloat16> || std::is_same_v<W, c10::Half>);
   const __m256i odd = _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u));  // the high halves of the lanes
   int64_t k = -n;  // the rows are addressed from their ends
-  const c10::BFloat16 *w0 = a + n, *w1 = w0 + a_step, *w2 = w1 + a_step, *w3 = w2 + a_step;
+  const W *w0 = a + n, *w1 = w0 + a_step, *w2 = w1 + a_step, *w3 = w2 + a_step;
   const float *x0 = b + n, *x1 = x0 + b_step, *x2 = C == 3 ? x1 + b_step : x1;  // x2: unused for C = 2
   const char* p0 = reinterpret_cast<const char*>(w0 + pf * a_step) + prefetch;
-  const char* p1 = p0 + a_step * static_cast<int64_t>(sizeof(c10::BFloat16));
-#define PT_OPERANDS                                                                                            \
-  : [k] "+r"(k)                                                                                               \
-  : [s] "r"(lanes), [x0] "r"(x0), [x1] "r"(x1), [x2] "r"(x2), [w0] "r"(w0), [w1] "r"(w1), [w2] "r"(w2), \
-    [w3] "r"(w3), [odd] "m"(odd)
-#define PT_PREFETCH_OPERANDS , [p0] "r"(p0), [p1] "r"(p1)
-#define PT_CLOBBERS                                                                                            \
-  : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", \
-    "xmm11", "xmm12", "xmm13", "xmm14", "xmm15"
-  if constexpr (C == 3 && kPrefetch)
-    asm volatile(PT_SUMS3(PT_ZERO_SUM) PT_LOOP(PT_PREFETCH, PT_STEP3) PT_SUMS3(PT_STORE_SUM)
-                 PT_OPERANDS PT_PREFETCH_OPERANDS PT_CLOBBERS);
-  else if constexpr (C == 3)
-    asm volatile(PT_SUMS3(PT_ZERO_SUM) PT_LOOP("", PT_STEP3) PT_SUMS3(PT_STORE_SUM) PT_OPERANDS PT_CLOBBERS);
-  else if constexpr (kPrefetch)
-    asm volatile(PT_SUMS2(PT_ZERO_SUM) PT_LOOP(PT_PREFETCH, PT_STEP2) PT_SUMS2(PT_STORE_SUM)
-                 PT_OPERANDS PT_PREFETCH_OPERANDS PT_CLOBBERS);
-  else
-    asm volatile(PT_SUMS2(PT_ZERO_SUM) PT_LOOP("", PT_STEP2) PT_SUMS2(PT_STORE_SUM) PT_OPERANDS PT_CLOBBERS);
+  const char* p1 = p0 + a_step * static_cast<int64_t>(sizeof(W));
+#define PT_ASM(SUMS, STEP, prefetch, prefetch_operands)                                                            \
+  asm volatile(SUMS(PT_ZERO_SUM) PT_LOOP(prefetch, STEP) SUMS(PT_STORE_SUM)                                      \
+               : [k] "+r"(k)                                                                                      \
+               : [s] "r"(lanes), [x0] "r"(x0), [x1] "r"(x1), [x2] "r"(x2), [w0] "r"(w0), [w1] "r"(w1),            \
+                 [w2] "r"(w2), [w3] "r"(w3), [odd] "m"(odd) prefetch_operands                                     \
+               : "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", \
+                 "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15")
+#define PT_ASM_C(STEP3, STEP2)                                                               \
+  if constexpr (C == 3 && kPrefetch)                                                         \
+    PT_ASM(PT_SUMS3, STEP3, PT_PREFETCH, PT_COMMA[p0] "r"(p0) PT_COMMA[p1] "r"(p1));          \
+  else if constexpr (C == 3)                                                                 \
+    PT_ASM(PT_SUMS3, STEP3, "", );                                                           \
+  else if constexpr (kPrefetch)                                                              \
+    PT_ASM(PT_SUMS2, STEP2, PT_PREFETCH, PT_COMMA[p0] "r"(p0) PT_COMMA[p1] "r"(p1));          \
+  else                                                                                       \
+    PT_ASM(PT_SUMS2, STEP2, "", )
+#define PT_COMMA ,
+  if constexpr (std::is_same_v<W, c10::BFloat16>) {
+    PT_ASM_C(PT_PAIRS3, PT_PAIRS2);
+  } else {
+    PT_ASM_C(PT_HALVES3, PT_HALVES2);
+  }
 }
-#undef PT_CLOBBERS
-#undef PT_PREFETCH_OPERANDS
-#undef PT_OPERANDS
+#undef PT_COMMA
+#undef PT_ASM_C
+#undef PT_ASM
 #undef PT_STORE_SUM
 #undef PT_ZERO_SUM
 #undef PT_SUMS2
 #undef PT_SUMS3
 #undef PT_LOOP
 #undef PT_PREFETCH
-#undef PT_STEP2
-#undef PT_STEP3
+#undef PT_HALVES2
+#undef PT_HALVES3
+#undef PT_PAIRS2
+#undef PT_PAIRS3
 #undef PT_HALF2
 #undef PT_HALF3
 #undef PT_ROW2
 #undef PT_ROW3
 #undef PT_FMA
+#undef PT_HALF
 #undef PT_ODD
 #undef PT_EVEN
 #undef PT_PW
@@ -597,7 +609,7 @@ struct GemvPlan {
   bool bf16_dots = false;  // bfloat16 x and weights: AVX-512 BF16 dot products on x as it is (dot_block_bf16)
   bool int_dots = false;   // int8 weights, float32 x: AVX-512 VNNI integer dot products on x quantized per row
   bool x_8_bits = false;   // int_dots: x quantized to 8 bits instead of 16
-  bool bf16_pairs = false;  // bfloat16 weights widened as pairs, x in pairs order (dot_block_bf16_pairs; AVX2)
+  bool wide_blocks = false;  // 16-bit weights widened in 4 x 3 assembly blocks (dot_block_16; AVX2)
   bool chunked = false;    // x goes by in chunks of K, each over kChunkBlocks blocks (GemvRows::read_chunks)
   bool streams = false;    // a thread reads its weight rows as two sequential streams (GemvRows::read_streams)
   int64_t stream_ahead = 0;  // streams: the bytes prefetched ahead of each (0: none, the hardware's prefetch alone)
@@ -646,16 +658,18 @@ GemvPlan plan_gemv(int64_t M, int64_t N, int64_t K, int64_t x_quant_bits) {
 #else
   // Below AVX-512 (an AVX2 EPYC) two streams read better up to 4 rows of x, at 8 (two passes of 4 over a run of
   // pairs; 1.1x blocks' speed on bfloat16 weights, a tie on float32) and with integer dot products; 5 to 7 rows of x
-  // did better in blocks of 4 weight rows (a run of the streams is one pair where M is not a power of two); bfloat16
-  // weights from 5 rows of x go as pairs instead, where their shapes allow.
+  // did better in blocks of 4 weight rows (a run of the streams is one pair where M is not a power of two); 16-bit
+  // weights from 5 rows of x go in the assembly blocks instead, where their shapes allow.
 #if defined(CPU_CAPABILITY_AVX2)
-  // bfloat16 weights from 5 rows of x (where the float32 fmas bound the time) as pairs in 4 x 3 blocks: 0.71-0.80x the
-  // time of the 2 x 4 blocks of widened weights at TinyLlama's layers (5 to 16 rows), 0.83-0.97x at Llama-124M's
-  // (cpu_linear_2026-12-06_zen3_bf16_pairs.md); with 4 or fewer the 4 x 2 blocks lost to the streams.
-  if constexpr (std::is_same_v<w_t, c10::BFloat16> && std::is_same_v<acc_t, float>)
-    p.bf16_pairs = M >= 5 && K % 32 == 0 && N % kGemvBlock == 0;
+  // 16-bit weights from 5 rows of x (where the float32 fmas bound the time) in 4 x 3 assembly blocks: bfloat16 as
+  // pairs 0.71-0.80x the time of the 2 x 4 blocks of widened weights at TinyLlama's layers (5 to 16 rows), 0.83-0.97x
+  // at Llama-124M's (cpu_linear_2026-12-06_zen3_bf16_pairs.md); with 4 or fewer the 4 x 2 blocks lost to the streams.
+  // float16 by vcvtph2ps 0.67-0.71x the time of the blocks and streams before at TinyLlama's (5, 8, 16 rows),
+  // 0.83-0.92x at Llama-124M's (cpu_linear_2026-12-06_zen3_f16_blocks.md).
+  if constexpr ((std::is_same_v<w_t, c10::BFloat16> || std::is_same_v<w_t, c10::Half>) && std::is_same_v<acc_t, float>)
+    p.wide_blocks = M >= 5 && K % 32 == 0 && N % kGemvBlock == 0;
 #endif
-  p.streams = !p.bf16_pairs && p.x_bytes <= (M <= 4 ? kL1Bytes : kChunkXBytes) && (M <= 4 || M == 8 || p.int_dots);
+  p.streams = !p.wide_blocks && p.x_bytes <= (M <= 4 ? kL1Bytes : kChunkXBytes) && (M <= 4 || M == 8 || p.int_dots);
 #endif
   p.row_bytes = K * static_cast<int64_t>(sizeof(w_t));
   // Software prefetch lets the dot products of 3 or more rows of x overlap the reads; with fewer the loop waits on
@@ -768,7 +782,7 @@ class GemvRows {
 #endif
 #if defined(CPU_CAPABILITY_AVX2)
     if constexpr (std::is_same_v<acc_t, float>) {
-      if (plan.bf16_pairs) {
+      if (std::is_same_v<w_t, c10::BFloat16> && plan.wide_blocks) {
         r.widened.resize(M * K);
         widen_pairs(M, K, x, r.widened.data());
         r.wide = r.widened.data();
@@ -842,8 +856,9 @@ class GemvRows {
     // 4 rows of x at a time over 2 weight rows, fewer over 4, so that each weight vector is loaded (and widened) once
     // for 4 rows of x: the integer dot products, and the float32 fmas from 4 rows of x (1.1-1.4x the speed of dot_rows'
     // 4 x 2 blocks at 4 and 8 rows, cpu_linear_2026-12-05_zen3_rows.md). (No chunks of K below AVX-512.)
-    if constexpr (std::is_same_v<w_t, c10::BFloat16> && std::is_same_v<acc_t, float> && !kLanes)
-      if (plan.bf16_pairs) return dot_pairs(rows, ahead, sums, sums_m);
+    if constexpr ((std::is_same_v<w_t, c10::BFloat16> || std::is_same_v<w_t, c10::Half>) &&
+                  std::is_same_v<acc_t, float> && !kLanes)
+      if (plan.wide_blocks) return dot_wide_blocks(rows, ahead, sums, sums_m);
     if constexpr (!kLanes)
       if (plan.int_dots || M >= 4)
         return for_blocks<4>(M, [&](auto C, int64_t m) {
@@ -864,19 +879,19 @@ class GemvRows {
   }
 
 #if defined(CPU_CAPABILITY_AVX2)
-  // dot<false> for bf16_pairs: a block of 4 weight rows from `rows` (one apart) with x's rows 3 at a time (2 for the
+  // dot<false> for wide_blocks: a block of 4 weight rows from `rows` (one apart) with x's rows 3 at a time (2 for the
   // last 2 or 4), the sums of their lanes into sums. The next block's lines, `ahead` bytes on, are asked for by the
   // first two blocks of x rows, two weight rows each: all four from the first took 1.14x the time at K 768, 8 rows of
   // x (a burst of requests that waits for free miss buffers).
-  void dot_pairs(const w_t* rows, int64_t ahead, acc_t* sums, int64_t sums_m) const {
+  void dot_wide_blocks(const w_t* rows, int64_t ahead, acc_t* sums, int64_t sums_m) const {
     for (int64_t m = 0; m < M;) {
       const int64_t left = M - m, c_rows = left == 2 || left == 4 ? 2 : 3, pf = m == 0 ? 0 : 2;
       alignas(32) float lanes[3 * kGemvBlock * 8];  // [c][r][lane]
       const bool prefetch = m <= 3 && ahead != 0;  // m 0 or 3: the first two blocks
       const auto block = [&](auto C) {
         constexpr int kC = decltype(C)::value;
-        (prefetch ? dot_block_bf16_pairs<kC, true> : dot_block_bf16_pairs<kC, false>)(rows, K, xs.wide + m * K, K, K,
-                                                                                      lanes, pf, ahead);
+        (prefetch ? dot_block_16<w_t, kC, true> : dot_block_16<w_t, kC, false>)(rows, K, xs.wide + m * K, K, K, lanes,
+                                                                              pf, ahead);
       };
       c_rows == 3 ? block(std::integral_constant<int, 3>{}) : block(std::integral_constant<int, 2>{});
       for (int64_t c = 0; c < c_rows; ++c)
