@@ -602,6 +602,10 @@ void for_x_blocks(int64_t M, int64_t nb, F&& f) {
   });
 }
 
+// Whether 16-bit weights [N, K] fit gemv_rows' assembly blocks below AVX-512 (dot_block_16): whole steps of 32
+// elements and blocks of 4 rows.
+inline bool wide_blocks_fit(int64_t N, int64_t K) { return K % 32 == 0 && N % kGemvBlock == 0; }
+
 // The path of one gemv_rows call, decided from the dtypes, M, K and the processor before any work (plan_gemv). Each
 // choice is the one that measured best where it applies; the numbers are in
 // benchmarks/results/cpu_kernel_notes_2026-11-28.md, section gemv_rows.
@@ -667,7 +671,7 @@ GemvPlan plan_gemv(int64_t M, int64_t N, int64_t K, int64_t x_quant_bits) {
   // float16 by vcvtph2ps 0.67-0.71x the time of the blocks and streams before at TinyLlama's (5, 8, 16 rows),
   // 0.83-0.92x at Llama-124M's (cpu_linear_2026-12-06_zen3_f16_blocks.md).
   if constexpr ((std::is_same_v<w_t, c10::BFloat16> || std::is_same_v<w_t, c10::Half>) && std::is_same_v<acc_t, float>)
-    p.wide_blocks = M >= 5 && K % 32 == 0 && N % kGemvBlock == 0;
+    p.wide_blocks = M >= 5 && wide_blocks_fit(N, K);
 #endif
   p.streams = !p.wide_blocks && p.x_bytes <= (M <= 4 ? kL1Bytes : kChunkXBytes) && (M <= 4 || M == 8 || p.int_dots);
 #endif

@@ -29,6 +29,17 @@ constexpr int64_t kRowBlock = 32;
 // 32 rows 0.88-1.07x, depending on the layer (cpu_linear_rows_2026-12-05_xeon.md); on a Zen 5 the streaming kernel
 // took 1.10 ms at 47 rows where the GEMM took 0.94 at 48 (cpu_linear_2026-12-02_zen5_gemm.md).
 constexpr int64_t kGemmRows = kGemmLanes == 8 ? 24 : kRowBlock + 1;
+// With AVX2, 16-bit weights whose shape fits gemv_rows' assembly blocks (wide_blocks_fit) from kRowBlock + 1: one pass
+// of the blocks over the weights took 0.82-0.99x the GEMM's time at 24 to 32 rows, two passes 1.04-1.12x at 40 and 48
+// (TinyLlama's layers; cpu_linear_2026-12-06_zen3_f16_blocks.md).
+template <typename T>
+int64_t gemm_rows(int64_t N, int64_t K) {
+#if defined(CPU_CAPABILITY_AVX2)
+  if constexpr (!std::is_same_v<T, float>)
+    if (wide_blocks_fit(N, K)) return kRowBlock + 1;
+#endif
+  return kGemmRows;
+}
 // Which types take the GEMM: float32 at both levels, the 16-bit types with AVX2 only (not measured with AVX-512, where
 // the glue gives bfloat16 with AVX-512 BF16 dot products to ATen from 29 rows).
 template <typename T>
@@ -44,7 +55,7 @@ void linear(const LinearParams& p, at::ScalarType dtype, const void* x, const vo
     auto* op = static_cast<T*>(out);
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
     if constexpr (kGemmTakes<T>)
-      if (p.rows >= kGemmRows)
+      if (p.rows >= gemm_rows<T>(p.out_features, p.in_features))
         return gemm(p.rows, p.out_features, p.in_features, xp, static_cast<const T*>(weight), /*scale=*/nullptr,
                     static_cast<const T*>(bias), op);
 #endif

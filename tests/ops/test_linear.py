@@ -99,14 +99,15 @@ def test_cpu_path_by_rows(dtype, k):
 def test_gemm_tiles(dtype, rows, k, n, bias):
     """Many rows of x are the kernel's GEMM (csrc/cpu/linear_kernel.cpp, gemm): with AVX-512 float32 from 33 rows, in
     tiles of 12 rows of x by 32 weight rows, packed 16 x 16 at a time, and up to 11 tiles of 8 rows where they save
-    padding rows; with AVX2 every dtype from 24 rows (the 16-bit types widened as they are packed), in tiles of 6 by 16,
-    packed 8 x 8, and of 4. The weight rows go in panels over the threads and K in blocks of 2048. Rows (AVX-512 / AVX2
-    tiles): 24 12 + 12 / 4 x 6; 29 (AVX2) 5 x 6, the last of 5 rows; 33 3 x 12, the last of 9 / 5 x 6 + 4, the last of
-    3; 40 2 x 12 + 2 x 8 / 6 x 6 + 4; 48 and 144 whole big tiles; 128 10 x 12 + 8 / 20 x 6 + 2 x 4; 151 12 x 12 + 8,
-    the last of 7 / 24 x 6 + 2 x 4, the last of 3. 1, 33 and 70 weight rows end in a panel of 1, 1 and 6, 32 is one
-    whole panel (AVX2: two); K 2049 is two blocks, the second of 1; K 1 a tile of one outer product; K 300 ends in 12
-    (AVX2: 4) columns of a packing. x and weights in [0.5, 1.5), so that a product left out or counted twice is far
-    outside the bound of every element (check), and no product so small that float16 rounds it to a subnormal."""
+    padding rows; with AVX2 every dtype from 24 rows (the 16-bit types widened as they are packed; from 33 where their
+    shape fits gemv_rows' assembly blocks, which none here does), in tiles of 6 by 16, packed 8 x 8, and of 4. The
+    weight rows go in panels over the threads and K in blocks of 2048. Rows (AVX-512 / AVX2 tiles): 24 12 + 12 / 4 x
+    6; 29 (AVX2) 5 x 6, the last of 5 rows; 33 3 x 12, the last of 9 / 5 x 6 + 4, the last of 3; 40 2 x 12 + 2 x 8 / 6
+    x 6 + 4; 48 and 144 whole big tiles; 128 10 x 12 + 8 / 20 x 6 + 2 x 4; 151 12 x 12 + 8, the last of 7 / 24 x 6 + 2
+    x 4, the last of 3. 1, 33 and 70 weight rows end in a panel of 1, 1 and 6, 32 is one whole panel (AVX2: two); K
+    2049 is two blocks, the second of 1; K 1 a tile of one outer product; K 300 ends in 12 (AVX2: 4) columns of a
+    packing. x and weights in [0.5, 1.5), so that a product left out or counted twice is far outside the bound of every
+    element (check), and no product so small that float16 rounds it to a subnormal."""
     weight = (0.5 + torch.rand(n, k, dtype=torch.float64)).to(dtype)
     b = (0.5 + torch.rand(n, dtype=torch.float64)).to(dtype) if bias else None
     x = (0.5 + torch.rand(rows, k, dtype=torch.float64)).to(dtype)
@@ -142,10 +143,10 @@ def test_each_cpu_isa_level_agrees(isa):
 
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 8e-3), (torch.float16, 2e-3)])
 def test_16bit_weight_blocks(dtype, tol):
-    """Below AVX-512, bfloat16 and float16 weights with 5 or more rows of x (up to AVX2's GEMM from 24) go in assembly
-    blocks where K is a multiple of 32 and N of 4 (csrc/cpu/gemv.h, dot_block_16; bfloat16 as pairs, float16 by
-    vcvtph2ps): blocks of 4 weight rows by 3 rows of x, 2 for the last 2 or 4 (5 = 3 + 2, 7 = 3 + 2 + 2, 8 = 3 + 3 + 2,
-    10 = 3 + 3 + 2 + 2, 13 = 3 + 3 + 3 + 2 + 2), K 32 to 96 one to three iterations of 32, N 44 several blocks whose next
+    """Below AVX-512, bfloat16 and float16 weights with 5 to 32 rows of x go in assembly blocks where K is a multiple
+    of 32 and N of 4 (csrc/cpu/gemv.h, dot_block_16; bfloat16 as pairs, float16 by vcvtph2ps; AVX2's GEMM from 33
+    rows there, from 24 for other shapes): blocks of 4 weight rows by 3 rows of x, 2 for the last 2 or 4 (5 = 3 + 2, 7 =
+    3 + 2 + 2, 8 = 3 + 3 + 2, 10 = 3 + 3 + 2 + 2, 13 = 3 + 3 + 3 + 2 + 2, 32 = 10 x 3 + 2), K 32 to 96 one to three iterations of 32, N 44 several blocks whose next
     is prefetched and two that are not, N 1024 ranges over two threads; K 48 and N 42 go the other way. Run at AVX2
     (capped where the processor has AVX-512). x, weights and bias in [0.5, 1.5): each output is its own error bound, so
     a product left out or counted twice (1% of an output at K 96), a row of x or of weights in another's place, or one
@@ -153,7 +154,7 @@ def test_16bit_weight_blocks(dtype, tol):
     run_under_isa("avx2", (
         "g = torch.Generator().manual_seed(0)\n"
         f"u = lambda *s: (0.5 + torch.rand(*s, generator=g, dtype=torch.float64)).to({dtype})\n"
-        "for m in (5, 6, 7, 8, 9, 10, 13, 23):\n"
+        "for m in (5, 6, 7, 8, 9, 10, 13, 23, 24, 32, 33):\n"
         "  for n, k in ((44, 32), (44, 64), (44, 96), (1024, 64), (42, 64), (44, 48)):\n"
         "    x, w, b = u(m, k), u(n, k), u(n)\n"
         "    want = ref.linear(x.double(), w.double(), b.double())\n"
