@@ -108,6 +108,14 @@ def test_llamacpp_engines_only_for_llama_on_cpu(monkeypatch):
     assert not any(e.startswith("llama.cpp") for e in generate.engines("cpu", "float32", False, "gpt2"))
 
 
+def test_float16_pairs_llamacpp_f16_and_leaves_out_ctranslate2(monkeypatch):
+    """float16 runs llama.cpp's f16 and not CTranslate2, which has no float16 compute on the CPU."""
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    names = generate.engines("cpu", "float16", False, "llama")
+    assert names[-1] == "llama.cpp f16" and "CTranslate2" not in names and "Hugging Face" in names
+    assert "CTranslate2" in generate.engines("cpu", "bfloat16", False, "llama")
+
+
 def test_cuda_engines_leave_out_the_cpu_only_ones():
     """On CUDA: no llama.cpp or CTranslate2, and no Hugging Face int8 (torch's dynamic quantization runs on the CPU
     only); Hugging Face in float32 and bfloat16."""

@@ -6,8 +6,9 @@ timed in turns.
 The model is a random Hugging Face model, float32, saved with save_pretrained to a temporary folder, with a word-level
 vocabulary "t0", "t1", ... (so CTranslate2's token strings map one to one to ids). Each engine loads it from there:
 ours with DecoderLM.from_pretrained, Hugging Face with from_pretrained, CTranslate2 and llama.cpp from their own
-converters' output (llama.cpp: GGUF, see bench/llamacpp.py). For bfloat16 the same weights are saved again in
-bfloat16, and every engine loads that folder, so that each can keep the weights as stored (mapped, where it maps).
+converters' output (llama.cpp: GGUF, see bench/llamacpp.py). For bfloat16 and float16 the same weights are saved again
+in that dtype, and every engine loads that folder, so that each can keep the weights as stored (mapped, where it
+maps).
 `--engines` times a subset (ours always runs: every ratio is to it).
 
 - `--model gpt2`: GPT-2 small shape (124M parameters, tied head); `--uncached-new-tokens N` adds ours without the
@@ -27,9 +28,10 @@ bfloat16, and every engine loads that folder, so that each can keep the weights 
   Seq2SeqTransformer.from_pretrained, eager (generate(compile=True) is DecoderLM's), CTranslate2 its Translator.
 
 In each of `--dtypes`: float32; bfloat16 (weights and activations; CTranslate2's compute type bfloat16 where its CPU
-build has it); int8 (ours: weight-only int8, and "ours, x 8 bits" with x quantized per row to 8 bits too, x_bits=8;
+build has it); float16 (weights and activations; not CTranslate2, which has no float16 compute on the CPU); int8 (ours: weight-only int8, and "ours, x 8 bits" with x quantized per row to 8 bits too, x_bits=8;
 Hugging Face: torch's dynamic int8 quantization of its nn.Linear layers;
-CTranslate2: int8_float32). llama.cpp runs GGUF f32 for float32, bf16 and f16 for bfloat16, and q8_0 for int8. Each
+CTranslate2: int8_float32). llama.cpp runs GGUF f32 for float32, bf16 and f16 for bfloat16, f16 for float16, and q8_0
+for int8. Each
 engine and dtype runs in a process of its own (engines sharing a process slow each other: a loaded CTranslate2 slowed
 PyTorch's generation by about 15%), which also gives its resident memory after the load and at its peak. The engines
 of a dtype are loaded together and take turns, one timed call each, round after round (measure), so that the host's
@@ -408,7 +410,7 @@ def engines(device, dtype: str, uncached: bool, model: str) -> list[str]:
     names = ["ours"] + (["ours, compiled"] if model != "marian" else []) + (["ours, no cache"] if uncached else [])
     names += ["ours, x 8 bits"] if dtype == "int8" else []
     names += ["Hugging Face"] if cpu or dtype != "int8" else []
-    if cpu and importlib.util.find_spec("ctranslate2") is not None:
+    if cpu and dtype in CT2_TYPES and importlib.util.find_spec("ctranslate2") is not None:
         names.append("CTranslate2")
     if cpu and model in DECODER_SHAPES and importlib.util.find_spec("llama_cpp"):
         names += [f"llama.cpp {t}" for t in llamacpp.GGUF_TYPES[dtype]]
@@ -487,7 +489,8 @@ def markdown(rows, memory, device, command, model_desc, runs, tokens=None, not_r
             for b, pos in result.items())]
     if memory:
         lines += ["", "Resident memory of each engine's process, counted from just before loading the model from the "
-                  "save_pretrained folder (float32; for bfloat16 a bfloat16 save of the same weights) or from what "
+                  "save_pretrained folder (float32; for bfloat16 and float16 a save of the same weights in that dtype) "
+                  "or from what "
                   "CTranslate2's and llama.cpp's converters made of it: anonymous resident "
                   "memory (RssAnon, sampled every millisecond) after the load and at its peak over the load and the "
                   "first, untimed call of each batch size (the same call as the timed ones, which run without the "
@@ -530,7 +533,8 @@ def main(argv=None):
                         "opus-mt-en-de's shape")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "int8"], default=["float32", "int8"])
+    p.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16", "float16", "int8"],
+                   default=["float32", "int8"])
     p.add_argument("--prompt-len", type=int, nargs="+", default=[128],
                    help="prompt lengths (each engine is timed at each; the token checks use the first)")
     p.add_argument("--new-tokens", type=int, default=256)
@@ -564,9 +568,9 @@ def main(argv=None):
         folder = Path(tmp) / "float32"
         save_folder(hf, folder)
         folders = {"float32": folder, "int8": folder}
-        if "bfloat16" in args.dtypes:  # saved in bfloat16 too, so that every engine can load bfloat16 as stored
-            folders["bfloat16"] = Path(tmp) / "bfloat16"
-            save_folder(copy.deepcopy(hf).to(torch.bfloat16), folders["bfloat16"])
+        for half in {"bfloat16", "float16"} & set(args.dtypes):  # saved again, so that every engine loads it as stored
+            folders[half] = Path(tmp) / half
+            save_folder(copy.deepcopy(hf).to(getattr(torch, half)), folders[half])
         for dtype in args.dtypes:
             names = engines(args.device, dtype, bool(args.uncached_new_tokens) and dtype == "float32", args.model)
             calls = {e: (args.uncached_new_tokens, 1) if e == "ours, no cache" else (args.new_tokens, args.runs)

@@ -29,7 +29,7 @@ import torch
 
 # GGUF types per dtype of ours: the first is the pair of that dtype; bfloat16 also runs f16, llama.cpp's usual
 # 16-bit type. q8_0 is the converter's own (blocks of 32 int8 weights with one scale).
-GGUF_TYPES = {"float32": ["f32"], "bfloat16": ["bf16", "f16"], "int8": ["q8_0"]}
+GGUF_TYPES = {"float32": ["f32"], "bfloat16": ["bf16", "f16"], "float16": ["f16"], "int8": ["q8_0"]}
 CONVERTER_FILES = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 
 
