@@ -546,21 +546,21 @@ __attribute__((noinline)) void dot_block_16(const W* a, int64_t a_step, const fl
                  "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15")
 #define PT_ASM_C(STEP3, STEP2)                                                               \
   if constexpr (C == 3 && kPrefetch)                                                         \
-    PT_ASM(PT_SUMS3, STEP3, PT_PREFETCH, PT_COMMA[p0] "r"(p0) PT_COMMA[p1] "r"(p1));          \
+    PT_ASM(PT_SUMS3, STEP3, PT_PREFETCH, PT_PREFETCH_OPERANDS);                               \
   else if constexpr (C == 3)                                                                 \
     PT_ASM(PT_SUMS3, STEP3, "", );                                                           \
   else if constexpr (kPrefetch)                                                              \
-    PT_ASM(PT_SUMS2, STEP2, PT_PREFETCH, PT_COMMA[p0] "r"(p0) PT_COMMA[p1] "r"(p1));          \
+    PT_ASM(PT_SUMS2, STEP2, PT_PREFETCH, PT_PREFETCH_OPERANDS);                               \
   else                                                                                       \
     PT_ASM(PT_SUMS2, STEP2, "", )
-#define PT_COMMA ,
+#define PT_PREFETCH_OPERANDS , [p0] "r"(p0), [p1] "r"(p1)
   if constexpr (std::is_same_v<W, c10::BFloat16>) {
     PT_ASM_C(PT_PAIRS3, PT_PAIRS2);
   } else {
     PT_ASM_C(PT_HALVES3, PT_HALVES2);
   }
 }
-#undef PT_COMMA
+#undef PT_PREFETCH_OPERANDS
 #undef PT_ASM_C
 #undef PT_ASM
 #undef PT_STORE_SUM
