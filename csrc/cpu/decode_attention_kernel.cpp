@@ -77,7 +77,7 @@ const acc_t* rows_as_acc(const scalar_t* base, int64_t step, int64_t j0, int64_t
     out_step = step;
     return base + j0 * step;
   } else {
-    for (int64_t i = 0; i < n; ++i) at::vec::convert(base + (j0 + i) * step, buf + i * width, width);
+    for (int64_t i = 0; i < n; ++i) convert_n(base + (j0 + i) * step, buf + i * width, width);
     out_step = width;
     return buf;
   }
@@ -330,7 +330,7 @@ void load_queries(const DecodeInputs<scalar_t>& in, int64_t b, int64_t h, acc_t*
   for (int64_t t = 0; t < in.T; ++t)
     for (int64_t g = 0; g < in.G; ++g) {
       acc_t* dst = qs + (t * in.G + g) * in.D;
-      at::vec::convert(in.q + b * in.p.q_stride[0] + (h * in.G + g) * in.p.q_stride[1] + t * in.p.q_stride[2], dst,
+      convert_n(in.q + b * in.p.q_stride[0] + (h * in.G + g) * in.p.q_stride[1] + t * in.p.q_stride[2], dst,
                        in.D);
       at::vec::map([s = Vec(acc_t(in.p.scale))](Vec x) { return x * s; }, dst, dst, in.D);
     }
@@ -500,7 +500,7 @@ void merge_chunks(const DecodeInputs<scalar_t>& in, const DecodePlan& plan, cons
           at::vec::map([r = Vec(acc_t(1) / denom)](Vec x) { return x * r; }, merged.data(), merged.data(), Dv);
         }
         const int64_t t = m / in.G, g = m % in.G;
-        at::vec::convert(merged.data(), out + ((b * in.p.q_heads + h * in.G + g) * in.T + t) * Dv, Dv);
+        convert_n(merged.data(), out + ((b * in.p.q_heads + h * in.G + g) * in.T + t) * Dv, Dv);
       }
     }
   });

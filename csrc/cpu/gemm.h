@@ -195,13 +195,13 @@ void gemm(int64_t M, int64_t N, int64_t K, const T* x, const W* w, const float* 
       }
       alignas(64) float b[kGemmNR] = {}, s[kGemmNR];
       std::fill_n(s, kGemmNR, 1.f);
-      if (bias) at::vec::convert(bias + n0, b, cols);
+      if (bias) convert_n(bias + n0, b, cols);
       if (scale) std::copy_n(scale + n0, cols, s);
       for (int64_t m = 0; m < M; ++m) {
         float* row = cp.p.get() + m * kGemmNR;
         for (int h = 0; h < kGemmNR; h += kGemmLanes)
           at::vec::fmadd(Vec::loadu(row + h), Vec::loadu(s + h), Vec::loadu(b + h)).store(row + h);
-        at::vec::convert(row, out + m * N + n0, cols);
+        convert_n(row, out + m * N + n0, cols);
       }
     }
   });

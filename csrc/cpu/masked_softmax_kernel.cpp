@@ -110,7 +110,7 @@ void scale_to(acc_t* a, acc_t factor, int64_t n, T* out) {
     at::vec::map<acc_t>([f](Vec v) { return v * f; }, out, a, n);
   } else {
     at::vec::map<acc_t>([f](Vec v) { return v * f; }, a, a, n);
-    at::vec::convert(a, out, n);
+    convert_n(a, out, n);
   }
 }
 
@@ -179,7 +179,7 @@ void bwd_typed(const MaskedSoftmaxBwdParams& p) {
       const Vec vdot(dot(gr, yr, lk)), vscale(scale);
       acc_t* d = std::is_same_v<T, acc_t> ? reinterpret_cast<acc_t*>(dp + r * lk) : dbuf.data();
       at::vec::map2<acc_t>([&](Vec gv, Vec yv) { return vscale * yv * (gv - vdot); }, d, gr, yr, lk);
-      if constexpr (!std::is_same_v<T, acc_t>) at::vec::convert(dbuf.data(), dp + r * lk, lk);
+      if constexpr (!std::is_same_v<T, acc_t>) convert_n(dbuf.data(), dp + r * lk, lk);
     }
   });
 }

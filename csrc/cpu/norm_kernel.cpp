@@ -64,8 +64,8 @@ void norm_fwd_typed(const NormFwdParams& p) {
   acc_t* rstdp = static_cast<acc_t*>(p.rstd);
   // Affine parameters as acc_t vectors (1 and 0 when absent).
   std::vector<acc_t> wv(n, acc_t(1)), bv(n, acc_t(0));
-  if (p.weight) at::vec::convert(static_cast<const T*>(p.weight), wv.data(), n);
-  if (p.bias) at::vec::convert(static_cast<const T*>(p.bias), bv.data(), n);
+  if (p.weight) convert_n(static_cast<const T*>(p.weight), wv.data(), n);
+  if (p.bias) convert_n(static_cast<const T*>(p.bias), bv.data(), n);
   at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / n), [&](int64_t begin, int64_t end) {
     std::vector<acc_t> xbuf(std::is_same_v<T, acc_t> ? 0 : n), ybuf(std::is_same_v<T, acc_t> ? 0 : n);
     for (int64_t r = begin; r < end; ++r) {
@@ -91,7 +91,7 @@ void norm_fwd_typed(const NormFwdParams& p) {
       const Vec vrs(rs), vmu(mu);
       at::vec::map3<acc_t>([&](Vec xv, Vec wvv, Vec bvv) { return at::vec::fmadd((xv - vmu) * vrs, wvv, bvv); }, out,
                            a, wv.data(), bv.data(), n);
-      if constexpr (!std::is_same_v<T, acc_t>) at::vec::convert(ybuf.data(), yp + r * n, n);
+      if constexpr (!std::is_same_v<T, acc_t>) convert_n(ybuf.data(), yp + r * n, n);
     }
   });
 }
@@ -107,7 +107,7 @@ void norm_bwd_typed(const NormBwdParams& p) {
   // RMSNorm has no mean: rows are not centred.
   const acc_t *meanp = static_cast<const acc_t*>(p.mean), *rstdp = static_cast<const acc_t*>(p.rstd);
   std::vector<acc_t> wv(n, acc_t(1));
-  if (p.weight) at::vec::convert(static_cast<const T*>(p.weight), wv.data(), n);
+  if (p.weight) convert_n(static_cast<const T*>(p.weight), wv.data(), n);
   const bool want_dw = p.grad_weight != nullptr, want_db = p.grad_bias != nullptr;
   // Per-thread partial sums of the weight and bias gradients, reduced after the parallel loop (no atomics).
   const int nthreads = at::get_num_threads();
@@ -150,14 +150,14 @@ void norm_bwd_typed(const NormBwdParams& p) {
             return (gv * wvv - c_gw - xhat * c_gwx) * vrs;
           },
           out, gr, wv.data(), a, n);
-      if constexpr (!std::is_same_v<T, acc_t>) at::vec::convert(dxbuf.data(), dxp + r * n, n);
+      if constexpr (!std::is_same_v<T, acc_t>) convert_n(dxbuf.data(), dxp + r * n, n);
     }
   });
   auto reduce_parts = [&](const std::vector<acc_t>& parts, void* out) {
     std::vector<acc_t> total(parts.begin(), parts.begin() + n);
     for (int t = 1; t < nthreads; ++t)
       at::vec::map2<acc_t>([](Vec s, Vec p) { return s + p; }, total.data(), total.data(), parts.data() + t * n, n);
-    at::vec::convert(total.data(), static_cast<T*>(out), n);
+    convert_n(total.data(), static_cast<T*>(out), n);
   };
   if (want_dw) reduce_parts(dw_part, p.grad_weight);
   if (want_db) reduce_parts(db_part, p.grad_bias);

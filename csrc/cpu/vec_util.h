@@ -15,13 +15,41 @@ inline acc_t max_nan(acc_t a, acc_t b) {
   return (a > b || a != a) ? a : b;
 }
 
+// dst[i] = src[i] converted, for i < n. Between float32 and the 16-bit float types, vectors of them with AVX2 and
+// AVX-512 (at::vec::convert takes them an element at a time below AVX-512), rounded to nearest even as c10's
+// conversions are; every other pair by at::vec::convert.
+template <typename From, typename To>
+void convert_n(const From* src, To* dst, int64_t n) {
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+  constexpr bool kWiden = std::is_same_v<To, float> && at::vec::is_reduced_floating_point_v<From>;
+  constexpr bool kNarrow = std::is_same_v<From, float> && at::vec::is_reduced_floating_point_v<To>;
+  if constexpr (kWiden || kNarrow) {
+    using Vf = at::vec::Vectorized<float>;
+    constexpr int64_t kV = Vf::size();  // two vectors of float32 to one of the 16-bit type
+    int64_t i = 0;
+    for (; i + 2 * kV <= n; i += 2 * kV) {
+      if constexpr (kWiden) {
+        const auto [lo, hi] = at::vec::convert_to_float<From>(at::vec::Vectorized<From>::loadu(src + i));
+        lo.store(dst + i);
+        hi.store(dst + i + kV);
+      } else {
+        at::vec::convert_from_float<To>(Vf::loadu(src + i), Vf::loadu(src + i + kV)).store(dst + i);
+      }
+    }
+    for (; i < n; ++i) dst[i] = static_cast<To>(src[i]);
+    return;
+  }
+#endif
+  at::vec::convert(src, dst, n);
+}
+
 // The first n elements of a row of `T` as `acc_t`: the row itself when the types agree, else widened into `buf`.
 template <typename T, typename acc_t>
 const acc_t* widen_row(const T* row, int64_t n, std::vector<acc_t>& buf) {
   if constexpr (std::is_same_v<T, acc_t>) {
     return row;
   } else {
-    at::vec::convert(row, buf.data(), n);
+    convert_n(row, buf.data(), n);
     return buf.data();
   }
 }
