@@ -26,6 +26,7 @@ void convert_n(const From* src, To* dst, int64_t n) {
   if constexpr (kWiden || kNarrow) {
     using Vf = at::vec::Vectorized<float>;
     constexpr int64_t kV = Vf::size();  // two vectors of float32 to one of the 16-bit type
+    static_assert(at::vec::Vectorized<std::conditional_t<kWiden, From, To>>::size() == 2 * kV);
     int64_t i = 0;
     for (; i + 2 * kV <= n; i += 2 * kV) {
       if constexpr (kWiden) {
