@@ -330,8 +330,7 @@ void load_queries(const DecodeInputs<scalar_t>& in, int64_t b, int64_t h, acc_t*
   for (int64_t t = 0; t < in.T; ++t)
     for (int64_t g = 0; g < in.G; ++g) {
       acc_t* dst = qs + (t * in.G + g) * in.D;
-      convert_n(in.q + b * in.p.q_stride[0] + (h * in.G + g) * in.p.q_stride[1] + t * in.p.q_stride[2], dst,
-                       in.D);
+      convert_n(in.q + b * in.p.q_stride[0] + (h * in.G + g) * in.p.q_stride[1] + t * in.p.q_stride[2], dst, in.D);
       at::vec::map([s = Vec(acc_t(in.p.scale))](Vec x) { return x * s; }, dst, dst, in.D);
     }
 }

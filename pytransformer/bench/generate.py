@@ -28,12 +28,12 @@ maps).
   Seq2SeqTransformer.from_pretrained, eager (generate(compile=True) is DecoderLM's), CTranslate2 its Translator.
 
 In each of `--dtypes`: float32; bfloat16 (weights and activations; CTranslate2's compute type bfloat16 where its CPU
-build has it); float16 (weights and activations; not CTranslate2, which has no float16 compute on the CPU); int8 (ours: weight-only int8, and "ours, x 8 bits" with x quantized per row to 8 bits too, x_bits=8;
-Hugging Face: torch's dynamic int8 quantization of its nn.Linear layers;
-CTranslate2: int8_float32). llama.cpp runs GGUF f32 for float32, bf16 and f16 for bfloat16, f16 for float16, and q8_0
-for int8. Each
-engine and dtype runs in a process of its own (engines sharing a process slow each other: a loaded CTranslate2 slowed
-PyTorch's generation by about 15%), which also gives its resident memory after the load and at its peak. The engines
+build has it); float16 (weights and activations; not CTranslate2, which has no float16 compute on the CPU); int8
+(ours: weight-only int8, and "ours, x 8 bits" with x quantized per row to 8 bits too, x_bits=8; Hugging Face: torch's
+dynamic int8 quantization of its nn.Linear layers; CTranslate2: int8_float32). llama.cpp runs GGUF f32 for float32,
+bf16 and f16 for bfloat16, f16 for float16, and q8_0 for int8. Each engine and dtype runs in a process of its own
+(engines sharing a process slow each other: a loaded CTranslate2 slowed PyTorch's generation by about 15%), which also
+gives its resident memory after the load and at its peak. The engines
 of a dtype are loaded together and take turns, one timed call each, round after round (measure), so that the host's
 speed, which can drift by a third within minutes on a shared machine, is the same for all of them. The record also
 says whether our float32 greedy tokens equal Hugging Face's and llama.cpp's (f32).
@@ -490,8 +490,7 @@ def markdown(rows, memory, device, command, model_desc, runs, tokens=None, not_r
     if memory:
         lines += ["", "Resident memory of each engine's process, counted from just before loading the model from the "
                   "save_pretrained folder (float32; for bfloat16 and float16 a save of the same weights in that dtype) "
-                  "or from what "
-                  "CTranslate2's and llama.cpp's converters made of it: anonymous resident "
+                  "or from what CTranslate2's and llama.cpp's converters made of it: anonymous resident "
                   "memory (RssAnon, sampled every millisecond) after the load and at its peak over the load and the "
                   "first, untimed call of each batch size (the same call as the timed ones, which run without the "
                   "sampler), which leaves out mapped files (page cache); and the peak of all resident memory (VmHWM), "
