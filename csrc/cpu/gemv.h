@@ -606,6 +606,11 @@ void for_x_blocks(int64_t M, int64_t nb, F&& f) {
 // elements and blocks of 4 rows.
 inline bool wide_blocks_fit(int64_t N, int64_t K) { return K % 32 == 0 && N % kGemvBlock == 0; }
 
+// The types those blocks take: 16-bit weights summed in float32.
+template <typename acc_t, typename w_t>
+constexpr bool kWideBlockTypes =
+    (std::is_same_v<w_t, c10::BFloat16> || std::is_same_v<w_t, c10::Half>) && std::is_same_v<acc_t, float>;
+
 // The path of one gemv_rows call, decided from the dtypes, M, K and the processor before any work (plan_gemv). Each
 // choice is the one that measured best where it applies; the numbers are in
 // benchmarks/results/cpu_kernel_notes_2026-11-28.md, section gemv_rows.
@@ -663,15 +668,15 @@ GemvPlan plan_gemv(int64_t M, int64_t N, int64_t K, int64_t x_quant_bits) {
   // Below AVX-512 (an AVX2 EPYC) two streams read better up to 4 rows of x, at 8 (two passes of 4 over a run of
   // pairs; 1.1x blocks' speed on bfloat16 weights, a tie on float32) and with integer dot products; 5 to 7 rows of x
   // did better in blocks of 4 weight rows (a run of the streams is one pair where M is not a power of two); 16-bit
-  // weights from 5 rows of x go in the assembly blocks instead, where their shapes allow.
+  // weights at 3 rows of x and from 5 go in the assembly blocks instead, where their shapes allow.
 #if defined(CPU_CAPABILITY_AVX2)
   // 16-bit weights from 5 rows of x (where the float32 fmas bound the time) in 4 x 3 assembly blocks: bfloat16 as
   // pairs 0.71-0.80x the time of the 2 x 4 blocks of widened weights at TinyLlama's layers (5 to 16 rows), 0.83-0.97x
-  // at Llama-124M's (cpu_linear_2026-12-06_zen3_bf16_pairs.md); with 4 or fewer the 4 x 2 blocks lost to the streams.
-  // float16 by vcvtph2ps 0.67-0.71x the time of the blocks and streams before at TinyLlama's (5, 8, 16 rows),
-  // 0.83-0.92x at Llama-124M's (cpu_linear_2026-12-06_zen3_f16_blocks.md).
-  if constexpr ((std::is_same_v<w_t, c10::BFloat16> || std::is_same_v<w_t, c10::Half>) && std::is_same_v<acc_t, float>)
-    p.wide_blocks = M >= 5 && wide_blocks_fit(N, K);
+  // at Llama-124M's (cpu_linear_2026-12-06_zen3_bf16_pairs.md). float16 by vcvtph2ps 0.67-0.71x the time of the
+  // blocks and streams before at TinyLlama's (5, 8, 16 rows), 0.83-0.92x at Llama-124M's. 3 rows, one pass of one
+  // block over the weights, 0.76x (float16) / 0.83x (bfloat16) the streams' time at TinyLlama's, 1.00x / 0.95x at
+  // Llama-124M's; 4 rows, two passes of 2, lost to the streams (0.99-1.17x) (cpu_linear_2026-12-06_zen3_f16_blocks.md).
+  if constexpr (kWideBlockTypes<acc_t, w_t>) p.wide_blocks = (M == 3 || M >= 5) && wide_blocks_fit(N, K);
 #endif
   p.streams = !p.wide_blocks && p.x_bytes <= (M <= 4 ? kL1Bytes : kChunkXBytes) && (M <= 4 || M == 8 || p.int_dots);
 #endif
@@ -860,8 +865,7 @@ class GemvRows {
     // 4 rows of x at a time over 2 weight rows, fewer over 4, so that each weight vector is loaded (and widened) once
     // for 4 rows of x: the integer dot products, and the float32 fmas from 4 rows of x (1.1-1.4x the speed of dot_rows'
     // 4 x 2 blocks at 4 and 8 rows, cpu_linear_2026-12-05_zen3_rows.md). (No chunks of K below AVX-512.)
-    if constexpr ((std::is_same_v<w_t, c10::BFloat16> || std::is_same_v<w_t, c10::Half>) &&
-                  std::is_same_v<acc_t, float> && !kLanes)
+    if constexpr (kWideBlockTypes<acc_t, w_t> && !kLanes)
       if (plan.wide_blocks) return dot_wide_blocks(rows, ahead, sums, sums_m);
     if constexpr (!kLanes)
       if (plan.int_dots || M >= 4)

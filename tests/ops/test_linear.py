@@ -143,18 +143,19 @@ def test_each_cpu_isa_level_agrees(isa):
 
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 8e-3), (torch.float16, 2e-3)])
 def test_16bit_weight_blocks(dtype, tol):
-    """Below AVX-512, bfloat16 and float16 weights with 5 to 32 rows of x go in assembly blocks where K is a multiple
-    of 32 and N of 4 (csrc/cpu/gemv.h, dot_block_16; bfloat16 as pairs, float16 by vcvtph2ps; AVX2's GEMM from 33
-    rows there, from 24 for other shapes): blocks of 4 weight rows by 3 rows of x, 2 for the last 2 or 4 (5 = 3 + 2, 7 =
-    3 + 2 + 2, 8 = 3 + 3 + 2, 10 = 3 + 3 + 2 + 2, 13 = 3 + 3 + 3 + 2 + 2, 32 = 10 x 3 + 2), K 32 to 96 one to three iterations of 32, N 44 several blocks whose next
-    is prefetched and two that are not, N 1024 ranges over two threads; K 48 and N 42 go the other way. Run at AVX2
-    (capped where the processor has AVX-512). x, weights and bias in [0.5, 1.5): each output is its own error bound, so
-    a product left out or counted twice (1% of an output at K 96), a row of x or of weights in another's place, or one
-    half of 16 weights taken for the other (odd elements for even ones), is far outside it."""
+    """Below AVX-512, bfloat16 and float16 weights with 3 or 5 to 32 rows of x go in assembly blocks where K is a
+    multiple of 32 and N of 4 (csrc/cpu/gemv.h, dot_block_16; bfloat16 as pairs, float16 by vcvtph2ps; AVX2's GEMM from
+    33 rows there, from 24 for other shapes; 4 rows, the two streams): blocks of 4 weight rows by 3 rows of x, 2 for the
+    last 2 or 4 (5 = 3 + 2, 7 = 3 + 2 + 2, 8 = 3 + 3 + 2, 10 = 3 + 3 + 2 + 2, 13 = 3 + 3 + 3 + 2 + 2, 32 = 10 x 3 + 2),
+    K 32 to 96 one to three iterations of 32, N 44 several blocks whose next is prefetched and two that are not, N 1024
+    ranges over two threads; K 48 and N 42 go the other way. Run at AVX2 (capped where the processor has AVX-512). x,
+    weights and bias in [0.5, 1.5): each output is its own error bound, so a product left out or counted twice (1% of
+    an output at K 96), a row of x or of weights in another's place, or one half of 16 weights taken for the other (odd
+    elements for even ones), is far outside it."""
     run_under_isa("avx2", (
         "g = torch.Generator().manual_seed(0)\n"
         f"u = lambda *s: (0.5 + torch.rand(*s, generator=g, dtype=torch.float64)).to({dtype})\n"
-        "for m in (5, 6, 7, 8, 9, 10, 13, 23, 24, 32, 33):\n"
+        "for m in (3, 4, 5, 6, 7, 8, 9, 10, 13, 23, 24, 32, 33):\n"
         "  for n, k in ((44, 32), (44, 64), (44, 96), (1024, 64), (42, 64), (44, 48)):\n"
         "    x, w, b = u(m, k), u(n, k), u(n)\n"
         "    want = ref.linear(x.double(), w.double(), b.double())\n"
