@@ -87,6 +87,30 @@ def test_bench_cold_copies_and_the_decode_cases_held_to_a_read():
     assert any(note.startswith("decode_attention, of ceiling") for note in report.notes)
 
 
+@pytest.mark.parametrize("lscpu,want", [
+    ("Architecture: x86_64\nCPU family:  25\nModel:   1\nModel name:    AMD EPYC\nFlags: fpu\n",
+     "AMD EPYC (cpu family 25, model 1, {isa}), {threads} threads"),
+    ("Model name: Intel(R) Xeon(R) Platinum 8480+\n", "Intel(R) Xeon(R) Platinum 8480+ ({isa}), {threads} threads"),
+    (None, "{machine} ({isa}), {threads} threads")])
+def test_device_name_says_the_cpu_family_model_and_isa(lscpu, want, monkeypatch):
+    """Every record's device line names the CPU with the family and model numbers lscpu gives (what tells a Zen 3 from
+    a Zen 4 where the name is only "AMD EPYC") and the ISA the kernels run; without lscpu, what platform says."""
+    import platform
+    import subprocess
+    from pytransformer import _C
+    from pytransformer.bench import device_name
+
+    def run(argv, **kwargs):
+        assert argv == ["lscpu"]
+        if lscpu is None:
+            raise FileNotFoundError("lscpu")
+        return subprocess.CompletedProcess(argv, 0, stdout=lscpu, stderr="")
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(platform, "processor", lambda: "")
+    assert device_name("cpu") == want.format(isa=_C.cpu_isa(), threads=torch.get_num_threads(),
+                                             machine=platform.machine())
+
+
 def test_demo_few_steps_end_to_end(tmp_path, capsys, keep_threads):
     out_dir = tmp_path / "demo"
     assert main(["demo", "--steps", "3", "--held-out", "8", "--no-progress", "--out-dir", str(out_dir)]) == 0

@@ -11,12 +11,12 @@
 // dot_rows (blocks of up to 4 weight rows by up to kDotCols rows of x; with AVX-512, 8 rows of x at once over 2 weight
 // rows), widening narrow weights as they are loaded, by AVX-512 BF16 dot products on bfloat16, or by integer dot
 // products on int8 weights and x quantized per row: AVX-512 VNNI on x of 16 or 8 bits (both 8 rows of x at once over
-// 2 weight rows), AVX2 vpmaddwd on x of 16 bits (4 rows of x over 2 weight rows), or below AVX-512 from 5 rows of x on
-// bfloat16 and float16 weights widened in assembly blocks (4 weight rows by 3 rows of x, dot_block_16), so each weight
-// row comes from memory once and from cache for the later blocks of x rows. With AVX-512, an x too large to stay in
-// L1 goes by in chunks of K, each over two blocks at a time. Sums are per vector lane over K (or over the chunks), then
-// across lanes (the order of a blocked GEMM). Compiled into each including kernel file's ISA level (namespace
-// CPU_CAPABILITY, see isa.h).
+// 2 weight rows), AVX2 vpmaddwd on x of 16 bits (4 rows of x over 2 weight rows), or below AVX-512 at 3 rows of x and
+// from 5 on bfloat16 and float16 weights widened in assembly blocks (4 weight rows by 3 rows of x, dot_block_16), so
+// each weight row comes from memory once and from cache for the later blocks of x rows. With AVX-512, an x too large
+// to stay in L1 goes by in chunks of K, each over two blocks at a time. Sums are per vector lane over K (or over the
+// chunks), then across lanes (the order of a blocked GEMM). Compiled into each including kernel file's ISA level
+// (namespace CPU_CAPABILITY, see isa.h).
 #include <ATen/Parallel.h>
 
 #include <algorithm>

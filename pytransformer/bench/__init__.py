@@ -133,14 +133,20 @@ def matmul_ceiling(device="cpu", dtype=torch.float32, n: int = 2048) -> float:
 
 
 def device_name(device="cpu") -> str:
+    """The GPU's name; or the CPU's model name as lscpu gives it, with its family and model numbers (a virtual machine
+    may name only "AMD EPYC", where family 25 model 1 is a Zen 3 and model 17 a Zen 4), the instruction set the CPU
+    kernels run (pytransformer._C.cpu_isa()) and the thread count."""
     if torch.device(device).type == "cuda":
         return torch.cuda.get_device_name()
+    from .. import _C
     try:
-        model = next(line.split(":", 1)[1].strip() for line in subprocess.run(
-            ["lscpu"], capture_output=True, text=True).stdout.splitlines() if line.startswith("Model name"))
-    except (StopIteration, OSError):
-        model = platform.processor() or platform.machine()
-    return f"{model}, {torch.get_num_threads()} threads"
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        out = ""
+    fields = dict((k.strip(), v.strip()) for k, v in (line.split(":", 1) for line in out.splitlines() if ":" in line))
+    model = fields.get("Model name") or platform.processor() or platform.machine()
+    ids = [f"{name.lower()} {fields[name]}" for name in ("CPU family", "Model") if fields.get(name)]
+    return f"{model} ({', '.join(ids + [_C.cpu_isa()])}), {torch.get_num_threads()} threads"
 
 
 @dataclass
