@@ -670,11 +670,11 @@ GemvPlan plan_gemv(int64_t M, int64_t N, int64_t K, int64_t x_quant_bits) {
   // did better in blocks of 4 weight rows (a run of the streams is one pair where M is not a power of two); 16-bit
   // weights at 3 rows of x and from 5 go in the assembly blocks instead, where their shapes allow.
 #if defined(CPU_CAPABILITY_AVX2)
-  // 16-bit weights from 5 rows of x (where the float32 fmas bound the time) in 4 x 3 assembly blocks: bfloat16 as
-  // pairs 0.71-0.80x the time of the 2 x 4 blocks of widened weights at TinyLlama's layers (5 to 16 rows), 0.83-0.97x
-  // at Llama-124M's (cpu_linear_2026-12-06_zen3_bf16_pairs.md). float16 by vcvtph2ps 0.67-0.71x the time of the
-  // blocks and streams before at TinyLlama's (5, 8, 16 rows), 0.83-0.92x at Llama-124M's. 3 rows, one pass of one
-  // block over the weights, 0.76x (float16) / 0.83x (bfloat16) the streams' time at TinyLlama's, 1.00x / 0.95x at
+  // 16-bit weights at 3 rows of x and from 5 (where the float32 fmas bound the time) in 4 x 3 assembly blocks:
+  // bfloat16 as pairs 0.71-0.80x the time of the 2 x 4 blocks of widened weights at TinyLlama's layers (5 to 16 rows),
+  // 0.83-0.97x at Llama-124M's (cpu_linear_2026-12-06_zen3_bf16_pairs.md). float16 by vcvtph2ps 0.67-0.71x the time
+  // of the blocks and streams before at TinyLlama's (5, 8, 16 rows), 0.83-0.92x at Llama-124M's. 3 rows, one pass of
+  // one block over the weights, 0.76x (float16) / 0.83x (bfloat16) the streams' time at TinyLlama's, 1.00x / 0.95x at
   // Llama-124M's; 4 rows, two passes of 2, lost to the streams (0.99-1.17x) (cpu_linear_2026-12-06_zen3_f16_blocks.md).
   if constexpr (kWideBlockTypes<acc_t, w_t>) p.wide_blocks = (M == 3 || M >= 5) && wide_blocks_fit(N, K);
 #endif
