@@ -16,6 +16,11 @@ from .compiled_step import compiled_step, decode_step
 PREFILL_CHUNK = 256
 
 
+def last_positions(input_ids: Tensor) -> Tensor:
+    """The last position of every row of input_ids [B, L]: [B] (L - 1 each)."""
+    return input_ids.new_full((input_ids.shape[0],), input_ids.shape[1] - 1)
+
+
 class DecoderLM(nn.Module):
     """Token + position embeddings, a causal TransformerDecoder without cross-attention, an LM head (tied by default)."""
 
@@ -35,10 +40,13 @@ class DecoderLM(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.tok.weight
 
-    def hidden(self, input_ids: Tensor, *, cache: KVCache | None = None, key_lengths: Tensor | None = None) -> Tensor:
-        """input_ids [B, L] -> final hidden states [B, L, d_model] (see forward)."""
+    def hidden(self, input_ids: Tensor, *, cache: KVCache | None = None, key_lengths: Tensor | None = None,
+               keep: Tensor | None = None) -> Tensor:
+        """input_ids [B, L] -> final hidden states [B, L, d_model] (see forward); with keep [B] (positions) only those
+        at position keep[b] of each row, [B, d_model], the last layer's feed-forward run on those rows alone."""
         x = self.embed(input_ids, token_positions(input_ids.shape[1], input_ids.device, cache))
-        return self.decoder(x, key_lengths=key_lengths, cache=cache)
+        x = self.decoder(x, key_lengths=key_lengths, cache=cache, keep=keep)
+        return x if keep is None else x[:, 0]
 
     def forward(self, input_ids: Tensor, *, cache: KVCache | None = None, key_lengths: Tensor | None = None) -> Tensor:
         """input_ids [B, L] -> logits [B, L, vocab]. With a cache, input_ids are the next tokens of every row;
@@ -58,23 +66,22 @@ class DecoderLM(nn.Module):
     def prefill(self, input_ids: Tensor, cache: KVCache, key_lengths: Tensor | None = None, *,
                 last: bool = False) -> Tensor:
         """Run a prompt [B, L] (right-padded to key_lengths [B]) into the cache -> hidden states [B, L, d_model], or
-        with last=True only those of each row's last prompt token [B, d_model] (what generation needs; the others are
-        not kept). In chunks of PREFILL_CHUNK // B tokens of every row: the activations of one chunk at a time, so
+        with last=True only those of each row's last prompt token [B, d_model] (what generation needs: the last
+        layer's feed-forward runs on those rows alone). In chunks of PREFILL_CHUNK // B tokens of every row: the activations of one chunk at a time, so
         that the transient memory of a long prompt or a large batch is that of a chunk, at the speed of one forward
         (matrix products of hundreds of rows run at the rate of thousands)."""
         chunk = max(1, PREFILL_CHUNK // input_ids.shape[0])
-        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
-        ends = torch.full_like(rows, input_ids.shape[1] - 1) if key_lengths is None else key_lengths - 1  # [B]
+        ends = last_positions(input_ids) if key_lengths is None else key_lengths - 1  # [B]
         hidden, kept = [], None
         for start in range(0, input_ids.shape[1], chunk):
             part = input_ids[:, start:start + chunk]
             lens = None if key_lengths is None else (key_lengths - start).clamp(0, part.shape[1])
-            h = self.hidden(part, cache=cache, key_lengths=lens)
             if last:  # a row whose last token is in this chunk or later takes this chunk's (later ones overwrite)
-                mine = h[rows, (ends - start).clamp(0, part.shape[1] - 1)]  # [B, d_model]
+                mine = self.hidden(part, cache=cache, key_lengths=lens,
+                                   keep=(ends - start).clamp(0, part.shape[1] - 1))  # [B, d_model]
                 kept = mine if kept is None else torch.where((ends >= start)[:, None], mine, kept)
             else:
-                hidden.append(h)
+                hidden.append(self.hidden(part, cache=cache, key_lengths=lens))
         return kept if last else torch.cat(hidden, 1)
 
     @torch.no_grad()
@@ -117,12 +124,12 @@ class DecoderLM(nn.Module):
         else:
             if key_lengths is not None:
                 raise ValueError("key_lengths: padded prompts need use_cache=True")
-            last = self.hidden(ids)[:, -1]
+            last = self.hidden(ids, keep=last_positions(ids))
 
             def step(tok):
                 nonlocal ids
                 ids = torch.cat([ids, tok], 1)
-                return self.lm_head(self.hidden(ids)[:, -1])
+                return self.lm_head(self.hidden(ids, keep=last_positions(ids)))
 
             def reorder(index):
                 nonlocal ids

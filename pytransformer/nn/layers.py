@@ -1,4 +1,5 @@
 """Transformer encoder/decoder layers (post-, pre- or sandwich-norm residual blocks) and the stacks built from them."""
+import torch
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
@@ -86,12 +87,19 @@ class TransformerDecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, causal: bool = True, mask: Tensor | None = None,
                 key_lengths: Tensor | None = None, memory_key_lengths: Tensor | None = None,
-                memory_mask: Tensor | None = None, cache: LayerCache | None = None) -> Tensor:
+                memory_mask: Tensor | None = None, cache: LayerCache | None = None,
+                keep: Tensor | None = None) -> Tensor:
         """x [B, L, d_model], memory [B, Lm, d_model] -> [B, L, d_model]. With a cache, x holds the next tokens and
-        cross-attention reads the cached memory K/V when the cache has them."""
+        cross-attention reads the cached memory K/V when the cache has them. keep [B] (positions): only the output at
+        position keep[b] of each row, [B, 1, d_model]; self-attention still reads (and caches) every position, and the
+        rest of the layer runs on the kept rows alone."""
+        if keep is not None and memory_mask is not None:
+            raise ValueError("keep: not with memory_mask (its rows are those of every position)")
         self_cache = None if cache is None else cache.self_attn
         x = self.res_self(x, lambda h: self.self_attn(h, mask=mask, causal=causal, key_lengths=key_lengths,
                                                       cache=self_cache))
+        if keep is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), keep][:, None]
         if self.cross_attn is not None:
             cross_cache = None if cache is None else cache.cross_attn
             if memory is None and cross_cache is None:
@@ -150,15 +158,19 @@ class TransformerDecoder(nn.Module):
 
     def forward(self, x: Tensor, memory: Tensor | None = None, *, causal: bool = True, mask: Tensor | None = None,
                 key_lengths: Tensor | None = None, memory_key_lengths: Tensor | None = None,
-                memory_mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+                memory_mask: Tensor | None = None, cache: KVCache | None = None, keep: Tensor | None = None) -> Tensor:
         """x [B, L, d_model] -> [B, L, d_model]. With a cache, x holds the next L tokens of every row; afterwards the
-        cache counts them (key_lengths [B] of a right-padded prompt: only the real ones)."""
-        caches = [None] * len(self.layers) if cache is None else cache.layers(x.shape[1])
-        for layer, layer_cache in zip(self.layers, caches):
+        cache counts them (key_lengths [B] of a right-padded prompt: only the real ones). keep [B] (positions): only
+        the output at position keep[b] of each row, [B, 1, d_model], as generation needs from a prompt: the last
+        layer's feed-forward (and cross-attention) then runs on those rows alone."""
+        length = x.shape[1]
+        caches = [None] * len(self.layers) if cache is None else cache.layers(length)
+        for i, (layer, layer_cache) in enumerate(zip(self.layers, caches)):
             x = layer(x, memory, causal=causal, mask=mask, key_lengths=key_lengths,
-                      memory_key_lengths=memory_key_lengths, memory_mask=memory_mask, cache=layer_cache)
+                      memory_key_lengths=memory_key_lengths, memory_mask=memory_mask, cache=layer_cache,
+                      keep=keep if i == len(self.layers) - 1 else None)
         if cache is not None:
-            cache.advance(x.shape[1] if key_lengths is None else key_lengths, x.shape[1])
+            cache.advance(length if key_lengths is None else key_lengths, length)
         return x if self.norm is None else self.norm(x)
 
 

@@ -88,6 +88,22 @@ def test_stacks(norm):
     assert all(p.grad is not None for p in dec.parameters())
 
 
+@pytest.mark.parametrize("norm", ["post", "pre", "sandwich"])
+@pytest.mark.parametrize("cross", [False, True])
+def test_keep_gives_the_kept_positions_of_every_row(norm, cross):
+    """keep [B]: the last layer's rest runs on one row each; every row's kept output equals the full forward's."""
+    dec = TransformerDecoder(3, D, H, FF, norm=norm, dropout=0.0, cross_attention=cross).double()
+    y, memory = torch.randn(3, 5, D, dtype=torch.float64), torch.randn(3, 4, D, dtype=torch.float64)
+    keep = torch.tensor([4, 0, 2])
+    full = dec(y, memory if cross else None)
+    out = dec(y, memory if cross else None, keep=keep)
+    assert out.shape == (3, 1, D)
+    for b in range(3):
+        torch.testing.assert_close(out[b, 0], full[b, keep[b]])
+    with pytest.raises(ValueError, match="keep"):
+        dec.layers[0](y, memory, memory_mask=torch.zeros(5, 4, dtype=torch.bool), keep=keep)
+
+
 def test_residual_dropout_only_in_training():
     layer = TransformerEncoderLayer(D, H, FF, dropout=0.5)
     x = torch.randn(2, 4, D)
