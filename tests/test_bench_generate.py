@@ -233,9 +233,9 @@ def test_llamacpp_generates_our_float32_tokens(tiny):
         assert torch.equal(ours[row, :decisive], theirs[row, :decisive]), row
 
 
-def test_engines_subset_and_bfloat16_folder(monkeypatch, tmp_path):
+def test_engines_subset_and_bfloat16_folder(monkeypatch, tmp_path, capsys):
     """--engines times ours plus the engines named; bfloat16 engines load a bfloat16 save of the same weights,
-    float32 and int8 ones the float32 save."""
+    float32 and int8 ones the float32 save. The record's table, prefill and decode included, goes to stdout too."""
     from safetensors import safe_open
     torch.manual_seed(0)
     hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY)).eval()
@@ -255,6 +255,8 @@ def test_engines_subset_and_bfloat16_folder(monkeypatch, tmp_path):
     assert calls == [(e, d, {"BF16" if d == "bfloat16" else "F32"})
                      for d in ("float32", "bfloat16", "int8") for e in ("ours", "ours, compiled")]
     assert all(p.dtype == torch.float32 for p in hf.parameters())  # the bfloat16 save left the model as it was
+    record = (tmp_path / "r.md").read_text()
+    assert record.count("| 1.00x | 1000.0 | 0% (0%)") == 6 and record.split("\n\n", 1)[1] in capsys.readouterr().out
 
 
 def test_engines_take_turns_each_in_a_process_of_its_own(tiny, monkeypatch):

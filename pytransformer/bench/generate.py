@@ -593,11 +593,11 @@ def main(argv=None):
         tokens = check_tokens(hf, folder, args)
     rows.sort(key=lambda r: r[:2])  # by batch size and prompt length, engines and dtypes in the order run
     decoding = "greedy" if args.beams == 1 else f"beam search ({args.beams} beams)"
-    print(markdown([], memory, args.device, "", desc, args.runs, tokens, not_run, decoding), flush=True)
+    text = markdown(rows, memory, args.device, command_line(), desc, args.runs, tokens, not_run, decoding)
+    print(text, flush=True)
     if args.record:
         with open(args.record, "w") as f:
-            f.write("# Generation benchmark\n\n" + markdown(rows, memory, args.device, command_line(),
-                                                           desc, args.runs, tokens, not_run, decoding))
+            f.write("# Generation benchmark\n\n" + text)
 
 
 if __name__ == "__main__":
