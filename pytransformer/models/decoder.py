@@ -67,21 +67,21 @@ class DecoderLM(nn.Module):
                 last: bool = False) -> Tensor:
         """Run a prompt [B, L] (right-padded to key_lengths [B]) into the cache -> hidden states [B, L, d_model], or
         with last=True only those of each row's last prompt token [B, d_model] (what generation needs: the last
-        layer's feed-forward runs on those rows alone). In chunks of PREFILL_CHUNK // B tokens of every row: the activations of one chunk at a time, so
-        that the transient memory of a long prompt or a large batch is that of a chunk, at the speed of one forward
-        (matrix products of hundreds of rows run at the rate of thousands)."""
+        layer's feed-forward runs on those rows alone). In chunks of PREFILL_CHUNK // B tokens of every row: the
+        activations of one chunk at a time, so that the transient memory of a long prompt or a large batch is that of
+        a chunk, at the speed of one forward (matrix products of hundreds of rows run at the rate of thousands)."""
         chunk = max(1, PREFILL_CHUNK // input_ids.shape[0])
         ends = last_positions(input_ids) if key_lengths is None else key_lengths - 1  # [B]
         hidden, kept = [], None
         for start in range(0, input_ids.shape[1], chunk):
             part = input_ids[:, start:start + chunk]
             lens = None if key_lengths is None else (key_lengths - start).clamp(0, part.shape[1])
+            keep = (ends - start).clamp(0, part.shape[1] - 1) if last else None
+            h = self.hidden(part, cache=cache, key_lengths=lens, keep=keep)  # last: [B, d_model]
             if last:  # a row whose last token is in this chunk or later takes this chunk's (later ones overwrite)
-                mine = self.hidden(part, cache=cache, key_lengths=lens,
-                                   keep=(ends - start).clamp(0, part.shape[1] - 1))  # [B, d_model]
-                kept = mine if kept is None else torch.where((ends >= start)[:, None], mine, kept)
+                kept = h if kept is None else torch.where((ends >= start)[:, None], h, kept)
             else:
-                hidden.append(self.hidden(part, cache=cache, key_lengths=lens))
+                hidden.append(h)
         return kept if last else torch.cat(hidden, 1)
 
     @torch.no_grad()
