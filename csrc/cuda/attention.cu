@@ -14,9 +14,10 @@
 #include <iterator>
 #include <type_traits>
 
+#include "../attention.h"
 #include "attention_kernels.cuh"
 #include "attention_simt.cuh"
-#include "common.cuh"
+#include "glue.cuh"
 
 namespace pytransformer::cuda {
 namespace {

@@ -12,7 +12,7 @@
 #include <algorithm>
 #include <cstddef>
 
-#include "../attention.h"
+#include "../attention_params.h"
 
 namespace pytransformer::cuda {
 

@@ -1,6 +1,7 @@
 #pragma once
-// Shared pieces of the CUDA glue and kernels. The row kernels (norms, masked_softmax): float32 conversion of the storage types, 16-byte packs,
-// the row geometry, all-reductions over a row's threads, and the host-side launch helpers.
+// Shared pieces of the CUDA kernels and their launch code, free of ATen's Tensor (the glue's helpers that read tensors:
+// glue.cuh): float32 conversion of the storage types, 16-byte packs, the row kernels' (norms, masked_softmax) row
+// geometry and all-reductions over a row's threads, and the host-side launch helpers.
 //
 // Row geometry. A row of n elements is cut into chunks of kVec elements (one 16-byte pack, or kVec = 1 when the rows
 // are not 16-byte aligned). A group of `row_threads` threads works on a row: 1..32 threads share a warp (a block then
@@ -8,7 +9,6 @@
 // lane, lane + row_threads, lane + 2 * row_threads, ...; with kIters > 0 these are at most kIters chunks kept in
 // registers between the passes over the row, with kIters == 0 (rows too long for registers) each pass streams the
 // row from memory again.
-#include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
@@ -250,16 +250,6 @@ inline bool rows_aligned16(const void* base, const int64_t (&stride)[3], int64_t
   return ok;
 }
 
-// Whether every [B, H, L] row of t ([B, H, L, n]) starts on a 16-byte boundary and is contiguous.
-inline bool rows_aligned16(const at::Tensor& t) {
-  int64_t stride[3];
-  for (int d = 0; d < 3; ++d) stride[d] = t.size(d) > 1 ? t.stride(d) : 0;  // a dim of size 1 is never stepped
-  return (t.size(3) <= 1 || t.stride(3) == 1) && rows_aligned16(t.const_data_ptr(), stride, t.element_size());
-}
-
-// Whether every row of t ([B, H, L, n]) can be read or written in 16-byte packs.
-inline bool rows_packable(const at::Tensor& t) { return rows_aligned16(t) && t.size(3) % (16 / t.element_size()) == 0; }
-
 // An attribute of the current device.
 inline int device_attribute(cudaDeviceAttr attr) {
   int device = 0, value = 0;
@@ -281,22 +271,8 @@ void dispatch_float_types(c10::ScalarType dtype, F&& f) {
   }
 }
 
-// ---- KV cache (kv_cache_append, decode_attention) ----
-// Pieces shared by the two KV-cache ops: the int index vectors (positions, cache_lengths)
-// read on the device as given (int32 or int64, any stride), and the host-side check of their values.
-//
-// Host checks and synchronisation. The CPU glue checks positions / cache_lengths on the host. On CUDA that read is a
-// device-to-host copy, which waits for the stream (once per layer per generated token in a decode loop) and is
-// impossible while the stream is being captured into a CUDA graph. So:
-//   - with a host-side bound (max_position, max_length: the caller's guarantee, e.g. a cache that tracks its lengths
-//     on the host), the bound is checked against the capacity on the host (the ValueError of csrc/kv_cache_append.h
-//     or csrc/decode_attention.h, before anything is written) and the values are not read: no synchronisation;
-//   - otherwise the values are copied and checked on the host, unless the stream is capturing;
-//   - the kernels check them again on the device, always: an append row whose positions do not fit writes nothing, a
-//     decode row whose length is out of range gives zeros. Under capture (or with a bound the values break) a bad
-//     call therefore raises nothing; the rows with good values are still written.
-
-// An integer vector [B] in device memory: int32 or int64 elements `stride` apart.
+// An integer vector [B] in device memory (the KV-cache ops' positions and cache_lengths, as given: glue.cuh):
+// int32 or int64 elements `stride` apart.
 struct IndexVector {
   const void* data;
   int64_t stride;
@@ -306,33 +282,5 @@ struct IndexVector {
     return is_int64 ? static_cast<const int64_t*>(data)[i * stride] : static_cast<const int32_t*>(data)[i * stride];
   }
 };
-
-// `t` (an integer tensor [B] on the device) as an IndexVector; other integer dtypes are converted to int64 first
-// (a device kernel: capture-safe). `keep` holds the tensor read, alive until the launch is queued.
-inline IndexVector index_vector(const at::Tensor& t, at::Tensor& keep) {
-  keep = t.scalar_type() == at::kInt || t.scalar_type() == at::kLong ? t : t.to(at::kLong);
-  return {keep.const_data_ptr(), keep.stride(0), keep.scalar_type() == at::kLong};
-}
-
-// Whether work queued on `stream` is being captured into a CUDA graph.
-inline bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
-// Calls check(const int64_t* values) on a host copy of the integer vector `t`, unless `stream` is capturing (see the
-// top of this file: the kernels then check the values themselves). The copy waits for the stream: one device-to-host
-// synchronisation, which the ops avoid when the caller passes a host-side bound instead (max_position, max_length).
-template <class Check>
-void check_on_host_unless_capturing(const at::Tensor& t, cudaStream_t stream, Check&& check) {
-  if (capturing(stream)) return;
-  const at::Tensor values = t.to(at::kLong).contiguous();  // [B], on the device
-  std::vector<int64_t> host(values.numel());
-  C10_CUDA_CHECK(cudaMemcpyAsync(host.data(), values.const_data_ptr(), host.size() * sizeof(int64_t),
-                                 cudaMemcpyDeviceToHost, stream));
-  C10_CUDA_CHECK(cudaStreamSynchronize(stream));
-  check(host.data());
-}
 
 }  // namespace pytransformer::cuda

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "decode_attention_kernel.cuh"
+#include "glue.cuh"
 
 namespace pytransformer::cuda {
 namespace {

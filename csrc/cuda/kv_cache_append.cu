@@ -7,6 +7,7 @@
 
 #include <initializer_list>
 
+#include "glue.cuh"
 #include "kv_cache_append_kernel.cuh"
 
 namespace pytransformer::cuda {
