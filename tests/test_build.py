@@ -121,6 +121,28 @@ def test_cuda_arch_list_without_a_gpu(monkeypatch):
     assert "-gencode=arch=compute_75,code=sm_75" in flags and "-gencode=arch=compute_90,code=compute_90" in flags
 
 
+def _includes(path: Path, seen: set) -> list[str]:
+    """The <...> headers that `path` and the csrc files it includes with "..." (recursively) name."""
+    if path in seen or not path.exists():  # (mma.cuh's "ptx.h" is the emulator's, outside csrc)
+        return []
+    seen.add(path)
+    found = []
+    for kind, name in re.findall(r'^#include ([<"])([^>"]+)', path.read_text(), re.MULTILINE):
+        found += [name] if kind == "<" else _includes((path.parent / name).resolve(), seen)
+    return found
+
+
+def test_tensor_core_attention_units_include_no_aten():
+    """The head dims' tensor-core attention units include no ATen or torch header (attention_params.h, cuda/glue.cuh):
+    parsing ATen's Tensor took most of a unit's compile time (37 s against 14 with nvcc 13.0), eight units a build."""
+    units = sorted((Path(__file__).resolve().parents[1] / "csrc" / "cuda").glob("attention_hdim*.cu"))
+    assert len(units) == 8
+    for unit in units:
+        headers = _includes(unit, set())
+        assert "cuda_fp16.h" in headers  # the walk reaches the kernels' headers
+        assert [h for h in headers if h.startswith(("ATen/", "torch/"))] == [], unit.name
+
+
 _PTXAS_LOG = """ptxas info    : Compiling entry function '_ZN13pytransformer4cuda24attention_mma_fwd_kernelI6__halfLi64EEEvNS_15AttentionParamsE' for 'sm_90'
 ptxas info    : Function properties for _ZN13pytransformer4cuda24attention_mma_fwd_kernelI6__halfLi64EEEvNS_15AttentionParamsE
     {frame} bytes stack frame, {spills} bytes spill stores, {spills} bytes spill loads
