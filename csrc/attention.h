@@ -10,7 +10,6 @@
 #include "attention_params.h"
 #include "common.h"
 
-#include <ATen/ops/empty.h>
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -78,12 +77,13 @@ inline at::ScalarType attention_acc_dtype(const at::Tensor& q) {
 
 // lse of the forward: [B, Hq, Lq] in the accumulation type.
 inline at::Tensor empty_lse(const at::Tensor& q) {
-  return at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(attention_acc_dtype(q)));
+  return q.new_empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(attention_acc_dtype(q)));
 }
 
 inline void check_attention_backward_args(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& v,
                                           const at::Tensor& out, const at::Tensor& lse) {
-  const auto expected = std::vector<int64_t>{q.size(0), q.size(1), q.size(2), v.size(3)};
+  const std::vector<int64_t> shape{q.size(0), q.size(1), q.size(2), v.size(3)};
+  const at::IntArrayRef expected(shape);
   check_like(grad_out, "grad_out", q, "q");
   TORCH_CHECK_VALUE(grad_out.sizes() == expected, "grad_out: expected shape ", expected, ", got ", grad_out.sizes());
   check_like(out, "out", q, "q");

@@ -4,8 +4,6 @@
 // x_bits 8: x quantized per row to 8 bits too. Argument checks and the rounding of x to 8 bits, shared by the glue.
 #include "common.h"
 
-#include <ATen/ops/scalar_tensor.h>
-#include <ATen/ops/where.h>
 #include <c10/util/accumulate.h>
 
 namespace pytransformer {
@@ -71,11 +69,9 @@ inline Int8LinearParams check_int8_linear_args(const at::Tensor& x, const at::Te
 inline at::Tensor round_x_to_8_bits(const at::Tensor& x) {
   const at::Tensor xf = x.scalar_type() == at::kDouble ? x : x.to(at::kFloat);
   const at::Tensor amax = xf.abs().amax(-1, /*keepdim=*/true);
-  const at::Tensor pre = at::where(amax.lt(0x1p-100), at::scalar_tensor(0x1p100, amax.options()),
-                                   at::scalar_tensor(1.0, amax.options()));
+  const at::Tensor pre = amax.new_full({}, 0x1p100).where(amax.lt(0x1p-100), 1.0);
   const at::Tensor big = amax.mul(pre);
-  const at::Tensor mul = at::where(big.gt(0), at::scalar_tensor(127.0, big.options()).div(big),
-                                   at::scalar_tensor(0.0, big.options()));
+  const at::Tensor mul = big.new_full({}, 127.0).div(big).where(big.gt(0), 0.0);
   return xf.mul(pre).mul(mul).round().mul(big.div(127)).div(pre).to(x.scalar_type());
 }
 

@@ -4,9 +4,6 @@
 // (float32, or float64 for float64 input) for the backward.
 #include "common.h"
 
-#include <ATen/ops/empty.h>
-#include <torch/library.h>
-
 namespace pytransformer {
 inline namespace PT_HOST_NAMESPACE {
 
@@ -48,7 +45,7 @@ inline at::ScalarType stats_dtype(const at::Tensor& x) {
 
 // Saved statistics have x's leading shape.
 inline at::Tensor empty_stats(const at::Tensor& x) {
-  return at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(stats_dtype(x)));
+  return x.new_empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(stats_dtype(x)));
 }
 
 // Saved statistics (mean or rstd): one value per row of x, in stats_dtype(x), on x's device.
@@ -72,9 +69,10 @@ inline void check_norm_backward_args(const at::Tensor& grad_out, const at::Tenso
 // Registers layer_norm, rms_norm and their backward ops for one device from its
 //   forward(x, weight, bias, eps, center) -> (out, mean, rstd)
 //   backward(grad_out, x, mean, rstd, weight, has_bias, center) -> (grad_x, grad_weight, grad_bias)
-// (RMSNorm: center = false, no bias, and an undefined mean in the backward).
-template <auto forward, auto backward>
-void register_norm_impls(torch::Library& m) {
+// (RMSNorm: center = false, no bias, and an undefined mean in the backward). Library is torch::Library: a parameter,
+// so that the kernel units, which include this header, need not parse torch/library.h (the glue includes it).
+template <auto forward, auto backward, class Library>
+void register_norm_impls(Library& m) {
   using OptTensor = std::optional<at::Tensor>;
   m.impl("layer_norm", [](const at::Tensor& x, const OptTensor& w, const OptTensor& b, double eps) {
     return forward(x, w, b, eps, true);

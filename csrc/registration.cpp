@@ -2,8 +2,10 @@
 // decoding step calls (below). Kernels are registered per device next to them (csrc/cpu/*.cpp, csrc/cuda/*.cu); fake
 // kernels, and the autograd of attention and masked_softmax, live in pytransformer/ops.
 // Also the pybind11 module `pytransformer._C`, which loads this library and reports how it was built.
-#include <torch/extension.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/autograd/VariableTypeUtils.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/library.h>
 
 #include "cpu/isa.h"

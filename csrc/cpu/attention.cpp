@@ -1,6 +1,7 @@
 // CPU glue of attention: argument checks, operands in the accumulation type with padded rows, the kernels of the best
 // ISA level (attention_kernel.cpp), GQA reduction of grad_k / grad_v, registration.
 #include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>

@@ -2,14 +2,11 @@
 // (norm_kernel.cpp), registration.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros_like.h>
 #include <torch/library.h>
 
 #include "../norm.h"
 #include "isa.h"
-
-#include <ATen/ops/empty_like.h>
-#include <ATen/ops/zeros_like.h>
-#include <torch/library.h>
 
 namespace pytransformer::cpu {
 KernelTable<void (*)(const NormFwdParams&)> norm_fwd_kernel;

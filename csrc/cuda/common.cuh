@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
-#include <vector>
 
 namespace pytransformer::cuda {
 
