@@ -36,7 +36,8 @@ cuda-check: $(STAMP)
 	PYTHON=$(PY) bash tools/check_cuda.sh
 
 # The CUDA kernel cases of tests/ops through tools/cuda_emulator (no GPU needed): the emulator is compiled first, then
-# attention's cases and the other ops' run side by side, one OpenMP thread each (the references' small torch ops
+# three runs of about equal length go side by side, so that none runs on alone while a core waits (attention's
+# test_cuda_kernels*, its other cases, the other ops' cases), one OpenMP thread each (the references' small torch ops
 # gain nothing from more, which spin in libgomp), each writing the kernels it launched to a file of its own, which
 # coverage.py then reads together with the line counts the runs leave (gcov): every kernel instantiation and every
 # line of csrc/cuda with code must be reached.
@@ -45,9 +46,13 @@ EMU_PYTEST := OMP_NUM_THREADS=1 $(PY) -m pytest -q -m cuda --cuda-emulator
 cuda-emulate: build
 	$(PY) -c "from tools.cuda_emulator import build; build.load()"
 	rm -f $(EMU)/reached-*.json $(EMU)/obj/*.gcda
-	$(EMU_PYTEST) tests/ops/test_attention.py --cuda-reached $(EMU)/reached-attention.json >$(EMU)/attention.log 2>&1 & \
+	$(EMU_PYTEST) tests/ops/test_attention.py -k test_cuda_kernels --cuda-reached $(EMU)/reached-attention-kernels.json \
+		>$(EMU)/attention-kernels.log 2>&1 & kernels=$$!; \
+	$(EMU_PYTEST) tests/ops/test_attention.py -k "not test_cuda_kernels" --cuda-reached $(EMU)/reached-attention.json \
+		>$(EMU)/attention.log 2>&1 & attention=$$!; \
 	$(EMU_PYTEST) tests/ops tests/models --ignore=tests/ops/test_attention.py --cuda-reached $(EMU)/reached-others.json; \
-	others=$$?; wait $$!; attention=$$?; cat $(EMU)/attention.log; [ $$others = 0 ] && [ $$attention = 0 ]
+	failed=$$?; for pid in $$kernels $$attention; do wait $$pid || failed=1; done; \
+	cat $(EMU)/attention-kernels.log $(EMU)/attention.log; [ $$failed = 0 ]
 	$(PY) tools/cuda_emulator/coverage.py --check $(EMU)/reached-*.json  # fails on an instantiation or line no case reached
 
 sdist: $(STAMP)  # dist/pytransformer-<version>.tar.gz; install it with pip install --no-build-isolation
