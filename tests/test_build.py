@@ -132,29 +132,33 @@ def _includes(path: Path, seen: set) -> list[str]:
     return found
 
 
+def _unit_headers(folder: str, pattern: str) -> list[tuple[Path, list[str]]]:
+    """Each csrc/<folder>/<pattern> file with the <...> headers it reaches (_includes)."""
+    units = sorted((Path(__file__).resolve().parents[1] / "csrc" / folder).glob(pattern))
+    return [(unit, _includes(unit, set())) for unit in units]
+
+
 def test_tensor_core_attention_units_include_no_aten():
     """The head dims' tensor-core attention units include no ATen or torch header (attention_params.h, cuda/glue.cuh):
     parsing ATen's Tensor took most of a unit's compile time (37 s against 14 with nvcc 13.0), eight units a build."""
-    units = sorted((Path(__file__).resolve().parents[1] / "csrc" / "cuda").glob("attention_hdim*.cu"))
+    units = _unit_headers("cuda", "attention_hdim*.cu")
     assert len(units) == 8
-    for unit in units:
-        headers = _includes(unit, set())
+    for unit, headers in units:
         assert "cuda_fp16.h" in headers  # the walk reaches the kernels' headers
         assert [h for h in headers if h.startswith(("ATen/", "torch/"))] == [], unit.name
-
 
 
 def test_cpu_kernel_units_parse_no_operator_or_library_headers():
     """The CPU kernel files, each compiled once per ISA level, include neither torch/library.h nor ATen's operator
     headers (ATen/ops/*, torch/extension.h), directly or through the op headers: the glue allocates and registers.
     Those headers took about 5 s of an 8 s parse, in 21 units a build."""
-    units = sorted((Path(__file__).resolve().parents[1] / "csrc" / "cpu").glob("*_kernel.cpp"))
+    units = _unit_headers("cpu", "*_kernel.cpp")
     assert len(units) == 7
-    for unit in units:
-        headers = _includes(unit, set())
+    for unit, headers in units:
         assert "ATen/core/Tensor.h" in headers  # the walk reaches the op headers (common.h)
         heavy = [h for h in headers if h.startswith("ATen/ops/") or h in ("torch/library.h", "torch/extension.h")]
         assert heavy == [], unit.name
+
 
 _PTXAS_LOG = """ptxas info    : Compiling entry function '_ZN13pytransformer4cuda24attention_mma_fwd_kernelI6__halfLi64EEEvNS_15AttentionParamsE' for 'sm_90'
 ptxas info    : Function properties for _ZN13pytransformer4cuda24attention_mma_fwd_kernelI6__halfLi64EEEvNS_15AttentionParamsE
