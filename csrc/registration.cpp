@@ -1,5 +1,5 @@
 // The one TORCH_LIBRARY(pytransformer, m): every op's schema, forward and backward, and the autograd of the ops that a
-// decoding step calls (below). Kernels are registered per device next to them (csrc/cpu/*.cpp, csrc/cuda/*.cu); fake
+// decoding step calls (below). Kernels are registered per device next to them (csrc/cpu/*.cpp, csrc/cuda/*.cpp); fake
 // kernels, and the autograd of attention and masked_softmax, live in pytransformer/ops.
 // Also the pybind11 module `pytransformer._C`, which loads this library and reports how it was built.
 #include <pybind11/pybind11.h>

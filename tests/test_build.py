@@ -122,13 +122,13 @@ def test_cuda_arch_list_without_a_gpu(monkeypatch):
 
 
 def _includes(path: Path, seen: set) -> list[str]:
-    """The <...> headers that `path` and the csrc files it includes with "..." (recursively) name."""
+    """The headers that `path` and the csrc files it includes with "..." (recursively) name, as written."""
     if path in seen or not path.exists():  # (mma.cuh's "ptx.h" is the emulator's, outside csrc)
         return []
     seen.add(path)
     found = []
     for kind, name in re.findall(r'^#include ([<"])([^>"]+)', path.read_text(), re.MULTILINE):
-        found += [name] if kind == "<" else _includes((path.parent / name).resolve(), seen)
+        found += [name] if kind == "<" else [name, *_includes((path.parent / name).resolve(), seen)]
     return found
 
 
@@ -139,13 +139,29 @@ def _unit_headers(folder: str, pattern: str) -> list[tuple[Path, list[str]]]:
 
 
 def test_tensor_core_attention_units_include_no_aten():
-    """The head dims' tensor-core attention units include no ATen or torch header (attention_params.h, cuda/glue.cuh):
+    """The head dims' tensor-core attention units include no ATen or torch header (attention_params.h, cuda/glue.h):
     parsing ATen's Tensor took most of a unit's compile time (37 s against 14 with nvcc 13.0), eight units a build."""
     units = _unit_headers("cuda", "attention_hdim*.cu")
     assert len(units) == 8
     for unit, headers in units:
         assert "cuda_fp16.h" in headers  # the walk reaches the kernels' headers
         assert [h for h in headers if h.startswith(("ATen/", "torch/"))] == [], unit.name
+
+
+def test_cuda_kernel_units_parse_no_operator_or_library_headers():
+    """The CUDA kernel units (csrc/cuda/*.cu), which nvcc parses in several passes a GPU architecture, include neither
+    torch/library.h nor ATen's operator headers, directly or through the launch headers; the glue (csrc/cuda/*.cpp,
+    compiled by the C++ compiler) allocates, registers, and includes no kernel header (no device code)."""
+    units = _unit_headers("cuda", "*.cu")
+    assert len(units) == 14
+    for unit, headers in units:
+        assert "launch.h" in headers  # the walk reaches the launch headers
+        heavy = [h for h in headers if h.startswith("ATen/ops/") or h in ("torch/library.h", "torch/extension.h")]
+        assert heavy == [], unit.name
+    glue = _unit_headers("cuda", "*.cpp")
+    assert len(glue) == 7
+    for unit, headers in glue:
+        assert [h for h in headers if h.endswith(".cuh")] == [], unit.name
 
 
 def test_cpu_kernel_units_parse_no_operator_or_library_headers():
@@ -219,12 +235,12 @@ def _nvcc():
 
 @pytest.mark.skipif(_nvcc() is None or shutil.which("readelf") is None or shutil.which("c++") is None,
                     reason="needs nvcc, c++ and readelf")
-def test_cuda_glue_gets_its_own_copy_of_shared_host_code(tmp_path):
-    """The same unit of csrc/<op>.h host code compiled as the extension compiles it, by g++ (the CPU glue) and by nvcc
-    (the CUDA glue, PTX only, against the installed torch's headers: a CPU wheel is enough), then
+def test_nvcc_units_get_their_own_copy_of_shared_host_code(tmp_path):
+    """The same unit of csrc/<op>.h host code compiled as the extension compiles it, by g++ (the glue) and by nvcc (a
+    kernel unit that includes it, PTX only, against the installed torch's headers: a CPU wheel is enough), then
     tools/check_host_objects.py on the two objects: no inline function of pytransformer's headers defined by both (the
-    linker would keep one copy for both glues; PT_HOST_NAMESPACE gives each compiler its own), and every weak symbol
-    that both define has the same visibility in both (one flag set for host code: build_config.HOST_CODEGEN_FLAGS)."""
+    linker would keep one copy for both; PT_HOST_NAMESPACE gives each compiler its own), and every weak symbol that
+    both define has the same visibility in both (one flag set for host code: build_config.HOST_CODEGEN_FLAGS)."""
     import sysconfig
 
     from torch.utils.cpp_extension import include_paths

@@ -23,10 +23,10 @@ CSRC = ROOT / "csrc"
 # -ffp-contract=off: a multiply and an add fuse into one fma only where the source says fmadd; GCC's default (fast)
 # fuses them anywhere, so two copies of one expression could round differently (LayerNorm's backward with one feature
 # gave dx = +-0.2 instead of 0: g * w - mean(g * w) fused on one side only, times rstd ~ 1e6).
-# HOST_CODEGEN_FLAGS go to the host compiler of the .cu files too (nvcc -Xcompiler): without them nvcc's host pass
-# gives its inline functions and templates default visibility (exported from the extension, where the dynamic linker
-# may bind them to another library's copy) and compiles torch's inline OpenMP code serial: a second flag set for the
-# same host code.
+# HOST_CODEGEN_FLAGS go to the host compiler of the .cu kernel units too (nvcc -Xcompiler): without them nvcc's host
+# pass gives its inline functions and templates default visibility (exported from the extension, where the dynamic
+# linker may bind them to another library's copy) and compiles torch's inline OpenMP code serial: a second flag set
+# for the same host code.
 HOST_CODEGEN_FLAGS = ["-fvisibility=hidden", "-fopenmp", "-ffp-contract=off"]
 CXX_FLAGS = ["-O3", "-g0", "-std=c++20", *HOST_CODEGEN_FLAGS]
 LINK_FLAGS = ["-fopenmp"]
@@ -64,8 +64,9 @@ def glue_sources() -> list[Path]:
 
 
 def cuda_sources() -> list[Path]:
-    """The CUDA files (glue and per-head-dim instantiations), compiled once each by nvcc."""
-    return sorted((CSRC / "cuda").glob("*.cu"))
+    """The sources a CUDA build adds: the CUDA glue (csrc/cuda/*.cpp: checks, allocation, registration; compiled by the
+    C++ compiler with CXX_FLAGS, as the CPU glue) and the kernel units (csrc/cuda/*.cu, compiled by nvcc)."""
+    return sorted((CSRC / "cuda").glob("*.cpp")) + sorted((CSRC / "cuda").glob("*.cu"))
 
 
 def isa_units(out_dir: Path) -> list[Path]:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Compile-checks every csrc/cuda/*.cu with nvcc (compile only, no link) against the headers of the torch installed for
-# $PYTHON (default python3; a CPU wheel is enough): to sm_90 machine code (ptxas included; its PTX takes every code
+# Compile-checks the CUDA sources against the headers of the torch installed for $PYTHON (default python3; a CPU wheel
+# is enough): the glue, csrc/cuda/*.cpp, with the C++ compiler and the extension's C++ flags (syntax only), and the
+# kernel units, csrc/cuda/*.cu, with nvcc (compile only, no link): to sm_90 machine code (ptxas included; its PTX takes every code
 # path a build for sm_80 or later takes, as the only arch switch in the sources is mma.cuh's __CUDA_ARCH__ >= 800) and
 # to sm_75 machine code (the default arch list has 7.5: a build for a 7.x GPU must get through ptxas, with the
 # sm_80-only PTX of the tensor-core code, mma.sync bf16 and cp.async, compiled out there). The sm_75 pass is device
@@ -14,7 +15,8 @@
 # - tools/mma_operands_gate.py: in the sm_90 PTX of the tensor-core attention units (kept in build/cuda_check/),
 #   every mma.sync reads fragments loaded by ldmatrix or packed by cvt, and a forward's P V products read P.
 # Exits non-zero if any compile or gate fails.
-# NVCC (default $CUDA_HOME/bin/nvcc or /usr/local/cuda/bin/nvcc) and NVCC_EXTRA (e.g. "-Xptxas -v") are honoured.
+# NVCC (default $CUDA_HOME/bin/nvcc or /usr/local/cuda/bin/nvcc), NVCC_EXTRA (e.g. "-Xptxas -v") and CXX (default
+# g++) are honoured.
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -26,13 +28,17 @@ PY_INC=$("$PYTHON" -c "import sysconfig; print(sysconfig.get_paths()['include'])
 # The extension's nvcc flags (tools/build_config.py: torch's common ones and ours), and the CPU-wheel switch.
 mapfile -t BUILD_FLAGS < <("$PYTHON" tools/build_config.py nvcc-flags)
 [ ${#BUILD_FLAGS[@]} -gt 0 ] || { echo "check_cuda: tools/build_config.py nvcc-flags failed" >&2; exit 2; }
-FLAGS=("${BUILD_FLAGS[@]}" -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE
-       -I"$TORCH_INC" -I"$TORCH_INC/torch/csrc/api/include" -I"$PY_INC" -Icsrc)
+mapfile -t CXX_FLAGS < <("$PYTHON" tools/build_config.py cxx-flags)
+INCLUDES=(-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE -I"$TORCH_INC" -I"$TORCH_INC/torch/csrc/api/include" -I"$PY_INC" -Icsrc)
+FLAGS=("${BUILD_FLAGS[@]}" "${INCLUDES[@]}")
+GLUE_FLAGS=("${CXX_FLAGS[@]}" -fsyntax-only -D"$("$PYTHON" -c 'from tools import build_config as c; print(c.CUDA_MACRO)')"
+            "${INCLUDES[@]}" -I"$(dirname "$NVCC")/../include")
 shopt -s nullglob
 files=()  # the slowest units first, so that no job is left with one at the end
-for f in csrc/cuda/int8_linear.cu csrc/cuda/attention.cu csrc/cuda/*.cu; do
+for f in csrc/cuda/int8_linear_kernel.cu csrc/cuda/attention_simt.cu csrc/cuda/*.cu; do
   [ -e "$f" ] && [[ " ${files[*]} " != *" $f "* ]] && files+=("$f")
 done
+glue=(csrc/cuda/*.cpp)
 LOGS=build/cuda_check
 rm -rf "$LOGS" && mkdir -p "$LOGS/sm_75"
 [ ${#files[@]} -gt 0 ] || { echo "check_cuda: no csrc/cuda/*.cu files"; exit 0; }
@@ -43,7 +49,20 @@ if grep -rnE "__CUDA_ARCH__ *[<>=!]+ *[0-9]+" csrc/cuda | grep -vE "__CUDA_ARCH_
   echo "check_cuda: an arch switch other than __CUDA_ARCH__ >= 800: compile its other side too"; failed=1
 fi
 "$PYTHON" tools/host_calls_gate.py --nvcc "$NVCC" --jobs "$jobs" "${files[@]}" || failed=1
-# Per file, the host side and sm_90, then sm_75's device code; files compile in parallel, the slowest first.
+# A glue unit: the C++ compiler's syntax check, with the extension's flags.
+check_glue() {
+  local f=$1 start=$SECONDS name
+  name=$(basename "$f" .cpp)
+  if "${CXX:-g++}" "${GLUE_FLAGS[@]}" "$f" >"$LOGS/$name.glue.log" 2>&1; then
+    cat "$LOGS/$name.glue.log"  # warnings, if any
+    echo "ok    glue $f ($((SECONDS - start)) s)"
+  else
+    cat "$LOGS/$name.glue.log"
+    echo "FAIL  $f"
+    return 1
+  fi
+}
+# Per kernel unit, the host side and sm_90, then sm_75's device code; files compile in parallel, the slowest first.
 check() {
   local f=$1 start=$SECONDS name keep=()
   name=$(basename "$f" .cu)
@@ -69,9 +88,9 @@ check() {
   fi
 }
 pids=()
-for f in "${files[@]}"; do
+for f in "${files[@]}" "${glue[@]}"; do
   while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 0.2; done
-  check "$f" &
+  if [[ $f == *.cpp ]]; then check_glue "$f" & else check "$f" & fi
   pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid" || failed=1; done

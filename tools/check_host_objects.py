@@ -1,7 +1,7 @@
-"""Checks that the host code of the CUDA glue cannot be swapped for a differently compiled copy, from the object files
-of a build: nvcc compiles the host side of csrc/cuda/*.cu through its own front end and host flags, g++ the C++
-sources with the extension's, and an inline function or template that both compile is a weak symbol of which the
-linker keeps one copy for every caller. Fails when
+"""Checks that shared host code cannot be swapped for a differently compiled copy, from the object files of a build:
+nvcc compiles the host side of the kernel units (csrc/cuda/*.cu) through its own front end and host flags, g++ the
+C++ sources (the CPU and CUDA glue) with the extension's, and an inline function or template that both compile is a
+weak symbol of which the linker keeps one copy for every caller. Fails when
 
 - an nvcc-compiled object and a g++-compiled one both define a symbol of pytransformer's own shared host code
   (namespace pytransformer, outside pytransformer::cuda): csrc/<op>.h compiled twice, one copy for both glues; or

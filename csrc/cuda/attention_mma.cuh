@@ -1,6 +1,6 @@
 #pragma once
 // Tensor-core attention for float16/bfloat16 (FlashAttention-2 style), instantiated per head dim in
-// attention_hdim<D>.cu. Contract (shapes, conventions, alignment): attention_kernels.cuh; masks: attention.h.
+// attention_hdim<D>.cu. Contract (shapes, conventions, alignment): attention_launch.h; masks: attention.h.
 //
 // Every product is warp-level mma.sync m16n8k16 (mma.cuh) on tiles in shared memory (rows padded by 16 bytes, so
 // that the 8 row addresses of an ldmatrix fall in distinct banks), float32 accumulators in registers; operands
@@ -24,7 +24,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "attention_kernels.cuh"
+#include "attention_launch.h"
 #include "common.cuh"
 #include "mma.cuh"
 

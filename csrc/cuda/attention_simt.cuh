@@ -1,5 +1,5 @@
 #pragma once
-// SIMT attention kernels (attention_kernels.cuh): every storage type of common.cuh, any D and Dv up to
+// SIMT attention kernels (attention_launch.h): every storage type of common.cuh, any D and Dv up to
 // kSimtMaxHeadDim, float32 arithmetic. A warp owns one row at a time and walks its partners in chunks of 32, one per
 // lane: each lane computes its partner's score with a dot product over the whole row (its own row of K or Q, read
 // 16 bytes at a time when the rows are aligned, against the warp's own row staged in shared memory as float32), then
@@ -13,7 +13,7 @@
 // (attention_mma.cuh, "Hidden keys and mma.sync"): it does nothing unless that kernel set *p.non_finite, and then
 // writes again only the rows whose result is not finite. The dQ kernel's kConvert pass turns the tensor-core
 // backward's atomic dQ sums into grad_q, summing again the rows whose sums are not finite.
-#include "attention_kernels.cuh"
+#include "attention_launch.h"
 #include "common.cuh"
 
 namespace pytransformer::cuda {
@@ -312,7 +312,7 @@ inline unsigned simt_grid(int64_t rows, SimtPass pass = SimtPass::kFull) {
 
 // Calls f(std::integral_constant<int, kVec>, std::integral_constant<int, kIters>): kVec the pack width when `packs`
 // (else 1), kIters the dims a lane owns for rows of up to `dim` elements (a power of two, 1 .. 16). float16/bfloat16
-// reach these kernels only when a head dim is past the tensor-core limit (attention.cu), a rare case: they get the
+// reach these kernels only when a head dim is past the tensor-core limit (attention.cpp), a rare case: they get the
 // widest tile alone, which halves the kernels this file instantiates (and the build time).
 template <typename T, class F>
 void dispatch_simt(int64_t dim, bool packs, F&& f) {
@@ -409,6 +409,32 @@ template <typename T>
 void attention_simt_bwd(const AttentionBackwardParams& bp, const float* delta, cudaStream_t stream) {
   attention_simt_dq<T>(bp, delta, nullptr, stream);
   attention_simt_dkv<T>(bp, delta, stream);
+}
+
+// delta[row] = sum_d grad_out[row, d] * out[row, d] over the [B, Hq, Lq] rows, a warp a row.
+template <typename T>
+__global__ void __launch_bounds__(kSimtWarps* kWarpSize) attention_delta_kernel(AttentionBackwardParams bp,
+                                                                                 float* delta) {
+  const AttentionParams& p = bp.fwd;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int64_t rows = p.batch * p.heads_q * p.len_q;
+  for (int64_t row = int64_t(blockIdx.x) * kSimtWarps + warp; row < rows; row += int64_t(gridDim.x) * kSimtWarps) {
+    const int64_t i = row % p.len_q, h = row / p.len_q % p.heads_q, b = row / (p.len_q * p.heads_q);
+    const T* go = simt_row<T>(bp.grad_out, bp.go_stride, b, h, i);
+    const T* out = simt_row<T>(p.out, p.o_stride, b, h, i);
+    float acc = 0.f;
+    for (int64_t d = lane; d < p.dim_v; d += kWarpSize) acc = fmaf(to_float(go[d]), to_float(out[d]), acc);
+    acc = warp_sum(acc);
+    if (lane == 0) delta[row] = acc;
+  }
+}
+
+template <typename T>
+void attention_delta(const AttentionBackwardParams& bp, float* delta, cudaStream_t stream) {
+  const int64_t rows = bp.fwd.batch * bp.fwd.heads_q * bp.fwd.len_q;
+  if (rows == 0) return;
+  attention_delta_kernel<T><<<simt_grid(rows), kSimtWarps * kWarpSize, 0, stream>>>(bp, delta);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace pytransformer::cuda

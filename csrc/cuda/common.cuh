@@ -1,7 +1,7 @@
 #pragma once
-// Shared pieces of the CUDA kernels and their launch code, free of ATen's Tensor (the glue's helpers that read tensors:
-// glue.cuh): float32 conversion of the storage types, 16-byte packs, the row kernels' (norms, masked_softmax) row
-// geometry and all-reductions over a row's threads, and the host-side launch helpers.
+// Shared pieces of the CUDA kernels and their launch code (the kernel units alone: what the glue shares with them is
+// launch.h): float32 conversion of the storage types, 16-byte packs, the row kernels' (norms, masked_softmax) row
+// geometry and all-reductions over a row's threads, and the launch code's row geometry.
 //
 // Row geometry. A row of n elements is cut into chunks of kVec elements (one 16-byte pack, or kVec = 1 when the rows
 // are not 16-byte aligned). A group of `row_threads` threads works on a row: 1..32 threads share a warp (a block then
@@ -9,16 +9,11 @@
 // lane, lane + row_threads, lane + 2 * row_threads, ...; with kIters > 0 these are at most kIters chunks kept in
 // registers between the passes over the row, with kIters == 0 (rows too long for registers) each pass streams the
 // row from memory again.
-#include <c10/core/ScalarType.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/util/Exception.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+
+#include "launch.h"
 
 namespace pytransformer::cuda {
 
@@ -156,7 +151,7 @@ __device__ __forceinline__ V row_allreduce(V v, Op op, int row_threads, unsigned
   return v;
 }
 
-// ---- host side ----
+// ---- launch side: row geometry ----
 
 // How a kernel walks rows of n elements (see the top of this file).
 struct RowConfig {
@@ -238,48 +233,5 @@ inline unsigned grid_for_rows(int64_t rows, const RowConfig& cfg) {
   const int64_t groups = cfg.rows_per_block();
   return static_cast<unsigned>(std::min<int64_t>((rows + groups - 1) / groups, int64_t(1) << 30));
 }
-
-inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// Whether every row base + b * stride[0] + h * stride[1] + i * stride[2] (elements of elem_bytes) starts on a 16-byte
-// boundary.
-inline bool rows_aligned16(const void* base, const int64_t (&stride)[3], int64_t elem_bytes) {
-  bool ok = aligned16(base);
-  for (int d = 0; d < 3; ++d) ok = ok && stride[d] * elem_bytes % 16 == 0;
-  return ok;
-}
-
-// An attribute of the current device.
-inline int device_attribute(cudaDeviceAttr attr) {
-  int device = 0, value = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
-  return value;
-}
-
-inline int multiprocessor_count() { return device_attribute(cudaDevAttrMultiProcessorCount); }
-
-// Calls f(std::type_identity<T>) with T the CUDA storage type of a float32/float16/bfloat16 tensor.
-template <class F>
-void dispatch_float_types(c10::ScalarType dtype, F&& f) {
-  switch (dtype) {
-    case c10::ScalarType::Float: return f(std::type_identity<float>{});
-    case c10::ScalarType::Half: return f(std::type_identity<__half>{});
-    case c10::ScalarType::BFloat16: return f(std::type_identity<__nv_bfloat16>{});
-    default: TORCH_CHECK_VALUE(false, "expected a float32, float16 or bfloat16 CUDA tensor, got ", dtype);
-  }
-}
-
-// An integer vector [B] in device memory (the KV-cache ops' positions and cache_lengths, as given: glue.cuh):
-// int32 or int64 elements `stride` apart.
-struct IndexVector {
-  const void* data;
-  int64_t stride;
-  bool is_int64;
-
-  __device__ __forceinline__ int64_t at(int64_t i) const {
-    return is_int64 ? static_cast<const int64_t*>(data)[i * stride] : static_cast<const int32_t*>(data)[i * stride];
-  }
-};
 
 }  // namespace pytransformer::cuda

@@ -18,7 +18,7 @@
 // 4 flops per byte: memory-bound on H100/H200 (the floor is the cache bytes over the copy bandwidth). Partials add
 // splits * B * Hq * T * (Dv + 2) * 4 bytes written and read again (about 1% for the acceptance case).
 #include "common.cuh"
-#include "../decode_attention.h"
+#include "decode_attention_launch.h"
 
 #include <cmath>
 
@@ -27,24 +27,7 @@ namespace pytransformer::cuda {
 constexpr int kDecodeThreads = 128;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kDecodeKeys = 4;              // keys a lane group loads per step
-constexpr int kDecodeMaxHeadDim = 256;      // D and Dv: the registers of a thread hold up to 8 elements of a row
 constexpr int64_t kDecodeMinSplitKeys = 128;  // fewest keys worth a split of their own
-
-template <typename T>
-struct DecodeArgs {
-  DecodeAttentionParams p;
-  const T* q;        // [B, Hq, T, D] through p.q_stride
-  const T* k;        // [B, Hkv, capacity, D] through p.k_stride
-  const T* v;        // [B, Hkv, capacity, Dv] through p.v_stride
-  T* out;            // [B, Hq, T, Dv] contiguous
-  float* part_o;     // [splits, B * Hq * T, Dv] unnormalised outputs, or null when splits == 1
-  float2* part_ml;   // [splits, B * Hq * T] (running max in log2 units, sum of exponentials), 16-byte aligned
-  IndexVector lengths;
-  float scale_log2;  // scale * log2(e)
-  int lanes;         // threads per key row
-  int passes;        // ceil(M / kRows)
-  int splits;
-};
 
 // The running softmax state of a thread (kRows query rows, kC chunks of kVec output elements each) merged with
 // another one: both rescaled to the larger max. Rounded without contraction so both sides of a shuffle agree.
@@ -278,12 +261,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_combine_kernel(const fl
   }
 }
 
-// ---- launch (stream-ordered; the caller has checked the arguments and set the device) ----
+// ---- launch (decode_attention_launch.h) ----
 
-// `packed`: K and V rows 16-byte aligned (base pointers and row strides) and D, Dv multiples of the pack.
-// alloc_floats(n) returns a float32 device buffer of n elements valid for the work queued on `stream`.
-template <typename T, class Alloc>
-void launch_decode_attention(DecodeArgs<T> a, bool packed, cudaStream_t stream, Alloc&& alloc_floats) {
+template <typename T>
+void launch_decode_attention(DecodeArgs<T> a, bool packed, cudaStream_t stream, FloatAlloc alloc_floats) {
   const DecodeAttentionParams& p = a.p;
   constexpr int kPack = kPackElems<T>;
   const int vec = packed ? kPack : 1;

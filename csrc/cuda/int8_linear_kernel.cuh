@@ -19,38 +19,22 @@
 // a thread, K tiles of 32 with the weight tile dequantized into shared memory and the next tiles prefetched into
 // registers). It is compute-bound (2 * M * N * K flops on the float32 FMA units); a tensor-core path (mma/wgmma on
 // bf16/fp16 operands dequantized into shared memory) is the obvious next step.
-#include "../int8_linear.h"
 #include "common.cuh"
+#include "int8_linear_launch.h"
 
 namespace pytransformer::cuda {
 
-// A float32 / float16 / bfloat16 vector whose dtype is known at run time (scale and bias may differ from x's dtype);
-// an absent vector reads as zeros.
-struct FloatVec {
-  const void* data;  // [N] or null
-  c10::ScalarType dtype;
-
-  __device__ __forceinline__ float operator[](int64_t i) const {
-    if (!data) return 0.f;
-    switch (dtype) {
-      case c10::ScalarType::Half: return to_float(static_cast<const __half*>(data)[i]);
-      case c10::ScalarType::BFloat16: return to_float(static_cast<const __nv_bfloat16*>(data)[i]);
-      default: return static_cast<const float*>(data)[i];
-    }
-  }
-};
-
-template <typename T>
-struct Int8LinearArgs {
-  const T* x;             // [M, K]
-  const int8_t* weight;   // [N, K]
-  FloatVec scale, bias;   // [N]; bias may be absent
-  T* out;                 // [M, N]
-  float* parts;           // [split, M, N] split-K partial sums, or null
-  Int8LinearParams dims;  // M, N, K
-};
-
 // ---- shared pieces ----
+
+// Element i of v as a float32 (0 for an absent vector).
+__device__ __forceinline__ float value_at(const FloatVec& v, int64_t i) {
+  if (!v.data) return 0.f;
+  switch (v.dtype) {
+    case c10::ScalarType::Half: return to_float(static_cast<const __half*>(v.data)[i]);
+    case c10::ScalarType::BFloat16: return to_float(static_cast<const __nv_bfloat16*>(v.data)[i]);
+    default: return static_cast<const float*>(v.data)[i];
+  }
+}
 
 // The four int8 values of a word as exact floats: the biased byte q + 128 becomes the low mantissa bits of 2^23, and
 // subtracting 2^23 + 128 leaves q (one byte permute and one add a value, instead of a slower int-to-float conversion).
@@ -82,7 +66,7 @@ __device__ __forceinline__ uint4 load_weight16(const int8_t* row, int64_t k, int
 // out[m, n] from the full dot product of x row m with weight row n.
 template <typename T>
 __device__ __forceinline__ T finish(const Int8LinearArgs<T>& p, float dot, int64_t n) {
-  return from_float<T>(fmaf(dot, p.scale[n], p.bias[n]));
+  return from_float<T>(fmaf(dot, value_at(p.scale, n), value_at(p.bias, n)));
 }
 
 // ---- few rows: GEMV ----
@@ -247,10 +231,10 @@ __global__ void __launch_bounds__(kGemmThreads) int8_gemm_kernel(Int8LinearArgs<
   }
 }
 
-// ---- launch (stream-ordered; the caller has checked the arguments, set the device and handles M, N = 0) ----
+// ---- launch (int8_linear_launch.h) ----
 
-template <typename T, int kRows, bool kAligned, class Alloc>
-void launch_int8_gemv(Int8LinearArgs<T> p, cudaStream_t stream, Alloc&& alloc_parts) {
+template <typename T, int kRows, bool kAligned>
+void launch_int8_gemv(Int8LinearArgs<T> p, cudaStream_t stream, FloatAlloc alloc_parts) {
   const int64_t M = p.dims.rows, N = p.dims.out_features, K = p.dims.in_features;
   auto* kernel = int8_gemv_kernel<T, kRows, kAligned>;
   const int64_t blocks = (M + kRows - 1) / kRows * ((N + kGemvBlockRows - 1) / kGemvBlockRows);
@@ -272,9 +256,8 @@ void launch_int8_gemv(Int8LinearArgs<T> p, cudaStream_t stream, Alloc&& alloc_pa
   }
 }
 
-// alloc_parts(floats) returns a float32 device buffer of that size that stays valid for work queued on `stream`.
-template <typename T, class Alloc>
-void launch_int8_linear(const Int8LinearArgs<T>& p, cudaStream_t stream, Alloc&& alloc_parts) {
+template <typename T>
+void launch_int8_linear(const Int8LinearArgs<T>& p, cudaStream_t stream, FloatAlloc alloc_parts) {
   const int64_t M = p.dims.rows, N = p.dims.out_features;
   auto with_alignment = [&](auto f) {
     if (aligned16(p.weight) && p.dims.in_features % 16 == 0) {

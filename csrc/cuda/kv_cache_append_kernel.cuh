@@ -8,21 +8,12 @@
 // elements); a group of row_threads = min(32, pow2 >= chunks) threads copies a row, a block holds several row groups,
 // and each thread loads kAppendUnroll rows' chunks before storing any (several 16-byte loads in flight a thread).
 #include "common.cuh"
-#include "../kv_cache_append.h"
+#include "kv_cache_append_launch.h"
 
 namespace pytransformer::cuda {
 
 constexpr int kAppendThreads = 256;
 constexpr int kAppendUnroll = 4;
-
-// Elements are copied bit for bit: E is the unsigned type of the element size (2 or 4 bytes).
-template <typename E>
-struct AppendArgs {
-  KvCacheAppendParams p;
-  IndexVector positions;
-  E* cache[2];      // k_cache, v_cache
-  const E* src[2];  // k_new, v_new
-};
 
 // Threads per row for rows of `chunks` chunks: a power of two, at most a warp.
 __host__ __device__ __forceinline__ int append_row_threads(int64_t chunks) {
@@ -45,7 +36,7 @@ __global__ void __launch_bounds__(kAppendThreads) kv_cache_append_kernel(AppendA
   const int64_t row_step = int64_t(gridDim.x) * rows_per_block;  // between the rows a thread copies
   for (int64_t bh = blockIdx.y; bh < p.batch * p.kv_heads; bh += gridDim.y) {
     const int64_t b = bh / p.kv_heads, h = bh % p.kv_heads, pos = a.positions.at(b);
-    if (pos < 0 || pos > p.capacity - p.new_len) continue;  // only under graph capture (see common.cuh)
+    if (pos < 0 || pos > p.capacity - p.new_len) continue;  // only under graph capture (see glue.h)
     E* dst = a.cache[values] + b * cs[0] + h * cs[1] + pos * cs[2];
     const E* src = a.src[values] + b * ns[0] + h * ns[1];
     for (int64_t t = blockIdx.x * rows_per_block + threadIdx.x / row_threads; t < p.new_len;
@@ -67,8 +58,6 @@ __global__ void __launch_bounds__(kAppendThreads) kv_cache_append_kernel(AppendA
   }
 }
 
-// Launches the copy; `packed`: every row of the four tensors is 16-byte aligned with a unit last-dim stride and
-// D, Dv are multiples of the pack (the glue checks). Requires new_len > 0.
 template <typename E>
 void launch_kv_cache_append(const AppendArgs<E>& a, bool packed, cudaStream_t stream) {
   constexpr int kPack = 16 / sizeof(E);

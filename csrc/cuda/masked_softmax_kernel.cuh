@@ -6,31 +6,10 @@
 // Rows held in registers are read once: each thread keeps exp(v - its own max) and its (max, sum), merged over the
 // row (MaxSumOp), then rescales. Streaming rows take an online (max, sum) pass and a second pass that writes.
 // Backward: grad = scale * out * (grad_out - sum(grad_out * out)).
-#include "../masked_softmax.h"
 #include "common.cuh"
+#include "masked_softmax_launch.h"
 
 namespace pytransformer::cuda {
-
-template <typename T>
-struct SoftmaxFwdParams {
-  const T* scores;    // [rows, lk]
-  T* out;             // [rows, lk]
-  const void* mask;   // null, or bool / T elements: row r at mask + layout.row_offset(r), column j at j * col_stride
-  bool bool_mask;
-  MaskLayout layout;
-  int64_t rows, lk;
-  int64_t lq;         // causal: scores' second-to-last dim (row r is query r % lq); 0: not causal
-  float scale;
-};
-
-template <typename T>
-struct SoftmaxBwdParams {
-  const T* grad_out;  // [rows, lk]
-  const T* out;       // [rows, lk]
-  T* grad;            // [rows, lk]
-  int64_t rows, lk;
-  float scale;
-};
 
 // Rows held in registers use at most this many threads (the kernels' launch bound: up to 128 registers a thread)
 // and this many elements a thread.
@@ -173,9 +152,8 @@ __global__ void __launch_bounds__(kIters > 0 ? kSoftmaxMaxRowThreads : kStreamTh
   }
 }
 
-// ---- launches (stream-ordered; the caller has checked the arguments and set the device) ----
+// ---- launches (masked_softmax_launch.h) ----
 
-// can_vec: scores and out are 16-byte aligned (lk % kPackElems<T> == 0 is checked here).
 template <typename T>
 void launch_masked_softmax_fwd(const SoftmaxFwdParams<T>& p, bool can_vec, cudaStream_t stream) {
   constexpr int kPack = kPackElems<T>;
@@ -188,7 +166,6 @@ void launch_masked_softmax_fwd(const SoftmaxFwdParams<T>& p, bool can_vec, cudaS
   });
 }
 
-// can_vec: grad_out, out and grad are 16-byte aligned.
 template <typename T>
 void launch_masked_softmax_bwd(const SoftmaxBwdParams<T>& p, bool can_vec, cudaStream_t stream) {
   constexpr int kPack = kPackElems<T>;

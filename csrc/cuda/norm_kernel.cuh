@@ -6,35 +6,9 @@
 // accurate for any offset of the row. The backward fuses grad_x with per-block partial sums of the weight and bias
 // gradients ([blocks, n] float32, deterministic, no atomics), summed over blocks by column_sum_kernel.
 #include "common.cuh"
+#include "norm_launch.h"
 
 namespace pytransformer::cuda {
-
-template <typename T>
-struct NormFwdParams {
-  const T* x;       // [rows, n]
-  const T* weight;  // [n] or null
-  const T* bias;    // [n] or null
-  T* y;             // [rows, n]
-  float* mean;      // [rows] or null (RMSNorm)
-  float* rstd;      // [rows]
-  int64_t rows, n;
-  float eps;
-  bool center;
-};
-
-template <typename T>
-struct NormBwdParams {
-  const T* grad_out;    // [rows, n]
-  const T* x;           // [rows, n]
-  const float* mean;    // [rows] or null (RMSNorm: 0)
-  const float* rstd;    // [rows]
-  const T* weight;      // [n] or null
-  T* grad_x;            // [rows, n]
-  float* weight_parts;  // [gridDim.x, n] partial sums of grad_out * xhat, or null
-  float* bias_parts;    // [gridDim.x, n] partial sums of grad_out, or null
-  int64_t rows, n;
-  bool center;
-};
 
 // Rows held in registers use at most this many threads (the kernels' launch bound: up to 128 registers a thread)
 // and this many elements a thread; the backward holds two rows and two column accumulators.
@@ -219,9 +193,8 @@ __global__ void __launch_bounds__(32 * kColumnSumRows) column_sum_kernel(ColumnS
   }
 }
 
-// ---- launches (stream-ordered; the caller has checked the arguments and set the device) ----
+// ---- launches (norm_launch.h) ----
 
-// can_vec: x, y, weight and bias are 16-byte aligned (n % kPackElems<T> == 0 is checked here).
 template <typename T>
 void launch_norm_fwd(const NormFwdParams<T>& p, bool can_vec, cudaStream_t stream) {
   constexpr int kPack = kPackElems<T>;
@@ -233,11 +206,9 @@ void launch_norm_fwd(const NormFwdParams<T>& p, bool can_vec, cudaStream_t strea
   });
 }
 
-// Computes grad_x and, when want_weight / want_bias, grad_weight / grad_bias into out_weight / out_bias ([n]).
-// alloc_parts(floats) returns a float32 device buffer of that size that stays valid for work queued on `stream`.
-template <typename T, class Alloc>
+template <typename T>
 void launch_norm_bwd(NormBwdParams<T> p, bool can_vec, T* out_weight, T* out_bias, cudaStream_t stream,
-                     Alloc&& alloc_parts) {
+                     FloatAlloc alloc_parts) {
   constexpr int kPack = kPackElems<T>;
   const int vec = can_vec && p.n % kPack == 0 ? kPack : 1;
   const RowConfig cfg = row_config(p.n, vec, kNormBwdMaxElems, kNormMaxRowThreads);

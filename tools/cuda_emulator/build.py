@@ -1,18 +1,20 @@
 """Builds the CUDA kernels (csrc/cuda: norms, masked_softmax, attention, kv_cache_append, decode_attention,
-int8_linear) for the CPU, through a host emulator, and returns their op namespace, torch.ops.pytransformer_emu (with
-the primitives' probe ops of tools/ptx_probes.cu, rewritten the same way, as torch.ops.pytransformer_probes).
+int8_linear) and their glue for the CPU, through a host emulator, and returns their op namespace,
+torch.ops.pytransformer_emu (with the primitives' probe ops of tools/ptx_probes.cu, rewritten the same way, as
+torch.ops.pytransformer_probes).
 
-csrc/cuda/*.cu and *.cuh are rewritten (launches `k<<<g, b, s, st>>>(args)` -> `emu::launcher(k, g, b, s, st)(args)`, no
-device guard or stream, __shared__ arrays as static arrays registered with the sanitizers, `t.data_ptr()` as
-`emu::extent(t, t.data_ptr())`, the fast-math functions as those of fast_math.h, ops registered for the CPU under
-torch.ops.pytransformer_emu with the schemas of csrc/registration.cpp) into build/cuda_emulator, line for line (#line
-names the original), and compiled with g++, -fsanitize=thread (no TSan runtime: sanitizer.cpp takes the
-instrumentation's calls), -ftrivial-auto-var-init=pattern (a local read before it is written holds garbage, as a GPU
-register does) and gcov's line counters for csrc/cuda's code (coverage.py) against prelude.h (fibers for threads),
-sanitizer.cpp and stubs.cpp (which also poisons every fresh CPU allocation: see README.md). The glue, the launch logic
-and the kernels run unchanged; PT_CUDA_EMULATOR swaps only the bodies of the instruction primitives of csrc/cuda/mma.cuh
-(inline PTX) for those of ptx.h here. The CUDA kernel cases of tests/ops run against this namespace with `python -m
-pytest tests/ops -m cuda --cuda-emulator` (make cuda-emulate); see README.md here.
+csrc/cuda's kernel units (*.cu), glue (*.cpp) and headers are rewritten (launches `k<<<g, b, s, st>>>(args)` ->
+`emu::launcher(k, g, b, s, st)(args)`, no device guard or stream, __shared__ arrays as static arrays registered with the
+sanitizers, `t.data_ptr()` as `emu::extent(t, t.data_ptr())`, the fast-math functions as those of fast_math.h, ops
+registered for the CPU under torch.ops.pytransformer_emu with the schemas of csrc/registration.cpp) into
+build/cuda_emulator, line for line (#line names the original), and compiled with g++, -fsanitize=thread (no TSan
+runtime: sanitizer.cpp takes the instrumentation's calls), -ftrivial-auto-var-init=pattern (a local read before it is
+written holds garbage, as a GPU register does) and gcov's line counters for csrc/cuda's code (coverage.py) against
+prelude.h (fibers for threads), sanitizer.cpp and stubs.cpp (which also poisons every fresh CPU allocation: see
+README.md). The glue, the launch logic and the kernels run unchanged; PT_CUDA_EMULATOR swaps only the bodies of the
+instruction primitives of csrc/cuda/mma.cuh (inline PTX) for those of ptx.h here. The CUDA kernel cases of tests/ops run
+against this namespace with `python -m pytest tests/ops -m cuda --cuda-emulator` (make cuda-emulate); see README.md
+here.
 """
 import re
 from pathlib import Path
@@ -84,10 +86,10 @@ def load():
     write_if_changed(src / "ptx_probes_cu.cpp", rewritten(HERE.parent / "ptx_probes.cu", prelude=True))
     sources = [HERE / "stubs.cpp", HERE / "sanitizer.cpp", src / "probes.cpp", src / "ptx_probes_cu.cpp"]
     for f in sorted((ROOT / "csrc" / "cuda").iterdir()):
-        if f.suffix == ".cuh":
+        if f.suffix in (".cuh", ".h"):
             write_if_changed(src / "csrc" / "cuda" / f.name, rewritten(f))
-        elif f.suffix == ".cu":
-            sources.append(src / "csrc" / "cuda" / f"{f.stem}_cu.cpp")
+        elif f.suffix in (".cu", ".cpp"):  # a kernel unit, or the glue
+            sources.append(src / "csrc" / "cuda" / (f"{f.stem}_cu.cpp" if f.suffix == ".cu" else f.name))
             write_if_changed(sources[-1], rewritten(f, prelude=True))
     sources.append(src / "schemas.cpp")
     write_if_changed(sources[-1], schemas())

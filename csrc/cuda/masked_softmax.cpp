@@ -1,12 +1,11 @@
 // CUDA glue of masked_softmax: the shared argument checks and mask layout of masked_softmax.h, then the kernels of
-// masked_softmax_kernel.cuh on the current stream of the scores' device.
+// masked_softmax_launch.h on the current stream of the scores' device.
 #include <ATen/ops/empty_like.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include "../masked_softmax.h"
-#include "masked_softmax_kernel.cuh"
+#include "masked_softmax_launch.h"
 
 namespace pytransformer::cuda {
 namespace {

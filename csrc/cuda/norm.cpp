@@ -1,4 +1,4 @@
-// CUDA glue of layer_norm and rms_norm: the shared argument checks of norm.h, then the kernels of norm_kernel.cuh on
+// CUDA glue of layer_norm and rms_norm: the shared argument checks of norm.h, then the kernels of norm_launch.h on
 // the current stream of x's device.
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -9,7 +9,7 @@
 #include <initializer_list>
 
 #include "../norm.h"
-#include "norm_kernel.cuh"
+#include "norm_launch.h"
 
 namespace pytransformer::cuda {
 namespace {

@@ -1,12 +1,12 @@
 #pragma once
-// Host helpers of the CUDA glue (the <op>.cu files) that read tensors. They are kept apart from common.cuh, which the
-// kernel headers include, so that a unit of kernels alone (attention_hdim<D>.cu) compiles without ATen's Tensor.
+// Host helpers of the CUDA glue (the <op>.cpp files) that read tensors; the kernel units never include them.
 #include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAException.h>
 
 #include <cstdint>
 #include <vector>
 
-#include "common.cuh"
+#include "launch.h"
 
 namespace pytransformer::cuda {
 

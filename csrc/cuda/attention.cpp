@@ -1,7 +1,7 @@
 // CUDA glue of attention (forward and backward): the checks of attention.h shared with the CPU, operand preparation,
-// delta = rowsum(grad_out * out), and the choice between the kernel families of attention_kernels.cuh, on the current
-// stream of q's device. float16/bfloat16 with D, Dv <= 256 take the tensor-core path when its shared memory fits the
-// device (operands padded to a multiple of 8 dims, rows 16-byte aligned); everything else takes the SIMT kernels.
+// and the choice between the kernel families of attention_launch.h, on the current stream of q's device.
+// float16/bfloat16 with D, Dv <= 256 take the tensor-core path when its shared memory fits the device (operands padded
+// to a multiple of 8 dims, rows 16-byte aligned); everything else takes the SIMT kernels.
 #include <ATen/Context.h>
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
@@ -15,30 +15,11 @@
 #include <type_traits>
 
 #include "../attention.h"
-#include "attention_kernels.cuh"
-#include "attention_simt.cuh"
-#include "glue.cuh"
+#include "attention_launch.h"
+#include "glue.h"
 
 namespace pytransformer::cuda {
 namespace {
-
-// delta[row] = sum_d grad_out[row, d] * out[row, d] over the [B, Hq, Lq] rows (float32, contiguous), a warp a row.
-template <typename T>
-__global__ void __launch_bounds__(kSimtWarps* kWarpSize) attention_delta_kernel(AttentionBackwardParams bp,
-                                                                                 float* delta) {
-  const AttentionParams& p = bp.fwd;
-  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-  const int64_t rows = p.batch * p.heads_q * p.len_q;
-  for (int64_t row = int64_t(blockIdx.x) * kSimtWarps + warp; row < rows; row += int64_t(gridDim.x) * kSimtWarps) {
-    const int64_t i = row % p.len_q, h = row / p.len_q % p.heads_q, b = row / (p.len_q * p.heads_q);
-    const T* go = simt_row<T>(bp.grad_out, bp.go_stride, b, h, i);
-    const T* out = simt_row<T>(p.out, p.o_stride, b, h, i);
-    float acc = 0.f;
-    for (int64_t d = lane; d < p.dim_v; d += kWarpSize) acc = fmaf(to_float(go[d]), to_float(out[d]), acc);
-    acc = warp_sum(acc);
-    if (lane == 0) delta[row] = acc;
-  }
-}
 
 constexpr int64_t kMmaDimMultiple = 8;
 
@@ -184,11 +165,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
       set_operand(gq_, bp.grad_q, bp.gq_stride);
       set_operand(gk_, bp.grad_k, bp.gk_stride);
       set_operand(gv_, bp.grad_v, bp.gv_stride);
-      if (delta.numel() > 0) {
-        attention_delta_kernel<T><<<simt_grid(delta.numel()), kSimtWarps * kWarpSize, 0, stream>>>(
-            bp, delta.mutable_data_ptr<float>());
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      }
+      attention_delta<T>(bp, delta.mutable_data_ptr<float>(), stream);
       kernel(bp);
     };
     if constexpr (!std::is_same_v<T, float>) {

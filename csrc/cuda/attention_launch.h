@@ -1,7 +1,7 @@
 #pragma once
-// The CUDA attention kernels as the glue (attention.cu) calls them: a SIMT family for every dtype and head dim
-// (attention_simt.cuh) and a tensor-core family for float16/bfloat16 (attention_mma.cuh, instantiated once per
-// head dim in attention_hdim<D>.cu so that builds run in parallel).
+// The CUDA attention kernels as the glue (attention.cpp) calls them: a SIMT family for every dtype and head dim
+// (attention_simt.cuh, instantiated in attention_simt.cu) and a tensor-core family for float16/bfloat16
+// (attention_mma.cuh, instantiated once per head dim in attention_hdim<D>.cu so that builds run in parallel).
 //
 // CUDA conventions on top of attention.h: lse is float32 [B, Hq, Lq], contiguous, natural log (-inf for a row that
 // sees no key; its output row is zeros). Float masks are float32. The backward reads delta, float32 [B, Hq, Lq]
@@ -32,6 +32,10 @@ void attention_simt_dq(const AttentionBackwardParams& p, const float* delta, con
                        cudaStream_t stream);
 template <typename T>
 void attention_simt_dkv(const AttentionBackwardParams& p, const float* delta, cudaStream_t stream);
+// delta = rowsum(grad_out * out) over the [B, Hq, Lq] rows of p.fwd, float32 contiguous: what the backward kernels
+// read.
+template <typename T>
+void attention_delta(const AttentionBackwardParams& p, float* delta, cudaStream_t stream);
 
 // ---- tensor cores: T = __half or __nv_bfloat16; D and Dv multiples of 8 and at most kHeadDim; every row of q, k,
 // v, out, grad_out, grad_q, grad_k, grad_v 16-byte aligned (base pointers and row strides) ----

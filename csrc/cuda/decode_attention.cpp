@@ -1,6 +1,6 @@
-// CUDA glue of decode_attention: the shared checks of decode_attention.h, cache_lengths checked on the host unless the stream
-// is capturing a CUDA graph (then the kernel gives zeros for a row whose length is out of range: see common.cuh),
-// then the split and combine kernels of decode_attention_kernel.cuh on the current stream of q's device. The caches
+// CUDA glue of decode_attention: the shared checks of decode_attention.h, cache_lengths checked on the host unless the
+// stream is capturing a CUDA graph (then the kernel gives zeros for a row whose length is out of range: see glue.h),
+// then the split and combine kernels of decode_attention_launch.h on the current stream of q's device. The caches
 // are read in place (a cache with a strided last dim is copied, like on the CPU).
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -9,8 +9,8 @@
 
 #include <cmath>
 
-#include "decode_attention_kernel.cuh"
-#include "glue.cuh"
+#include "decode_attention_launch.h"
+#include "glue.h"
 
 namespace pytransformer::cuda {
 namespace {
@@ -26,7 +26,7 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_in, cons
   c10::cuda::CUDAGuard guard(q.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (max_length) {
-    check_length_bound(*max_length, p);  // no device read (see common.cuh)
+    check_length_bound(*max_length, p);  // no device read (see glue.h)
   } else {
     check_on_host_unless_capturing(cache_lengths, stream, [&](const int64_t* n) { check_cache_lengths(n, p); });
   }

@@ -1,14 +1,14 @@
-// CUDA glue of kv_cache_append: the shared checks of kv_cache_append.h, the positions checked on the host unless the stream
-// is capturing a CUDA graph (then the kernel skips rows that do not fit: see common.cuh), then the copy kernel of
-// kv_cache_append_kernel.cuh on the current stream of the caches' device.
+// CUDA glue of kv_cache_append: the shared checks of kv_cache_append.h, the positions checked on the host unless the
+// stream is capturing a CUDA graph (then the kernel skips rows that do not fit: see glue.h), then the copy kernel of
+// kv_cache_append_launch.h on the current stream of the caches' device.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <initializer_list>
 
-#include "glue.cuh"
-#include "kv_cache_append_kernel.cuh"
+#include "glue.h"
+#include "kv_cache_append_launch.h"
 
 namespace pytransformer::cuda {
 namespace {
@@ -19,7 +19,7 @@ void kv_cache_append(const at::Tensor& k_cache, const at::Tensor& v_cache, const
   c10::cuda::CUDAGuard guard(k_cache.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (max_position) {
-    check_append_bound(*max_position, p);  // no device read (see common.cuh)
+    check_append_bound(*max_position, p);  // no device read (see glue.h)
   } else {
     check_on_host_unless_capturing(positions, stream, [&](const int64_t* pos) { check_append_positions(pos, p); });
   }

@@ -1,4 +1,4 @@
-// CUDA glue of int8_linear: the shared argument checks of int8_linear.h, then the kernels of int8_linear_kernel.cuh on
+// CUDA glue of int8_linear: the shared argument checks of int8_linear.h, then the kernels of int8_linear_launch.h on
 // the current stream of x's device.
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -7,7 +7,7 @@
 
 #include <vector>
 
-#include "int8_linear_kernel.cuh"
+#include "int8_linear_launch.h"
 
 namespace pytransformer::cuda {
 namespace {
