@@ -1,7 +1,8 @@
 """The gates of `make cuda-check` that keep code nvcc miscompiles silently out of the CUDA sources, each against a
 planted reintroduction: a host library call in device code (tools/host_calls_gate.py: std::copy of a register array,
-which nvcc compiles to nothing) and an mma.sync that reads a fragment nothing converted (tools/mma_operands_gate.py:
-the P V products of an attention forward reading Q's registers, as they did when that copy was dropped); and the
+which nvcc compiles to nothing), an mma.sync that reads a fragment nothing converted (tools/mma_operands_gate.py:
+the P V products of an attention forward reading Q's registers, as they did when that copy was dropped), and a launch
+function the glue calls that no kernel unit defines under the glue's name for it (tools/link_gate.py); and the
 gate of `make cuda-emulate` that every kernel instantiation and every line of csrc/cuda with code is reached by an
 emulated case (tools/cuda_emulator/coverage.py)."""
 import json
@@ -11,7 +12,7 @@ import subprocess
 
 import pytest
 
-from tools import host_calls_gate, mma_operands_gate
+from tools import host_calls_gate, link_gate, mma_operands_gate
 from tools.cuda_emulator import build, coverage
 
 NVCC = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
@@ -79,6 +80,51 @@ $L__BB0_1:
 }
 """
 CORRECT = FORWARD.replace("P2, P3", "%r11, %r12")
+
+
+# A glue unit (C++) calls launch<T> for a type of its own namespace and for one of csrc/<op>.h's kind, which lives in
+# an inline namespace per compiler (PT_HOST_NAMESPACE); a kernel unit defines and instantiates launch for both.
+LINK_TYPES = """#include "host_namespace.h"
+namespace pytransformer {
+inline namespace PT_HOST_NAMESPACE { struct Shared { int n; }; }
+namespace cuda { struct Own { int n; }; template <typename T> void launch(const T&); }
+}
+"""
+LINK_GLUE = """#include "types.h"
+void glue() {
+  pytransformer::cuda::launch(pytransformer::cuda::Own{1});
+  pytransformer::cuda::launch(pytransformer::Shared{2});
+}
+"""
+LINK_KERNELS = """#include "types.h"
+template <typename T> void pytransformer::cuda::launch(const T&) {}
+template void pytransformer::cuda::launch(const pytransformer::cuda::Own&);
+INSTANCE
+"""
+SHARED_INSTANCE = "template void pytransformer::cuda::launch(const pytransformer::Shared&);"
+
+
+@pytest.mark.parametrize("compiler, instance, undefined", [
+    ("c++", SHARED_INSTANCE, []),
+    ("c++", "", ["void pytransformer::cuda::launch<pytransformer::cxx_host::Shared>(pytransformer::cxx_host::Shared "
+                 "const&)"]),
+    ("nvcc", SHARED_INSTANCE, ["void pytransformer::cuda::launch<pytransformer::cxx_host::Shared>("
+                               "pytransformer::cxx_host::Shared const&)"]),
+])
+def test_link_gate_finds_launches_without_a_definition(tmp_path, compiler, instance, undefined):
+    """Clean when the kernel unit instantiates both; a missing instantiation, or one that nvcc names in its own inline
+    namespace (the glue's call names the C++ compiler's), is reported."""
+    if compiler == "nvcc" and not shutil.which(NVCC):
+        pytest.skip("needs nvcc")
+    csrc = build.ROOT / "csrc"
+    (tmp_path / "types.h").write_text(LINK_TYPES)
+    (tmp_path / "glue.cpp").write_text(LINK_GLUE)
+    kernels = tmp_path / ("kernels.cu" if compiler == "nvcc" else "kernels.cpp")
+    kernels.write_text(LINK_KERNELS.replace("INSTANCE", instance))
+    subprocess.run(["c++", "-std=c++20", f"-I{csrc}", "-c", "glue.cpp", "-o", "glue.o"], cwd=tmp_path, check=True)
+    subprocess.run([NVCC if compiler == "nvcc" else "c++", "-std=c++20", f"-I{csrc}", "-c", kernels.name, "-o",
+                    "kernels.o"], cwd=tmp_path, check=True)
+    assert link_gate.unresolved([tmp_path / "glue.o", tmp_path / "kernels.o"]) == undefined
 
 
 def test_mma_operands_gate_passes_converted_p():
