@@ -6,7 +6,7 @@
 # __CUDA_ARCH__ >= 800) and to sm_75 machine code (the default arch list has 7.5: a build for a 7.x GPU must get through
 # ptxas, with the sm_80-only PTX of the tensor-core code, mma.sync bf16 and cp.async, compiled out there). The sm_75
 # pass is device code alone, unoptimised (cicc and ptxas at -O0): what it shows, that every instruction is one sm_75
-# has, does not depend on optimisation, and optimised, the int8 GEMV's unrolled loops alone take minutes. Four gates,
+# has, does not depend on optimisation, and optimised, the int8 GEMV's unrolled loops alone take minutes. Five gates,
 # each failing the check:
 # - tools/host_calls_gate.py, first: each unit through nvcc's device front end without --expt-relaxed-constexpr, so
 #   that device code calling a host library function (std::copy, which nvcc compiles to nothing) is reported;
@@ -15,7 +15,9 @@
 # - tools/mma_operands_gate.py: in the sm_90 PTX of the tensor-core attention units (kept in build/cuda_check/),
 #   every mma.sync reads fragments loaded by ldmatrix or packed by cvt, and a forward's P V products read P;
 # - tools/link_gate.py: the glue's objects and the kernel units' sm_90 objects linked together leave no pytransformer
-#   symbol undefined (every launch function the glue calls is instantiated under the name the glue's compiler uses).
+#   symbol undefined (every launch function the glue calls is instantiated under the name the glue's compiler uses);
+# - tools/check_host_objects.py on the same objects: no host code of ours compiled by both compilers into one copy,
+#   no weak symbol that the two compile with different visibility.
 # Exits non-zero if any compile or gate fails.
 # NVCC (default $CUDA_HOME/bin/nvcc or /usr/local/cuda/bin/nvcc), NVCC_EXTRA (e.g. "-Xptxas -v") and CXX (default
 # g++) are honoured.
@@ -100,4 +102,5 @@ for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
 [ $failed = 0 ] && { "$PYTHON" tools/ptxas_gate.py "$LOGS"/*.log || failed=1; }
 [ $failed = 0 ] && { "$PYTHON" tools/mma_operands_gate.py "$LOGS"/*.ptx || failed=1; }
 [ $failed = 0 ] && { "$PYTHON" tools/link_gate.py "$LOGS"/*.o || failed=1; }
+[ $failed = 0 ] && { "$PYTHON" tools/check_host_objects.py "$LOGS" || failed=1; }
 exit $failed
