@@ -42,6 +42,15 @@ def extension():
     if not with_cuda():
         return CppExtension("pytransformer._C", sources, depends=depends, extra_compile_args=cxx,
                             extra_link_args=config.LINK_FLAGS)
+    # The glue (csrc/cuda/*.cpp) is compiled by the C++ compiler, which finds cuda_runtime.h only through CUDA_HOME.
+    # torch takes CUDA_HOME from the environment or the folder above the nvcc on PATH, which a wrapper script
+    # (/usr/local/bin/nvcc running the toolkit's) leads astray.
+    if torch.version.cuda is None:
+        raise SystemExit(f"pytransformer: FORCE_CUDA=1 needs a CUDA build of torch, and torch {torch.__version__} has no "
+                         "CUDA")
+    if CUDA_HOME is None or not (Path(CUDA_HOME) / "include" / "cuda_runtime.h").exists():
+        raise SystemExit(f"pytransformer: CUDA_HOME={CUDA_HOME} has no include/cuda_runtime.h: set CUDA_HOME to the "
+                         "CUDA toolkit's root (the folder of bin/nvcc and include/)")
     archs = config.cuda_arch_list(os.environ, torch.cuda.is_available())
     if archs:
         print(f"pytransformer: no GPU visible and TORCH_CUDA_ARCH_LIST unset: building for {archs}")

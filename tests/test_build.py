@@ -148,6 +148,32 @@ def test_tensor_core_attention_units_include_no_aten():
         assert [h for h in headers if h.startswith(("ATen/", "torch/"))] == [], unit.name
 
 
+
+# setup.py run as a script, with torch made to look like a CUDA build (torch.utils.cpp_extension, imported by setup.py
+# after this, then takes CUDA_HOME from the environment).
+_SETUP_WITH_CUDA_TORCH = """import runpy, sys, torch
+torch.cuda._is_compiled = lambda: True
+torch.cuda.is_available = lambda: False
+torch.version.cuda = "13.0"
+sys.argv = ["setup.py", "--version"]
+runpy.run_path("setup.py", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("torch_cuda", [False, True])
+def test_cuda_build_stops_early_without_cuda_torch_or_toolkit_headers(tmp_path, torch_cuda):
+    """FORCE_CUDA=1 with a torch that has no CUDA, or with a CUDA_HOME that has no include/cuda_runtime.h (torch's guess
+    from a wrapper script on PATH), stops at once with a message that says which, before any compile fails."""
+    env = {**os.environ, "FORCE_CUDA": "1", "CUDA_HOME": str(tmp_path)}
+    env.pop("CUDA_PATH", None)
+    cmd = [sys.executable, "-c", _SETUP_WITH_CUDA_TORCH] if torch_cuda else [sys.executable, "setup.py", "--version"]
+    run = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True)
+    assert run.returncode != 0
+    if torch_cuda:
+        assert f"CUDA_HOME={tmp_path} has no include/cuda_runtime.h" in run.stderr
+    else:
+        assert "FORCE_CUDA=1 needs a CUDA build of torch" in run.stderr
+
 def test_cuda_kernel_units_parse_no_operator_or_library_headers():
     """The CUDA kernel units (csrc/cuda/*.cu), which nvcc parses in several passes a GPU architecture, include neither
     torch/library.h nor ATen's operator headers, directly or through the launch headers; the glue (csrc/cuda/*.cpp,
