@@ -16,7 +16,6 @@
 #include <vector>
 
 namespace pytransformer {
-inline namespace PT_HOST_NAMESPACE {
 
 // ---- argument checks (host only) ----
 
@@ -142,7 +141,6 @@ inline AttentionParams make_attention_params(const at::Tensor& q, const at::Tens
   return p;
 }
 
-}  // namespace PT_HOST_NAMESPACE
 
 namespace cpu {
 // The CPU kernels (csrc/cpu/attention_kernel.cpp) take operands in the accumulation type (float64 when `is_double`,

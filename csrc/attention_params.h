@@ -7,12 +7,6 @@
 
 #include "host_namespace.h"
 
-#ifdef __CUDACC__
-#define PT_HOST_DEVICE __host__ __device__
-#else
-#define PT_HOST_DEVICE
-#endif
-
 namespace pytransformer {
 
 enum class MaskKind : int { kNone = 0, kBool = 1, kFloat = 2 };

@@ -8,10 +8,7 @@
 #include <sstream>
 #include <vector>
 
-#include "host_namespace.h"
-
 namespace pytransformer {
-inline namespace PT_HOST_NAMESPACE {
 
 constexpr int64_t round_up(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
@@ -80,5 +77,4 @@ void copy_strides(const at::Tensor& t, int64_t (&out)[N]) {
   for (size_t i = 0; i < N; ++i) out[i] = t.stride(i);
 }
 
-}  // namespace PT_HOST_NAMESPACE
 }  // namespace pytransformer

@@ -1,23 +1,16 @@
 #pragma once
-// decode_attention: argument checks and the plain parameter struct shared by the CPU and CUDA glue. Shapes: queries
-// [B, Hq, T, D], caches [B, Hkv, capacity, D] (values [B, Hkv, capacity, Dv]), cache_lengths int [B]. Strides are in
-// elements; kernels read rows of the last dim, so the tensors must have a unit last-dim stride (the glue ensures it).
+// decode_attention: argument checks shared by the CPU and CUDA glue; the kernels' parameters are
+// decode_attention_params.h. Shapes: queries [B, Hq, T, D], caches [B, Hkv, capacity, D] (values [B, Hkv, capacity,
+// Dv]), cache_lengths int [B]. Strides are in elements; kernels read rows of the last dim, so the tensors must have a
+// unit last-dim stride (the glue ensures it).
 #include "attention.h"  // check_positive_window
 #include "common.h"
+#include "decode_attention_params.h"
 
 #include <cmath>
 #include <cstdint>
 
 namespace pytransformer {
-inline namespace PT_HOST_NAMESPACE {
-
-// Query t of row b sits at position cache_lengths[b] - q_len + t and sees keys p - window < j <= p.
-struct DecodeAttentionParams {
-  int64_t batch, q_heads, kv_heads, q_len, head_dim, v_head_dim, capacity;
-  int64_t window;  // 0: no window (causal only)
-  double scale;
-  int64_t q_stride[3], k_stride[3], v_stride[3];  // [B, H, L] element strides; the last dim is contiguous
-};
 
 // `t` itself when its rows (last dim) are contiguous, as the decode kernels need; else a contiguous copy (a cache laid
 // out with a strided last dim is copied, every usual layout is read in place).
@@ -74,5 +67,4 @@ inline void check_length_bound(int64_t max_length, const DecodeAttentionParams& 
                     p.capacity, ", got ", max_length);
 }
 
-}  // namespace PT_HOST_NAMESPACE
 }  // namespace pytransformer

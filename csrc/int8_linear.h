@@ -3,15 +3,11 @@
 // float scales [N]; x_bits 16: weight-only quantization (x stays floating point, or 16 bits, see the CPU kernel),
 // x_bits 8: x quantized per row to 8 bits too. Argument checks and the rounding of x to 8 bits, shared by the glue.
 #include "common.h"
+#include "int8_linear_params.h"
 
 #include <c10/util/accumulate.h>
 
 namespace pytransformer {
-inline namespace PT_HOST_NAMESPACE {
-
-struct Int8LinearParams {
-  int64_t rows, out_features, in_features;  // M (x's leading dims flattened), N, K
-};
 
 // The CPU kernels (csrc/cpu/int8_linear_kernel.cpp) compute in the accumulation type `acc` (float32, float64 for
 // float64 x); every array is contiguous. Few rows (any number with integer dot products, called on blocks of rows):
@@ -75,7 +71,6 @@ inline at::Tensor round_x_to_8_bits(const at::Tensor& x) {
   return xf.mul(pre).mul(mul).round().mul(big.div(127)).div(pre).to(x.scalar_type());
 }
 
-}  // namespace PT_HOST_NAMESPACE
 
 namespace cpu {
 // Whether int8_linear on the CPU quantizes float32 (or narrower) x per row and sums its products in integers at this

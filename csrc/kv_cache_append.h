@@ -1,19 +1,13 @@
 #pragma once
-// kv_cache_append: argument checks and the plain parameter struct shared by the CPU and CUDA glue. Shapes: caches
-// [B, Hkv, capacity, D] (values [B, Hkv, capacity, Dv]), new keys/values [B, Hkv, T, D|Dv], positions int [B].
-// Strides are in elements.
+// kv_cache_append: argument checks shared by the CPU and CUDA glue; the kernels' parameters are
+// kv_cache_append_params.h. Shapes: caches [B, Hkv, capacity, D] (values [B, Hkv, capacity, Dv]), new keys/values
+// [B, Hkv, T, D|Dv], positions int [B]. Strides are in elements.
 #include "common.h"
+#include "kv_cache_append_params.h"
 
 #include <cstdint>
 
 namespace pytransformer {
-inline namespace PT_HOST_NAMESPACE {
-
-// Where row b of kv_cache_append writes: cache positions positions[b] .. positions[b] + new_len - 1.
-struct KvCacheAppendParams {
-  int64_t batch, kv_heads, new_len, head_dim, v_head_dim, capacity;
-  int64_t k_cache_stride[4], v_cache_stride[4], k_new_stride[4], v_new_stride[4];  // [B, Hkv, L, D] element strides
-};
 
 // The CPU kernel (csrc/cpu/kv_cache_append_kernel.cpp): caches and new rows laid out as `p` says, elements of
 // `element_size` bytes copied bit for bit; positions [B] int64, already checked.
@@ -69,5 +63,4 @@ inline void check_append_bound(int64_t max_position, const KvCacheAppendParams& 
                     p.capacity - p.new_len, ")");
 }
 
-}  // namespace PT_HOST_NAMESPACE
 }  // namespace pytransformer

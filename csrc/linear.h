@@ -6,7 +6,6 @@
 #include <c10/util/accumulate.h>
 
 namespace pytransformer {
-inline namespace PT_HOST_NAMESPACE {
 
 struct LinearParams {
   int64_t rows, out_features, in_features;  // M (x's leading dims flattened), N, K
@@ -34,5 +33,4 @@ inline LinearParams check_linear_args(const at::Tensor& x, const at::Tensor& wei
   return {c10::multiply_integers(x.sizes().slice(0, x.dim() - 1)), N, K};
 }
 
-}  // namespace PT_HOST_NAMESPACE
 }  // namespace pytransformer

@@ -8,16 +8,15 @@
 // How the glue reads the arguments (see csrc/cpu/masked_softmax.cpp):
 //   at::Tensor m = check_masked_softmax_args(scores, mask, scale, causal);   // [*scores.shape] view, or undefined
 //   MaskLayout ml = mask_layout(m);              // row r = r-th row of scores.view(-1, Lk), row-major
-//   const mask_t* mrow = m.const_data_ptr<mask_t>() + ml.row_offset(r);  // element j at mrow[j * ml.col_stride]
+//   const mask_t* mrow = m.const_data_ptr<mask_t>() + mask_row_offset(ml, r);  // element j at mrow[j * ml.col_stride]
 //   int64_t n = causal ? causal_cols(r, Lq, Lk) : Lk;                        // columns [0, n) may be visible
 #include "common.h"
+#include "masked_softmax_params.h"
 
-#include <c10/macros/Macros.h>
 #include <c10/util/SmallVector.h>
 #include <cmath>
 
 namespace pytransformer {
-inline namespace PT_HOST_NAMESPACE {
 
 // Validates the arguments (ValueError naming the argument) and returns the mask expanded to scores' shape as a view
 // (no copy; broadcast dims have stride 0), or an undefined tensor when there is no mask.
@@ -41,27 +40,6 @@ inline at::Tensor check_masked_softmax_args(const at::Tensor& scores, const std:
                     scores.sizes());
   return mask->expand(scores.sizes());
 }
-
-// Where each row of a mask expanded to scores' shape starts. Rows are scores' leading dims flattened row-major;
-// those dims are coalesced (size-1 dims dropped, mergeable neighbours merged) into at most kMaxDims, so that a
-// [Lq, Lk] mask over [B, H, Lq, Lk] scores is 2 dims {B*H: stride 0, Lq: stride Lk}. Plain data: pass it to a
-// CUDA kernel by value.
-struct MaskLayout {
-  static constexpr int kMaxDims = 6;
-  int ndim = 0;                     // coalesced leading dims, outermost first
-  int64_t sizes[kMaxDims] = {};
-  int64_t strides[kMaxDims] = {};   // in elements
-  int64_t col_stride = 0;           // stride of the last dim: 1 contiguous, 0 broadcast
-
-  C10_HOST_DEVICE int64_t row_offset(int64_t row) const {
-    int64_t off = 0;
-    for (int d = ndim - 1; d >= 0; --d) {
-      off += (row % sizes[d]) * strides[d];
-      row /= sizes[d];
-    }
-    return off;
-  }
-};
 
 // The layout of `mask` (the result of check_masked_softmax_args, or undefined: an empty layout). In the unlikely
 // case that the leading dims do not coalesce into kMaxDims, `mask` is replaced by a contiguous copy.
@@ -87,13 +65,6 @@ inline MaskLayout mask_layout(at::Tensor& mask) {
   ml.ndim = n;
   for (int d = 0; d < n; ++d) ml.sizes[d] = sizes[n - 1 - d], ml.strides[d] = strides[n - 1 - d];
   return ml;
-}
-
-// Number of leading columns that causal masking leaves visible in row `row` of scores.view(-1, lk) whose
-// second-to-last dim is lq: query i = row % lq sees keys j <= i + lk - lq (0 columns when that is negative).
-C10_HOST_DEVICE inline int64_t causal_cols(int64_t row, int64_t lq, int64_t lk) {
-  const int64_t n = row % lq + lk - lq + 1;
-  return n < 0 ? 0 : (n > lk ? lk : n);
 }
 
 // What the masked_softmax kernels read and write (no tensors). scores, out, grad_out, grad_scores: [rows, Lk]
@@ -126,5 +97,4 @@ inline void check_masked_softmax_backward_args(const at::Tensor& grad_out, const
   TORCH_CHECK_VALUE(std::isfinite(scale), "scale: expected a finite value, got ", scale);
 }
 
-}  // namespace PT_HOST_NAMESPACE
 }  // namespace pytransformer

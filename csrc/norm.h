@@ -5,7 +5,6 @@
 #include "common.h"
 
 namespace pytransformer {
-inline namespace PT_HOST_NAMESPACE {
 
 // What the norm kernels read and write (no tensors: pointers and sizes). x, y, grad_out, grad_x: [rows, n]
 // contiguous in `dtype`; weight, bias, grad_weight, grad_bias: [n] in `dtype`, or nullptr (absent / not wanted);
@@ -91,5 +90,4 @@ void register_norm_impls(Library& m) {
   });
 }
 
-}  // namespace PT_HOST_NAMESPACE
 }  // namespace pytransformer

@@ -1,8 +1,8 @@
 """The link gate of the CUDA compile check (tools/check_cuda.sh): the glue (csrc/cuda/*.cpp, compiled by the C++
 compiler) calls launch functions that the kernel units (csrc/cuda/*.cu, compiled by nvcc) define as explicit
 instantiations. A call finds its definition only if both compilers name it alike: a missing instantiation, or a
-parameter type that each compiler names differently (a type of csrc/<op>.h is in an inline namespace of its own per
-compiler, PT_HOST_NAMESPACE), leaves the call undefined, and a CUDA build fails at import. The host emulator cannot
+parameter type that each compiler names differently (a type declared in PT_HOST_NAMESPACE's inline namespace, one
+per compiler), leaves the call undefined, and a CUDA build fails at import. The host emulator cannot
 show this: it compiles every unit with g++. So the objects of the check are linked together here (`ld -r`, no
 libraries) and every symbol of namespace pytransformer still undefined fails the gate; so does a symbol defined twice
 (the link's own error).

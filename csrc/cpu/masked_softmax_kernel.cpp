@@ -133,7 +133,7 @@ void fwd_typed(const MaskedSoftmaxFwdParams& p) {
       T* o = op + r * lk;
       const acc_t* b = nullptr;
       if (mp) {
-        const int64_t offset = ml.row_offset(r);
+        const int64_t offset = mask_row_offset(ml, r);
         if constexpr (std::is_same_v<M, acc_t>) {
           if (mask_in_place) b = mp + offset;
         }

@@ -9,6 +9,7 @@
 
 #include <cmath>
 
+#include "../decode_attention.h"
 #include "decode_attention_launch.h"
 #include "glue.h"
 

@@ -288,7 +288,7 @@ void launch_decode_attention(DecodeArgs<T> a, bool packed, cudaStream_t stream, 
     if (a.splits > 1) {
       // [splits, rows, Dv] floats, then [splits, rows] float2s from the next 16-byte boundary (a float2 access must be
       // 8-byte aligned, and splits * rows * Dv floats may be odd).
-      const int64_t ml_offset = round_up(a.splits * out_rows * p.v_head_dim, 4);
+      const int64_t ml_offset = (a.splits * out_rows * p.v_head_dim + 3) / 4 * 4;
       a.part_o = alloc_floats(ml_offset + a.splits * out_rows * 2);
       a.part_ml = reinterpret_cast<float2*>(a.part_o + ml_offset);
     }

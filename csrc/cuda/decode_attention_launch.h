@@ -2,7 +2,7 @@
 // The launch function of the decode_attention kernels (decode_attention_kernel.cuh) as the glue
 // (decode_attention.cpp) calls it, and its parameters: T is the storage type (float, __half, __nv_bfloat16),
 // instantiated in decode_attention_kernel.cu.
-#include "../decode_attention.h"
+#include "../decode_attention_params.h"
 #include "launch.h"
 
 namespace pytransformer::cuda {

@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "../int8_linear.h"
 #include "int8_linear_launch.h"
 
 namespace pytransformer::cuda {

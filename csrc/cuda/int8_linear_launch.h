@@ -2,7 +2,7 @@
 // The launch function of the int8_linear kernels (int8_linear_kernel.cuh) as the glue (int8_linear.cpp) calls it, and
 // its parameters: T is the storage type of x and out (float, __half, __nv_bfloat16), instantiated in
 // int8_linear_kernel.cu.
-#include "../int8_linear.h"
+#include "../int8_linear_params.h"
 #include "launch.h"
 
 namespace pytransformer::cuda {

@@ -7,6 +7,7 @@
 
 #include <initializer_list>
 
+#include "../kv_cache_append.h"
 #include "glue.h"
 #include "kv_cache_append_launch.h"
 

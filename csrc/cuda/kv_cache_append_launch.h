@@ -1,7 +1,7 @@
 #pragma once
 // The launch function of the kv_cache_append kernel (kv_cache_append_kernel.cuh) as the glue (kv_cache_append.cpp)
 // calls it, and its parameters; instantiated in kv_cache_append_kernel.cu for elements of 2 and 4 bytes.
-#include "../kv_cache_append.h"
+#include "../kv_cache_append_params.h"
 #include "launch.h"
 
 namespace pytransformer::cuda {

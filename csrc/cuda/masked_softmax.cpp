@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "../masked_softmax.h"
 #include "masked_softmax_launch.h"
 
 namespace pytransformer::cuda {

@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kIters > 0 ? kSoftmaxMaxRowThreads : kStreamTh
     P* orow = reinterpret_cast<P*>(p.out + row * p.lk);
     const int64_t cols = p.lq ? causal_cols(row, p.lq, p.lk) : p.lk;
     const int64_t visible_chunks = (cols + kVec - 1) / kVec;  // chunks past these are written as zeros, unread
-    const int64_t mask_row = p.mask ? p.layout.row_offset(row) : 0;
+    const int64_t mask_row = p.mask ? mask_row_offset(p.layout, row) : 0;
     float2 ms = make_float2(-INFINITY, 0.f);  // (max, sum of exp(v - max)) over this thread's chunks
     float e[kSlots][kVec];                    // in registers: exp(v - ms.x)
     if constexpr (kIters > 0) {

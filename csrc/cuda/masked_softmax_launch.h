@@ -2,7 +2,7 @@
 // The launch functions of the masked_softmax kernels (masked_softmax_kernel.cuh) as the glue (masked_softmax.cpp)
 // calls them, and their parameters: T is the storage type (float, __half, __nv_bfloat16), instantiated in
 // masked_softmax_kernel.cu.
-#include "../masked_softmax.h"
+#include "../masked_softmax_params.h"
 #include "launch.h"
 
 namespace pytransformer::cuda {
@@ -11,7 +11,7 @@ template <typename T>
 struct SoftmaxFwdParams {
   const T* scores;    // [rows, lk]
   T* out;             // [rows, lk]
-  const void* mask;   // null, or bool / T elements: row r at mask + layout.row_offset(r), column j at j * col_stride
+  const void* mask;   // null, or bool / T elements: row r at mask + mask_row_offset(layout, r), column j at j * col_stride
   bool bool_mask;
   MaskLayout layout;
   int64_t rows, lk;
