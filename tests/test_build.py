@@ -242,8 +242,9 @@ int64_t unit_offset(const pytransformer::MaskLayout& ml, int64_t row) {
   TORCH_CHECK(row >= 0, "row: expected a row >= 0, got ", row);
   return pytransformer::mask_row_offset(ml, row);
 }
-// Its address keeps an out-of-line copy of the inline helper in the object, as a call that is not inlined does.
+// Their addresses keep out-of-line copies of the inline helpers in the object, as calls that are not inlined do.
 const void* unit_helper_address() { return reinterpret_cast<const void*>(&pytransformer::mask_row_offset); }
+const void* unit_launch_helper_address() { return reinterpret_cast<const void*>(&pytransformer::cuda::device_attribute); }
 """
 
 
@@ -257,12 +258,12 @@ def _nvcc():
 @pytest.mark.skipif(_nvcc() is None or shutil.which("readelf") is None or shutil.which("c++") is None,
                     reason="needs nvcc, c++ and readelf")
 def test_nvcc_units_get_their_own_copy_of_shared_host_code(tmp_path):
-    """The same unit of shared host code (a parameter header's helper, c10's message formatting) compiled as the
-    extension compiles it, by g++ (the glue) and by nvcc (a kernel unit, PTX only, against the installed torch's
-    headers: a CPU wheel is enough), then tools/check_host_objects.py on the two objects: no inline function of
-    pytransformer's headers defined by both (the linker would keep one copy for both; PT_HOST_NAMESPACE gives each
-    compiler its own), and every weak symbol that both define has the same visibility in both (one flag set for host
-    code: build_config.HOST_CODEGEN_FLAGS)."""
+    """The same unit of shared host code (helpers of a parameter header and of cuda/launch.h, c10's message
+    formatting) compiled as the extension compiles it, by g++ (the glue) and by nvcc (a kernel unit, PTX only, against
+    the installed torch's headers: a CPU wheel is enough), then tools/check_host_objects.py on the two objects: no
+    inline function of pytransformer's headers defined by both (the linker would keep one copy for both;
+    PT_HOST_NAMESPACE gives each compiler its own), and every weak symbol that both define has the same visibility in
+    both (one flag set for host code: build_config.HOST_CODEGEN_FLAGS)."""
     import sysconfig
 
     from torch.utils.cpp_extension import include_paths
@@ -285,5 +286,6 @@ def test_nvcc_units_get_their_own_copy_of_shared_host_code(tmp_path):
     objs = [tmp_path / "gxx.o", tmp_path / "nvcc.o"]
     assert [check_host_objects.NVCC_SECTION in check_host_objects.sections(o) for o in objs] == [False, True]
     nvcc_weak = [name for *_, name in check_host_objects.weak_definitions(objs[1])]
-    assert any("mask_row_offset" in name for name in nvcc_weak) and any("_str_wrapper" in name for name in nvcc_weak)
+    for helper in ("mask_row_offset", "device_attribute", "_str_wrapper"):
+        assert any(helper in name for name in nvcc_weak), helper
     assert check_host_objects.findings(objs) == []

@@ -54,18 +54,18 @@ if grep -rnE "__CUDA_ARCH__ *[<>=!]+ *[0-9]+" csrc/cuda | grep -vE "__CUDA_ARCH_
   echo "check_cuda: an arch switch other than __CUDA_ARCH__ >= 800: compile its other side too"; failed=1
 fi
 "$PYTHON" tools/host_calls_gate.py --nvcc "$NVCC" --jobs "$jobs" "${files[@]}" || failed=1
+# Prints a unit's log (warnings, if any; not ptxas's resource lines, which tools/ptxas_gate.py reads) and its result:
+# report STATUS LOG WHAT START.
+report() {
+  grep -v "^ptxas info\|bytes stack frame" "$2"
+  if [ "$1" = 0 ]; then echo "ok    $3 ($((SECONDS - $4)) s)"; else echo "FAIL  $3"; return 1; fi
+}
 # A glue unit: compiled by the C++ compiler with the extension's flags, to an object for the link gate.
 check_glue() {
   local f=$1 start=$SECONDS name
   name=$(basename "$f" .cpp)
-  if "${CXX:-g++}" "${GLUE_FLAGS[@]}" -c -o "$LOGS/$name.glue.o" "$f" >"$LOGS/$name.glue.log" 2>&1; then
-    cat "$LOGS/$name.glue.log"  # warnings, if any
-    echo "ok    glue $f ($((SECONDS - start)) s)"
-  else
-    cat "$LOGS/$name.glue.log"
-    echo "FAIL  $f"
-    return 1
-  fi
+  "${CXX:-g++}" "${GLUE_FLAGS[@]}" -c -o "$LOGS/$name.glue.o" "$f" >"$LOGS/$name.glue.log" 2>&1
+  report $? "$LOGS/$name.glue.log" "glue $f" "$start"
 }
 # Per kernel unit, the host side and sm_90, then sm_75's device code; files compile in parallel, the slowest first.
 check() {
@@ -74,20 +74,14 @@ check() {
   if grep -q '#include "attention_mma.cuh"' "$f"; then  # keep the PTX for the operand gate
     keep=(--keep --keep-dir "$LOGS/$name.keep") && mkdir -p "$LOGS/$name.keep"
   fi
-  # shellcheck disable=SC2086
   local sm75=$LOGS/sm_75/$name.ptx
-  if "$NVCC" -c -o "$LOGS/$name.o" "${FLAGS[@]}" -Xcompiler=-fPIC ${NVCC_EXTRA:-} -Xptxas -v "${keep[@]}" \
-       -gencode arch=compute_90,code=sm_90 "$f" >"$LOGS/$name.log" 2>&1 &&
-     "$NVCC" --ptx -o "$sm75" "${FLAGS[@]}" -arch=compute_75 -Xcicc -O0 "$f" >>"$LOGS/$name.log" 2>&1 &&
-     "$PTXAS" -arch=sm_75 -O0 -o /dev/null "$sm75" >>"$LOGS/$name.log" 2>&1; then
-    rm -f "$sm75"
-    grep -v "^ptxas info\|bytes stack frame" "$LOGS/$name.log"  # warnings, if any
-    echo "ok    sm_90 sm_75 $f ($((SECONDS - start)) s)"
-  else
-    grep -v "^ptxas info\|bytes stack frame" "$LOGS/$name.log"
-    echo "FAIL  $f"
-    return 1
-  fi
+  # shellcheck disable=SC2086
+  "$NVCC" -c -o "$LOGS/$name.o" "${FLAGS[@]}" -Xcompiler=-fPIC ${NVCC_EXTRA:-} -Xptxas -v "${keep[@]}" \
+    -gencode arch=compute_90,code=sm_90 "$f" >"$LOGS/$name.log" 2>&1 &&
+    "$NVCC" --ptx -o "$sm75" "${FLAGS[@]}" -arch=compute_75 -Xcicc -O0 "$f" >>"$LOGS/$name.log" 2>&1 &&
+    "$PTXAS" -arch=sm_75 -O0 -o /dev/null "$sm75" >>"$LOGS/$name.log" 2>&1
+  report $? "$LOGS/$name.log" "sm_90 sm_75 $f" "$start" || return 1
+  rm -f "$sm75"
   if [ ${#keep[@]} -gt 0 ]; then
     mv "$LOGS/$name.keep/$name.ptx" "$LOGS/$name.compute_90.ptx" && rm -rf "$LOGS/$name.keep"
   fi

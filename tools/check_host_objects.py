@@ -3,8 +3,9 @@ nvcc compiles the host side of the kernel units (csrc/cuda/*.cu) through its own
 C++ sources (the CPU and CUDA glue) with the extension's, and an inline function or template that both compile is a
 weak symbol of which the linker keeps one copy for every caller. Fails when
 
-- an nvcc-compiled object and a g++-compiled one both define a symbol of pytransformer's own shared host code
-  (namespace pytransformer, outside pytransformer::cuda): csrc/<op>.h compiled twice, one copy for both glues; or
+- an nvcc-compiled object and a g++-compiled one both define a symbol of pytransformer's own (namespace
+  pytransformer): a helper of the headers that both compilers read (csrc/<op>_params.h, cuda/launch.h) outside
+  PT_HOST_NAMESPACE, one copy for both; or
 - they both define a weak symbol with different visibility: the host code is compiled with two flag sets (nvcc's host
   pass without the extension's -fvisibility=hidden exports it, and the dynamic linker may bind it to another
   library's copy).
@@ -18,7 +19,6 @@ from pathlib import Path
 
 NVCC_SECTION = ".nv_fatbin"  # nvcc puts the device code of a unit in this section, g++ objects have none
 SHARED = "pytransformer::"
-CUDA_OWN = "pytransformer::cuda::"
 
 
 def objects(paths: list[str]) -> list[Path]:
@@ -58,7 +58,7 @@ def findings(objs: list[Path]) -> list[str]:
         return ", ".join(f"{vis} in {' '.join(sorted(set(o)))}" for vis, o in sorted(seen[compiler][name].items()))
 
     out = [f"compiled by nvcc ({where('nvcc', n)}) and by g++ ({where('g++', n)}): {n}" for n in both
-           if n.startswith(SHARED) and not n.startswith(CUDA_OWN)]
+           if n.startswith(SHARED)]
     out += [f"visibility differs, nvcc: {where('nvcc', n)}; g++: {where('g++', n)}: {n}" for n in both
             if set(seen["nvcc"][n]) != set(seen["g++"][n])]
     return out

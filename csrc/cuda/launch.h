@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../host_namespace.h"
+
 namespace pytransformer::cuda {
 
 // A float32 device buffer of the given number of elements that stays valid for the work queued on the current stream
@@ -24,6 +26,9 @@ using FloatAlloc = c10::function_ref<float*(int64_t)>;
 
 // X(T) for each storage type T of the float kernels: the explicit instantiations of the <op>_kernel.cu units.
 #define PT_FOR_FLOAT_TYPES(X) X(float) X(__half) X(__nv_bfloat16)
+
+// Host code that both compilers compile: one copy per compiler (see host_namespace.h).
+inline namespace PT_HOST_NAMESPACE {
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -55,6 +60,8 @@ void dispatch_float_types(c10::ScalarType dtype, F&& f) {
     default: TORCH_CHECK_VALUE(false, "expected a float32, float16 or bfloat16 CUDA tensor, got ", dtype);
   }
 }
+
+}  // namespace PT_HOST_NAMESPACE
 
 // An integer vector [B] in device memory (the KV-cache ops' positions and cache_lengths, as given: glue.h):
 // int32 or int64 elements `stride` apart.
