@@ -46,8 +46,8 @@ def extension():
     # torch takes CUDA_HOME from the environment or the folder above the nvcc on PATH, which a wrapper script
     # (/usr/local/bin/nvcc running the toolkit's) leads astray.
     if torch.version.cuda is None:
-        raise SystemExit(f"pytransformer: FORCE_CUDA=1 needs a CUDA build of torch, and torch {torch.__version__} has no "
-                         "CUDA")
+        raise SystemExit(f"pytransformer: FORCE_CUDA=1 needs a CUDA build of torch, and torch {torch.__version__} "
+                         "has no CUDA")
     if CUDA_HOME is None or not (Path(CUDA_HOME) / "include" / "cuda_runtime.h").exists():
         raise SystemExit(f"pytransformer: CUDA_HOME={CUDA_HOME} has no include/cuda_runtime.h: set CUDA_HOME to the "
                          "CUDA toolkit's root (the folder of bin/nvcc and include/)")

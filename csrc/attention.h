@@ -141,7 +141,6 @@ inline AttentionParams make_attention_params(const at::Tensor& q, const at::Tens
   return p;
 }
 
-
 namespace cpu {
 // The CPU kernels (csrc/cpu/attention_kernel.cpp) take operands in the accumulation type (float64 when `is_double`,
 // else float32) whose last dim is contiguous and, where it is the vector dim of a product, zero-padded to a multiple

@@ -71,7 +71,6 @@ inline at::Tensor round_x_to_8_bits(const at::Tensor& x) {
   return xf.mul(pre).mul(mul).round().mul(big.div(127)).div(pre).to(x.scalar_type());
 }
 
-
 namespace cpu {
 // Whether int8_linear on the CPU quantizes float32 (or narrower) x per row and sums its products in integers at this
 // many rows of x (cpu/int8_linear.cpp): with integer dot products (has_int_dot_products), on the row-by-row kernel's

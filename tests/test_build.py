@@ -142,8 +142,8 @@ def test_cuda_kernel_units_include_no_aten():
     """The CUDA kernel units (csrc/cuda/*.cu), which nvcc parses in several passes a GPU architecture, include no ATen
     or torch header, directly or through the launch headers (the kernels' parameters are csrc/<op>_params.h, standard
     headers only; launch.h takes a few of c10's): parsing ATen's Tensor took most of a small unit's compile time (12 s
-    against 7 with nvcc 13.0 for sm_90; a tensor-core attention unit 37 s against 14), and nvcc's host pass then compiled
-    ATen's inline code beside the C++ compiler's copy. The glue (csrc/cuda/*.cpp, compiled by the C++ compiler)
+    against 7 with nvcc 13.0 for sm_90; a tensor-core attention unit 37 s against 14), and nvcc's host pass then
+    compiled ATen's inline code beside the C++ compiler's copy. The glue (csrc/cuda/*.cpp, compiled by the C++ compiler)
     allocates, registers, and includes no kernel header (no device code)."""
     units = _unit_headers("cuda", "*.cu")
     assert len(units) == 14
@@ -231,7 +231,7 @@ def test_ptxas_gate(tmp_path):
     assert name in recorded and any("decode_split_kernel" in n for n in recorded)
 
 
-# One unit of shared host code as both glues use it: csrc/kv_cache_append.h's checks, called from a function of the unit.
+# One unit of the host code that both compilers compile: the helpers of a parameter header and of cuda/launch.h.
 _SHARED_HOST_UNIT = """#include "masked_softmax_params.h"
 #include "cuda/launch.h"
 #ifdef __CUDACC__
@@ -244,7 +244,9 @@ int64_t unit_offset(const pytransformer::MaskLayout& ml, int64_t row) {
 }
 // Their addresses keep out-of-line copies of the inline helpers in the object, as calls that are not inlined do.
 const void* unit_helper_address() { return reinterpret_cast<const void*>(&pytransformer::mask_row_offset); }
-const void* unit_launch_helper_address() { return reinterpret_cast<const void*>(&pytransformer::cuda::device_attribute); }
+const void* unit_launch_helper_address() {
+  return reinterpret_cast<const void*>(&pytransformer::cuda::device_attribute);
+}
 """
 
 

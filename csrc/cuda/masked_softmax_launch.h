@@ -11,7 +11,8 @@ template <typename T>
 struct SoftmaxFwdParams {
   const T* scores;    // [rows, lk]
   T* out;             // [rows, lk]
-  const void* mask;   // null, or bool / T elements: row r at mask + mask_row_offset(layout, r), column j at j * col_stride
+  const void* mask;   // null, or bool / T elements: row r at mask + mask_row_offset(layout, r), column j at
+                      // j * col_stride
   bool bool_mask;
   MaskLayout layout;
   int64_t rows, lk;
